@@ -1,0 +1,65 @@
+"""CPU backend for verl 0.9.1's V1 trainer: a ``cpu`` platform and an ``hf`` (transformers) rollout.
+
+Use: ``VERL_PLATFORM=cpu python -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=hf ...``
+(see ``recipes/cpu/``). The registration runs from the project's ``verl.plugins`` entry point, i.e.
+in every process that imports verl; it does nothing unless ``VERL_PLATFORM=cpu``.
+
+Modules: ``verl_compat`` (all touch points on verl internals + version check), ``platform``
+(the platform), ``hf_server`` (the generation server), ``hf_rollout`` (verl adapter and replica).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_NAME = "hf"
+PLATFORM_NAME = "cpu"
+
+_registered = False
+
+
+def _load_replica():
+    from stare_verl.cpu.hf_rollout import HFReplica
+
+    return HFReplica
+
+
+def register(force: bool = False) -> bool:
+    """Register the ``cpu`` platform and the ``hf`` rollout with verl; cheap and idempotent.
+
+    Safe to call while ``verl/__init__`` is still importing (verl's plugin loader does that): only
+    verl's platform registry is touched now; the rollout registries and the patches are applied
+    when verl imports the modules concerned.
+
+    Args:
+        force: register even when ``VERL_PLATFORM`` is not ``cpu`` (tests).
+
+    Returns:
+        True when registered (now or before), False when skipped because ``VERL_PLATFORM != cpu``.
+
+    Raises:
+        stare_verl.cpu.verl_compat.VerlVersionError: the installed verl is not 0.9.1.
+    """
+    global _registered
+    if _registered:
+        return True
+    if not force and os.environ.get("VERL_PLATFORM", "").strip().lower() != PLATFORM_NAME:
+        return False
+    try:
+        from stare_verl.cpu import verl_compat
+    except Exception as e:  # the version check: say it loudly, verl's plugin loader only logs at debug
+        logger.error("stare_verl CPU backend not registered: %s", e)
+        raise
+    from stare_verl.cpu.platform import CPUPlatform
+
+    verl_compat.register_platform(PLATFORM_NAME, CPUPlatform)
+    verl_compat.register_rollout(ROLLOUT_NAME, "stare_verl.cpu.hf_rollout.HFServerAdapter", _load_replica)
+    verl_compat.install_cpu_patches()
+    _registered = True
+    return True
+
+
+__all__ = ["register", "ROLLOUT_NAME", "PLATFORM_NAME"]

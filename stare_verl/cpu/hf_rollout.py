@@ -1,0 +1,137 @@
+"""verl glue of the ``hf`` rollout: the in-worker adapter (``BaseRollout``) and the ``RolloutReplica``.
+
+- :class:`HFReplica` launches one :class:`~stare_verl.cpu.hf_server.HFGenerationServer` Ray actor per
+  replica, on the node of the replica's first trainer rank, named ``hf_server_<replica_rank>``.
+- :class:`HFServerAdapter` lives in every FSDP worker (hybrid engine). On each weight sync every rank
+  drains verl's weight iterator (it all-gathers FSDP2 shards, so a rank that stopped early would hang
+  the others); the replica's first rank sends the tensors to its server in buckets of
+  ``checkpoint_engine.update_weights_bucket_megabytes`` and then the new ``global_steps``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from stare_verl.cpu import verl_compat
+from stare_verl.cpu.hf_server import HFGenerationServer
+
+logger = logging.getLogger(__name__)
+
+_BaseRollout = verl_compat.base_rollout_cls()
+_RolloutReplica = verl_compat.rollout_replica_cls()
+
+
+def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
+    """Ray actor name of replica ``replica_rank``'s generation server."""
+    return f"hf_server_{replica_rank}{name_suffix}"
+
+
+def _replica_world_size(config) -> int:
+    return config.tensor_model_parallel_size * config.data_parallel_size * config.pipeline_model_parallel_size
+
+
+async def _iterate(weights):
+    if hasattr(weights, "__aiter__"):
+        async for item in weights:
+            yield item
+    else:
+        for item in weights:
+            yield item
+
+
+class HFServerAdapter(_BaseRollout):
+    """verl ``BaseRollout`` for the ``hf`` backend, one per trainer rank (hybrid engine).
+
+    Memory calls (``resume``/``release``) are no-ops: the server keeps its CPU weights resident.
+    """
+
+    def __init__(self, config, model_config, device_mesh, replica_rank: int = -1):
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", 0))
+        world = _replica_world_size(self.config)
+        self.replica_rank = rank // world if replica_rank == -1 else replica_rank
+        self.is_leader = rank % world == 0
+        self._server = None
+
+    def _server_handle(self):
+        if self._server is None and self.is_leader:
+            self._server = ray.get_actor(server_actor_name(self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]):
+        return None
+
+    async def release(self):
+        return None
+
+    async def update_weights(self, weights, wire_format: str = "named_tensors", **kwargs):
+        """Send the actor's full HF-named tensors to this replica's server.
+
+        Args:
+            weights: iterator of ``(name, tensor)`` (sync or async), drained completely on every rank.
+            wire_format: only ``"named_tensors"``.
+            kwargs: ``global_steps`` (weight version), ``peft_config`` (must be None: merge LoRA).
+
+        Raises:
+            NotImplementedError: delta wire format or LoRA adapters.
+        """
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"hf rollout supports wire_format='named_tensors' only, got {wire_format!r}")
+        if kwargs.get("peft_config") is not None:
+            raise NotImplementedError("hf rollout cannot serve LoRA adapters; set actor_rollout_ref.model.lora.merge=True")
+        global_steps = kwargs.get("global_steps")
+        server = self._server_handle()
+        bucket_bytes = int(self.config.checkpoint_engine.update_weights_bucket_megabytes) << 20
+        bucket, size = [], 0
+        async for name, tensor in _iterate(weights):
+            if server is None:
+                continue  # drain: the iterator holds collectives every rank must join
+            t = tensor.detach().to("cpu").contiguous()
+            bucket.append((name, t))
+            size += t.numel() * t.element_size()
+            if size >= bucket_bytes:
+                await server.load_weights.remote(bucket)
+                bucket, size = [], 0
+        if server is not None:
+            if bucket:
+                await server.load_weights.remote(bucket)
+            await server.set_global_steps.remote(global_steps)
+
+
+class HFReplica(_RolloutReplica):
+    """verl ``RolloutReplica`` of the ``hf`` backend: one CPU generation server per replica."""
+
+    async def launch_servers(self):
+        """Start this replica's server actor and load the model (hybrid mode: next to its trainer ranks)."""
+        mode = verl_compat.rollout_mode_enum()
+        if self.rollout_mode != mode.HYBRID:
+            raise NotImplementedError(
+                f"hf rollout supports the hybrid engine only (sync / colocate_async trainers), got {self.rollout_mode}"
+            )
+        if len(self.workers) != self.world_size:
+            raise RuntimeError(f"replica {self.replica_rank}: {len(self.workers)} workers for world size {self.world_size}")
+        node_id = await self.workers[0].__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+        name = server_actor_name(self.replica_rank, self.name_suffix)
+        server_cls = ray.remote(HFGenerationServer)
+        server = server_cls.options(
+            name=name,
+            num_cpus=0,
+            max_concurrency=self.max_concurrency,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        ).remote(
+            config=self.config,
+            model_config=self.model_config,
+            replica_rank=self.replica_rank,
+            rollout_mode=self.rollout_mode,
+        )
+        await server.launch.remote()
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = name
+
+
+__all__ = ["HFServerAdapter", "HFReplica", "server_actor_name"]

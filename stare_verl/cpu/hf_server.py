@@ -1,0 +1,612 @@
+"""The ``hf`` generation server: a transformers causal LM behind verl's token-in/token-out interface.
+
+:class:`GenerationEngine` runs continuous batching in a background thread: a request that arrives
+while others are decoding is prefilled at the next step and joins the running batch (left-padded KV
+cache), finished rows leave the batch at once, so nobody waits for a whole batch to finish.
+Sampling follows vLLM's conventions (temperature 0 = greedy, ``top_k`` -1 or 0 = off, ``top_p`` 1 =
+off, ``repetition_penalty`` 1 = off) and the returned log-probs are the *processed* ones (after
+penalty, temperature, top-k, top-p), as ``rollout.logprobs_mode: processed_logprobs`` asks.
+Sampling is deterministic under a seed: every request draws from its own ``torch.Generator``.
+
+:class:`HFGenerationServer` is the Ray actor a ``RolloutReplica`` launches (one per replica); the
+agent loop calls its ``generate`` and the trainer its control methods (abort/resume, sleep/wake_up,
+weight loading from the FSDP actor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from stare_verl.cpu import verl_compat
+
+logger = logging.getLogger(__name__)
+
+STOP_COMPLETED = "completed"
+STOP_ABORTED = "aborted"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFServerOptions(BaseModel):
+    """Options of the ``hf`` backend, from ``actor_rollout_ref.rollout.engine_kwargs.hf``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights/compute dtype of the server's model; float32 matches an fp32 FSDP actor on CPU."""
+    max_batch_size: int = Field(default=64, ge=1)
+    """Most sequences decoded together; further requests wait in a queue."""
+    num_threads: int | None = Field(default=None, ge=1)
+    """torch intra-op threads of the server process (None: leave torch's default)."""
+    attn_implementation: str = "sdpa"
+    sync_weights: bool = True
+    """False keeps the initial weights forever (a negative control for weight-sync tests)."""
+
+
+class SamplingParams(BaseModel):
+    """Per-request sampling parameters in vLLM conventions (what verl's agent loop sends)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    max_tokens: int | None = Field(default=None, ge=0)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    logprobs: bool | int | None = False
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v < -1:
+            raise ValueError(f"top_k must be -1 (off), 0 (off) or >= 1, got {v}")
+        return v
+
+    @field_validator("stop_token_ids", mode="before")
+    @classmethod
+    def _stop_ids(cls, v):
+        return [] if v is None else list(v)
+
+    @classmethod
+    def from_request(cls, params: dict[str, Any]) -> SamplingParams:
+        """Parse a verl/vLLM sampling dict (``max_new_tokens`` is accepted for ``max_tokens``)."""
+        params = dict(params or {})
+        if "max_tokens" not in params and "max_new_tokens" in params:
+            params["max_tokens"] = params.pop("max_new_tokens")
+        return cls(**params)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass
+class GenerationResult:
+    """What one request produced: ``token_ids`` (list[int]), their processed log-probs, stop reason."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    stop_reason: str
+    finished_at_steps: Any = None
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_ids: frozenset[int]
+    generator: torch.Generator | None
+    future: concurrent.futures.Future
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+
+
+class GenerationEngine:
+    """Continuous-batching generation over a transformers causal LM (CPU), in a background thread.
+
+    Args:
+        model: a ``transformers`` causal LM in eval mode (left-padded batches, ``DynamicCache``).
+        eos_token_ids: ids that end a sequence unless ``ignore_eos``.
+        max_model_len: prompt + response limit in tokens.
+        max_batch_size: most sequences decoded together.
+        seed: base seed; a request without its own ``seed`` gets one derived from this seed, the prompt
+            and how many times that prompt was seen, so reruns give identical samples.
+        pad_token_id: filler id for left padding (masked out).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: list[int],
+        max_model_len: int,
+        max_batch_size: int = 64,
+        seed: int = 0,
+        pad_token_id: int = 0,
+    ):
+        self.model = model
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.max_model_len = int(max_model_len)
+        self.max_batch_size = int(max_batch_size)
+        self.seed = int(seed)
+        self.pad_token_id = int(pad_token_id)
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        self.global_steps: Any = None
+        self.steps_run = 0  # decode/prefill forward passes, for tests and benchmarks
+
+        self._cond = threading.Condition()
+        self._model_lock = threading.Lock()
+        self._pending: list[_Request] = []
+        self._abort_waiters: list[concurrent.futures.Future] = []
+        self._stop = False
+        self._prompt_counts: dict[bytes, int] = defaultdict(int)
+        # running batch
+        self._rows: list[_Request] = []
+        self._cache = None
+        self._mask: torch.Tensor | None = None
+        self._next_pos: torch.Tensor | None = None
+        self._last: torch.Tensor | None = None
+        self._thread = threading.Thread(target=self._loop, name="hf-generation-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API (any thread)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> concurrent.futures.Future:
+        """Queue one request; the future resolves to a :class:`GenerationResult`.
+
+        Raises:
+            ValueError: empty prompt, token id outside the vocabulary, or prompt longer than
+                ``max_model_len - 1``.
+            RuntimeError: the engine was shut down.
+        """
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("prompt_ids is empty")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        room = self.max_model_len - len(prompt)
+        if room < 1:
+            raise ValueError(f"prompt length {len(prompt)} leaves no room under max_model_len {self.max_model_len}")
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stop:
+                raise RuntimeError("generation engine is shut down")
+            generator = None
+            if not params.greedy:
+                generator = torch.Generator().manual_seed(self._request_seed(prompt, params))
+            request = _Request(prompt, params, max_tokens, stop_ids, generator, future)
+            if max_tokens == 0:
+                future.set_result(GenerationResult([], [], STOP_COMPLETED, self.global_steps))
+                return future
+            self._pending.append(request)
+            self._cond.notify_all()
+        return future
+
+    def abort_all(self) -> concurrent.futures.Future:
+        """Finish every queued and running request now with its partial tokens (stop_reason "aborted").
+
+        Returns a future that resolves once no request is left (the current forward pass completes first).
+        """
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            self._abort_waiters.append(done)
+            self._cond.notify_all()
+        return done
+
+    def load_weights(self, named_tensors) -> int:
+        """Copy ``(hf_name, tensor)`` pairs into the model between forward passes; returns the count.
+
+        Raises:
+            KeyError: a name that is not a parameter or buffer of the model.
+            ValueError: a shape mismatch.
+        """
+        state = self.model.state_dict(keep_vars=True)
+        count = 0
+        with self._model_lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                target = state.get(name)
+                if target is None:
+                    raise KeyError(f"weight {name!r} is not in the rollout model")
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
+                target.copy_(tensor)
+                count += 1
+        return count
+
+    def num_requests(self) -> int:
+        """Queued plus running requests."""
+        with self._cond:
+            return len(self._pending) + len(self._rows)
+
+    def shutdown(self) -> None:
+        """Abort everything and stop the thread."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _request_seed(self, prompt: list[int], params: SamplingParams) -> int:
+        if params.seed is not None:
+            return int(params.seed) & 0x7FFF_FFFF_FFFF_FFFF
+        key = hashlib.blake2b(torch.tensor(prompt, dtype=torch.int64).numpy().tobytes(), digest_size=16).digest()
+        n = self._prompt_counts[key]
+        self._prompt_counts[key] = n + 1
+        digest = hashlib.blake2b(key + f"{self.seed}:{n}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stop or self._abort_waiters or self._pending or self._rows):
+                    self._cond.wait()
+                if self._stop or self._abort_waiters:
+                    waiters, self._abort_waiters = self._abort_waiters, []
+                    self._finish_all(STOP_ABORTED)
+                    for w in waiters:
+                        w.set_result(None)
+                    if self._stop:
+                        return
+                    continue
+                free = self.max_batch_size - len(self._rows)
+                admit, self._pending = self._pending[:free], self._pending[free:]
+            try:
+                with self._model_lock, torch.inference_mode():
+                    if admit:
+                        self._prefill(admit)
+                    if self._rows:
+                        self._decode()
+            except Exception as e:  # fail the requests, keep the server alive
+                logger.exception("hf generation step failed")
+                for r in admit + self._rows:
+                    if not r.future.done():
+                        r.future.set_exception(e)
+                self._reset_batch()
+
+    def _finish_all(self, reason: str) -> None:
+        for r in self._pending + self._rows:
+            self._resolve(r, reason)
+        self._pending = []
+        self._reset_batch()
+
+    def _reset_batch(self) -> None:
+        self._rows, self._cache, self._mask, self._next_pos, self._last = [], None, None, None, None
+
+    def _resolve(self, r: _Request, reason: str) -> None:
+        if not r.future.done():
+            r.future.set_result(GenerationResult(list(r.tokens), list(r.log_probs), reason, self.global_steps))
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache):
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        self.steps_run += 1
+        return out.logits[:, -1, :].float(), out.past_key_values
+
+    def _prefill(self, new: list[_Request]) -> None:
+        from transformers import DynamicCache
+
+        length = max(len(r.prompt) for r in new)
+        ids = torch.full((len(new), length), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(new), length), dtype=torch.long)
+        for i, r in enumerate(new):
+            ids[i, length - len(r.prompt) :] = torch.tensor(r.prompt)
+            mask[i, length - len(r.prompt) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self._forward(ids, mask, pos, DynamicCache())
+        for layer in cache.layers:
+            if type(layer).__name__ != "DynamicLayer":
+                raise NotImplementedError(f"hf rollout supports full-attention caches only, got {type(layer).__name__}")
+        tokens = self._sample(logits, new)
+        lengths = mask.sum(-1)
+        self._merge(new, cache, mask, lengths, tokens)
+
+    def _decode(self) -> None:
+        mask = torch.cat([self._mask, torch.ones((len(self._rows), 1), dtype=torch.long)], dim=1)
+        logits, self._cache = self._forward(self._last[:, None], mask, self._next_pos[:, None], self._cache)
+        self._mask = mask
+        self._next_pos = self._next_pos + 1
+        self._last = self._sample(logits, self._rows)
+        self._drop_finished()
+
+    def _merge(self, new, cache, mask, next_pos, last) -> None:
+        if self._rows:
+            width = max(self._mask.shape[1], mask.shape[1])
+            old_pad, new_pad = width - self._mask.shape[1], width - mask.shape[1]
+            for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
+                old_layer.keys = torch.cat([_left_pad(old_layer.keys, old_pad), _left_pad(new_layer.keys, new_pad)])
+                old_layer.values = torch.cat(
+                    [_left_pad(old_layer.values, old_pad), _left_pad(new_layer.values, new_pad)]
+                )
+            self._mask = torch.cat([_left_pad(self._mask, old_pad, dim=1), _left_pad(mask, new_pad, dim=1)])
+            self._next_pos = torch.cat([self._next_pos, next_pos])
+            self._last = torch.cat([self._last, last])
+            self._rows = self._rows + list(new)
+        else:
+            self._rows, self._cache, self._mask, self._next_pos, self._last = list(new), cache, mask, next_pos, last
+        self._drop_finished()
+
+    def _drop_finished(self) -> None:
+        keep = []
+        for i, r in enumerate(self._rows):
+            last = r.tokens[-1] if r.tokens else None
+            if last in r.stop_ids or len(r.tokens) >= r.max_tokens or len(r.prompt) + len(r.tokens) >= self.max_model_len:
+                self._resolve(r, STOP_COMPLETED)
+            else:
+                keep.append(i)
+        if len(keep) == len(self._rows):
+            return
+        if not keep:
+            self._reset_batch()
+            return
+        idx = torch.tensor(keep, dtype=torch.long)
+        self._cache.batch_select_indices(idx)
+        self._rows = [self._rows[i] for i in keep]
+        self._mask, self._next_pos, self._last = self._mask[idx], self._next_pos[idx], self._last[idx]
+        # drop leading columns that are padding in every remaining row
+        lead = int((self._mask.cumsum(-1) == 0).all(dim=0).sum())
+        if lead:
+            self._mask = self._mask[:, lead:]
+            for layer in self._cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, lead:, :], layer.values[:, :, lead:, :]
+
+    def _sample(self, logits: torch.Tensor, rows: list[_Request]) -> torch.Tensor:
+        """Pick one token per row; record it and its processed log-prob. logits: [B, V] float32."""
+        logits = logits.clone()
+        tokens = torch.empty(len(rows), dtype=torch.long)
+        for i, r in enumerate(rows):
+            p = r.params
+            row = logits[i]
+            if p.repetition_penalty != 1.0:
+                seen = torch.tensor(sorted(set(r.prompt) | set(r.tokens)), dtype=torch.long)
+                vals = row[seen]
+                row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+            if p.greedy:
+                logp = torch.log_softmax(row, dim=-1)
+                tok = int(torch.argmax(row))
+            else:
+                row = row / p.temperature
+                if 0 < p.top_k < row.numel():
+                    kth = torch.topk(row, p.top_k).values[-1]
+                    row = row.masked_fill(row < kth, float("-inf"))
+                if p.top_p < 1.0:
+                    sorted_vals, order = torch.sort(row, descending=True)
+                    probs = torch.softmax(sorted_vals, dim=-1)
+                    drop = (probs.cumsum(-1) - probs) > p.top_p
+                    drop[0] = False
+                    row = row.clone()
+                    row[order[drop]] = float("-inf")
+                logp = torch.log_softmax(row, dim=-1)
+                tok = int(torch.multinomial(logp.exp(), 1, generator=r.generator))
+            r.tokens.append(tok)
+            r.log_probs.append(float(logp[tok]))
+            tokens[i] = tok
+        return tokens
+
+
+def _left_pad(t: torch.Tensor, n: int, dim: int = 2) -> torch.Tensor:
+    if n == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat([torch.zeros(shape, dtype=t.dtype), t], dim=dim)
+
+
+def eos_token_ids_of(model_config) -> list[int]:
+    """EOS ids from a verl ``HFModelConfig``: generation config, then model config, then tokenizer."""
+    ids: list[int] = []
+    for source in (getattr(model_config, "generation_config", None), getattr(model_config, "hf_config", None)):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if eos is not None:
+            ids.extend(eos if isinstance(eos, list | tuple) else [eos])
+    tokenizer = getattr(model_config, "tokenizer", None)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(int(i) for i in ids))
+
+
+def load_model(path: str, dtype: str = "float32", attn_implementation: str = "sdpa", trust_remote_code=False):
+    """Load a causal LM for generation on CPU (eval mode, no grad)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+    )
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+class HFGenerationServer:
+    """Generation server of one ``hf`` rollout replica (wrapped with ``ray.remote`` by the replica).
+
+    Args:
+        config: verl ``RolloutConfig`` (or its DictConfig); ``engine_kwargs.hf`` holds
+            :class:`HFServerOptions`.
+        model_config: verl ``HFModelConfig`` (or its DictConfig).
+        replica_rank: index of the replica (part of the sampling seed).
+        rollout_mode: verl ``RolloutMode`` (informational).
+    """
+
+    def __init__(self, config, model_config, replica_rank: int = 0, rollout_mode=None):
+        self.config = verl_compat.to_dataclass(config)
+        self.model_config = verl_compat.to_dataclass(model_config, verl_compat.hf_model_config_cls())
+        self.replica_rank = int(replica_rank)
+        self.rollout_mode = rollout_mode
+        engine_kwargs = dict(self.config.engine_kwargs or {})
+        self.options = HFServerOptions(**dict(engine_kwargs.get("hf") or {}))
+        self.engine: GenerationEngine | None = None
+        self.global_steps = None
+        self._paused = False
+        self._reject = False
+        self._resume_event: asyncio.Event | None = None
+        self._weights_loaded = 0
+
+    async def launch(self) -> None:
+        """Load the model from ``model_config.local_path`` and start the engine."""
+        if self.engine is not None:
+            return
+        if self.options.num_threads is not None:
+            torch.set_num_threads(self.options.num_threads)
+        model = await asyncio.to_thread(
+            load_model,
+            self.model_config.local_path,
+            self.options.dtype,
+            self.options.attn_implementation,
+            self.model_config.trust_remote_code,
+        )
+        max_len = self.config.max_model_len or getattr(model.config, "max_position_embeddings", None)
+        if max_len is None:
+            max_len = self.config.prompt_length + self.config.response_length
+        tokenizer = getattr(self.model_config, "tokenizer", None)
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        self.engine = GenerationEngine(
+            model,
+            eos_token_ids_of(self.model_config),
+            max_model_len=int(max_len),
+            max_batch_size=min(self.options.max_batch_size, self.config.max_num_seqs),
+            seed=self.config.seed + 1_000_003 * self.replica_rank,
+            pad_token_id=pad or 0,
+        )
+        self._resume_event = asyncio.Event()
+        self._resume_event.set()
+
+    def _require_engine(self) -> GenerationEngine:
+        if self.engine is None:
+            raise RuntimeError("hf generation server not launched (call launch() first)")
+        return self.engine
+
+    def _default_max_tokens(self, prompt_len: int) -> int:
+        return max(0, min(self.config.response_length, self.config.prompt_length + self.config.response_length - prompt_len))
+
+    async def generate(
+        self,
+        prompt_ids,
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data=None,
+        video_data=None,
+        **kwargs,
+    ):
+        """Generate a response for ``prompt_ids`` (list[int]); returns verl's ``TokenOutput``.
+
+        ``token_ids`` are the response tokens (a stop token is included), ``log_probs`` the processed
+        log-probs when ``sampling_params["logprobs"]`` is truthy, ``stop_reason`` "completed" or
+        "aborted" (with the partial tokens), ``extra_fields["global_steps"]`` the weight version.
+
+        Raises:
+            NotImplementedError: image/video inputs.
+            ValueError / pydantic.ValidationError: invalid prompt or sampling parameters.
+        """
+        token_output = verl_compat.token_output_cls()
+        if image_data is not None or video_data is not None:
+            raise NotImplementedError("the hf rollout backend is text-only (no image/video inputs)")
+        engine = self._require_engine()
+        if hasattr(prompt_ids, "tolist"):
+            prompt_ids = prompt_ids.tolist()
+        params = SamplingParams.from_request(sampling_params)
+        if params.max_tokens is None:
+            params = params.model_copy(update={"max_tokens": self._default_max_tokens(len(prompt_ids))})
+        while self._paused:
+            if self._reject:
+                return token_output(
+                    token_ids=[], log_probs=None, stop_reason=STOP_ABORTED, extra_fields={"global_steps": self.global_steps}
+                )
+            await self._resume_event.wait()
+        result: GenerationResult = await asyncio.wrap_future(engine.submit(prompt_ids, params))
+        return token_output(
+            token_ids=result.token_ids,
+            log_probs=result.log_probs if params.logprobs else None,
+            stop_reason=result.stop_reason,
+            extra_fields={"global_steps": result.finished_at_steps},
+        )
+
+    async def abort_all_requests(self, reject_request: bool = False) -> None:
+        """Pause generation and end in-flight requests with their partial tokens ("aborted").
+
+        Requests arriving while paused wait for :meth:`resume_generation` (or, with
+        ``reject_request``, return at once as aborted with no tokens).
+        """
+        self._paused, self._reject = True, bool(reject_request)
+        self._resume_event.clear()
+        await asyncio.wrap_future(self._require_engine().abort_all())
+
+    async def resume_generation(self) -> None:
+        """Admit requests again after :meth:`abort_all_requests`."""
+        self._paused, self._reject = False, False
+        self._resume_event.set()
+
+    async def load_weights(self, named_tensors: list) -> int:
+        """Copy a bucket of ``(hf_name, tensor)`` into the model (skipped when ``sync_weights`` is off)."""
+        if not self.options.sync_weights:
+            return 0
+        n = await asyncio.to_thread(self._require_engine().load_weights, named_tensors)
+        self._weights_loaded += n
+        return n
+
+    async def set_global_steps(self, global_steps) -> None:
+        """Record the weight version reported in ``extra_fields["global_steps"]``."""
+        self.global_steps = global_steps
+        self._require_engine().global_steps = global_steps
+
+    async def get_stats(self) -> dict[str, Any]:
+        """Counters for tests and benchmarks."""
+        engine = self._require_engine()
+        return {
+            "forward_passes": engine.steps_run,
+            "weights_loaded": self._weights_loaded,
+            "global_steps": self.global_steps,
+            "in_flight": engine.num_requests(),
+        }
+
+    # Memory management is meaningless for a CPU model that stays resident: accepted, no effect.
+    async def wake_up(self) -> None:
+        return None
+
+    async def sleep(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def start_profile(self, **kwargs) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        """Stop the engine thread (pending requests end as aborted)."""
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.shutdown)
+
+    async def ping(self) -> float:
+        return time.time()

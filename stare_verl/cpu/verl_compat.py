@@ -1,0 +1,300 @@
+"""Every touch point of the CPU backend on verl internals, in one place.
+
+verl 0.9.1 has no CPU path for its V1 trainer. The CPU backend needs:
+
+1. a platform registered under ``cpu`` (``verl.plugin.platform.PlatformRegistry``, a supported hook);
+2. the ``hf`` rollout in verl's two rollout registries: the private dict
+   ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` (in-worker adapter) and the public
+   ``RolloutReplicaRegistry`` (server replica);
+3. three patches of verl internals that assume an accelerator:
+   - ``verl.utils.distributed.initialize_global_process_group_ray`` builds the backend string
+     ``"cpu:gloo,cpu:gloo"`` (invalid) when the device is ``cpu``: plain ``"gloo"`` is used instead;
+   - the FSDP engines are registered only for the ``cuda``/``npu`` device keys of
+     ``verl.workers.engine.EngineRegistry``: they are registered for ``cpu`` as well;
+   - ``verl.trainer.ppo.v1.replay_buffer.ReplayBuffer`` polls every 2 s (hard-coded default), which
+     dominates a tiny CPU step: the default becomes ``STARE_VERL_CPU_POLL_INTERVAL`` (0.05 s).
+
+These move between verl releases, so this module checks the installed verl version at import and
+raises :class:`VerlVersionError` on anything but :data:`PINNED_VERL_VERSION`.
+
+Patches 2 and 3 are applied lazily, when verl imports the module they touch (an import hook), so that
+the plugin stays cheap while ``verl/__init__`` is still importing.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+PINNED_VERL_VERSION = "0.9.1"
+
+
+class VerlVersionError(RuntimeError):
+    """Raised when the installed verl is not the version the CPU backend was written against."""
+
+
+def _installed_verl_version() -> str:
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError as e:  # pragma: no cover - verl is a dependency
+        raise VerlVersionError("stare_verl.cpu needs verl installed (pip install 'verl[verl-core]==0.9.1')") from e
+
+
+def check_verl_version() -> str:
+    """Return the installed verl version; raise :class:`VerlVersionError` unless it is the pinned one."""
+    version = _installed_verl_version()
+    if version != PINNED_VERL_VERSION:
+        raise VerlVersionError(
+            f"stare_verl's CPU backend (platform 'cpu', rollout 'hf') patches verl internals and supports "
+            f"verl=={PINNED_VERL_VERSION} only; found verl=={version}. Install verl[verl-core]=="
+            f"{PINNED_VERL_VERSION} or run without VERL_PLATFORM=cpu / rollout.name=hf."
+        )
+    return version
+
+
+check_verl_version()
+
+# Environment variable names (verl's and ours).
+PLATFORM_ENV = "VERL_PLATFORM"
+POLL_INTERVAL_ENV = "STARE_VERL_CPU_POLL_INTERVAL"
+DEFAULT_POLL_INTERVAL_S = 0.05
+
+# Module paths and attribute names of verl touched here.
+_DISTRIBUTED_MODULE = "verl.utils.distributed"
+_ROLLOUT_BASE_MODULE = "verl.workers.rollout.base"
+_ROLLOUT_REPLICA_MODULE = "verl.workers.rollout.replica"
+_FSDP_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
+_REPLAY_BUFFER_MODULE = "verl.trainer.ppo.v1.replay_buffer"
+
+
+def platform_is_cpu() -> bool:
+    """True when verl's platform is selected as ``cpu`` through ``VERL_PLATFORM``."""
+    return os.environ.get(PLATFORM_ENV, "").strip().lower() == "cpu"
+
+
+# --------------------------------------------------------------------------------------------------
+# Post-import hooks: run a patch right after verl imports a module (or at once if already imported).
+# --------------------------------------------------------------------------------------------------
+
+_hooks: dict[str, list[Callable]] = {}
+_hooks_lock = threading.RLock()
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, wrapped: importlib.abc.Loader, name: str):
+        self._wrapped = wrapped
+        self._name = name
+
+    def create_module(self, spec):
+        return self._wrapped.create_module(spec)
+
+    def exec_module(self, module):
+        self._wrapped.exec_module(module)
+        _run_hooks(self._name, module)
+
+    def __getattr__(self, item):  # get_code, get_source, is_package, ... of the wrapped loader
+        return getattr(self._wrapped, item)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _hooks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, fullname)
+                return spec
+        return None
+
+
+_finder = _PostImportFinder()
+
+
+def _run_hooks(name: str, module) -> None:
+    with _hooks_lock:
+        hooks = _hooks.pop(name, [])
+    for hook in hooks:
+        hook(module)
+
+
+def when_imported(module_name: str, hook: Callable) -> None:
+    """Call ``hook(module)`` once ``module_name`` is imported (immediately if it already is)."""
+    module = sys.modules.get(module_name)
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
+        hook(module)
+        return
+    with _hooks_lock:
+        _hooks.setdefault(module_name, []).append(hook)
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+
+
+# --------------------------------------------------------------------------------------------------
+# Registries
+# --------------------------------------------------------------------------------------------------
+
+
+def register_platform(name: str, platform_cls: type) -> None:
+    """Register a ``verl.plugin.platform.PlatformBase`` subclass under ``name`` (verl's public hook)."""
+    from verl.plugin.platform import PlatformRegistry
+
+    if PlatformRegistry.get(name) is not platform_cls:
+        PlatformRegistry.register(platform=name)(platform_cls)
+
+
+def register_rollout(name: str, adapter_fqdn: str, replica_loader: Callable[[], type]) -> None:
+    """Register a rollout backend in verl's two rollout registries, when verl imports them.
+
+    Args:
+        name: value of ``actor_rollout_ref.rollout.name``.
+        adapter_fqdn: ``"module.Class"`` of the in-worker ``BaseRollout`` adapter.
+        replica_loader: zero-argument callable returning the ``RolloutReplica`` subclass.
+    """
+
+    def _adapter(module):
+        module._ROLLOUT_REGISTRY[(name, "async")] = adapter_fqdn
+
+    def _replica(module):
+        module.RolloutReplicaRegistry.register(name, replica_loader)
+
+    when_imported(_ROLLOUT_BASE_MODULE, _adapter)
+    when_imported(_ROLLOUT_REPLICA_MODULE, _replica)
+
+
+# --------------------------------------------------------------------------------------------------
+# Patches needed by the cpu platform
+# --------------------------------------------------------------------------------------------------
+
+
+def _patch_process_group(module) -> None:
+    original = module.initialize_global_process_group_ray
+    if getattr(original, "_stare_cpu_patched", False):
+        return
+
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        # verl composes f"cpu:gloo,{device}:{backend}", i.e. "cpu:gloo,cpu:gloo" on CPU, which
+        # torch.distributed rejects (duplicate device key); gloo alone covers CPU tensors.
+        if backend is None or backend.replace(" ", "") in ("cpu:gloo,cpu:gloo", "cpu:gloo"):
+            backend = "gloo"
+        return original(timeout_second=timeout_second, backend=backend)
+
+    initialize_global_process_group_ray._stare_cpu_patched = True
+    module.initialize_global_process_group_ray = initialize_global_process_group_ray
+    # Modules that imported the function by name before this patch.
+    for mod_name in ("verl.workers.engine_workers", "verl.checkpoint_engine.base"):
+        mod = sys.modules.get(mod_name)
+        if mod is not None and getattr(mod, "initialize_global_process_group_ray", None) is original:
+            mod.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+def _patch_engine_registry(module) -> None:
+    from verl.workers.engine.base import EngineRegistry
+
+    for backends in EngineRegistry._engines.values():
+        for backend in ("fsdp", "fsdp2"):
+            keys = backends.get(backend)
+            if keys is not None and "cuda" in keys and "cpu" not in keys:
+                keys["cpu"] = keys["cuda"]
+
+
+def _patch_replay_buffer(module) -> None:
+    cls = module.ReplayBuffer
+    original_init = cls.__init__
+    if getattr(original_init, "_stare_cpu_patched", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("poll_interval", poll_interval_s())
+        original_init(self, *args, **kwargs)
+
+    __init__._stare_cpu_patched = True
+    cls.__init__ = __init__
+
+
+def poll_interval_s() -> float:
+    """Replay-buffer poll interval on CPU, from ``STARE_VERL_CPU_POLL_INTERVAL`` (seconds, > 0)."""
+    raw = os.environ.get(POLL_INTERVAL_ENV, "")
+    if not raw:
+        return DEFAULT_POLL_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError as e:
+        raise ValueError(f"{POLL_INTERVAL_ENV} must be a number of seconds, got {raw!r}") from e
+    if not value > 0:
+        raise ValueError(f"{POLL_INTERVAL_ENV} must be > 0, got {value}")
+    return value
+
+
+def install_cpu_patches() -> None:
+    """Apply the patches the ``cpu`` platform needs (lazily, as verl imports the patched modules)."""
+    when_imported(_DISTRIBUTED_MODULE, _patch_process_group)
+    when_imported(_FSDP_ENGINE_MODULE, _patch_engine_registry)
+    when_imported(_REPLAY_BUFFER_MODULE, _patch_replay_buffer)
+
+
+# --------------------------------------------------------------------------------------------------
+# verl types used by the backend (imported on use: they pull in ray and verl's worker stack)
+# --------------------------------------------------------------------------------------------------
+
+
+def base_rollout_cls():
+    """``verl.workers.rollout.base.BaseRollout``."""
+    from verl.workers.rollout.base import BaseRollout
+
+    return BaseRollout
+
+
+def rollout_replica_cls():
+    """``verl.workers.rollout.replica.RolloutReplica``."""
+    from verl.workers.rollout.replica import RolloutReplica
+
+    return RolloutReplica
+
+
+def token_output_cls():
+    """``verl.workers.rollout.replica.TokenOutput`` (what the agent loop expects from ``generate``)."""
+    from verl.workers.rollout.replica import TokenOutput
+
+    return TokenOutput
+
+
+def rollout_mode_enum():
+    """``verl.workers.rollout.replica.RolloutMode``."""
+    from verl.workers.rollout.replica import RolloutMode
+
+    return RolloutMode
+
+
+def to_dataclass(config, dataclass_type=None):
+    """``verl.utils.config.omega_conf_to_dataclass`` (DictConfig -> verl config dataclass)."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    if dataclass_type is None:
+        return omega_conf_to_dataclass(config)
+    return omega_conf_to_dataclass(config, dataclass_type=dataclass_type)
+
+
+def hf_model_config_cls():
+    """``verl.workers.config.HFModelConfig``."""
+    from verl.workers.config import HFModelConfig
+
+    return HFModelConfig
+
+
+def cuda_platform_cls():
+    """``verl.plugin.platform.platform_cuda.PlatformCUDA`` (the CPU platform's base class)."""
+    from verl.plugin.platform.platform_cuda import PlatformCUDA
+
+    return PlatformCUDA
