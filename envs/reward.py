@@ -1,0 +1,297 @@
+"""verl custom reward function for the math families (short CoT, long CoT, tool use).
+
+Recipe wiring (verl 0.9.1)::
+
+    reward:
+      custom_reward_function:
+        path: <site-packages or repo>/envs/reward.py
+        name: compute_score
+        reward_kwargs: {family: long_cot, max_response_length: 8192, overlong_buffer_len: 1024}
+
+verl's reward managers call ``compute_score(data_source=..., solution_str=..., ground_truth=...,
+extra_info=...)`` from a thread pool, merging ``reward_kwargs`` into the keyword arguments. Called with
+just the four arguments, the defaults below apply.
+
+Options (``RewardOptions``; later sources override earlier ones: defaults <- family preset <-
+``extra_info["family"]`` <- ``extra_info["reward_options"]`` <- ``reward_kwargs``):
+
+    family                   "short_cot" | "long_cot" | "tool_use" (default "short_cot")
+    strict_box               True: only a complete \\boxed{}/\\fbox{} counts as an answer (default True);
+                             False: also "Answer: X", "The final answer is X", "#### X"
+    think                    "auto" | "required" | "off" (default: "required" for long_cot, else "auto");
+                             see ``envs.scoring.extract.split_think``
+    max_response_length      response token limit of the rollout (None: unknown)
+    overlong_buffer_len      DAPO soft overlong buffer in tokens (None or 0: no penalty)
+    overlong_penalty_factor  DAPO penalty factor (default 1.0)
+    correct_score / incorrect_score   base reward (defaults 1.0 / 0.0)
+    timeout_s                hard wall-clock limit of one call's math-verify step, seconds (default 5)
+
+Per-response keys read from ``extra_info`` (all optional; verl's naive/dapo managers merge an agent
+loop's ``extra_fields`` into ``extra_info``, so an agent loop can provide them):
+
+    response_length   int: number of model-generated response tokens (tool/observation tokens excluded)
+    response_mask     sequence of 0/1 (1 = model token); its sum is used when response_length is absent
+    hit_eos           bool: the response ended with EOS (False = cut by the length limit)
+    stop_reason / finish_reason   str: "length" / "max_tokens" mean truncated; "stop", "eos",
+                      "completed", "end_turn", "tool_calls" mean not truncated
+
+Truncation: ``hit_eos`` decides when given, else the stop reason, else a known length that reached
+``max_response_length``. A truncated response is scored as having no answer (acc False, base
+``incorrect_score``) whatever it holds.
+
+Score: ``score = (correct_score if acc else incorrect_score) + overlong_penalty`` where
+``overlong_penalty = clip(-(L - (max_response_length - overlong_buffer_len)) / overlong_buffer_len *
+overlong_penalty_factor, -overlong_penalty_factor, 0)`` with L the model-generated token count (DAPO,
+Yu et al. 2025, "Overlong Reward Shaping"); 0 when L or the buffer is unknown.
+
+Returned dict (the same keys every call, scalars only, so verl can stack them):
+    score (float), acc (bool), pred (str, normalised extracted answer; "" if none or truncated),
+    has_answer (bool), truncated (bool), overlong_penalty (float), response_length (int, -1 unknown),
+    response_chars (int), think_closed (bool), verify_method (str: exact | numeric | math_verify |
+    empty | timeout | error | no_ground_truth), timed_out (bool),
+    reflect_<word> (int) for each of ``REFLECTION_PATTERNS`` and reflect_total (int).
+
+Errors: never raises for any response or ground truth (bad ones score ``incorrect_score``); raises
+ValueError only for invalid options (a configuration error, reported on the first call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from envs.scoring.extract import extract_final_answer, split_think
+from envs.scoring.normalize import normalize_answer
+from envs.scoring.reflection import REFLECTION_PATTERNS, count_reflections
+from envs.scoring.verify import Verdict, answers_equal
+
+__all__ = ["RewardOptions", "compute_score", "overlong_penalty", "resolve_options"]
+
+_VERL_PASSTHROUGH = {"reward_router_address", "reward_model_tokenizer"}
+_TRUNC_REASONS = {"length", "max_tokens", "max_length", "truncated"}
+_STOP_REASONS = {"stop", "eos", "completed", "end_turn", "tool_calls", "stop_sequence"}
+
+
+class RewardOptions(BaseModel):
+    """Options of ``compute_score`` (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    family: Literal["short_cot", "long_cot", "tool_use"] = "short_cot"
+    strict_box: bool = True
+    think: Literal["auto", "required", "off"] | None = None
+    max_response_length: int | None = Field(default=None, gt=0)
+    overlong_buffer_len: int | None = Field(default=None, ge=0)
+    overlong_penalty_factor: float = Field(default=1.0, ge=0)
+    correct_score: float = 1.0
+    incorrect_score: float = 0.0
+    timeout_s: float = Field(default=5.0, gt=0, le=600)
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardOptions:
+        if self.overlong_buffer_len:
+            if self.max_response_length is None:
+                raise ValueError("overlong_buffer_len needs max_response_length")
+            if self.overlong_buffer_len > self.max_response_length:
+                raise ValueError(
+                    f"overlong_buffer_len ({self.overlong_buffer_len}) exceeds max_response_length "
+                    f"({self.max_response_length})"
+                )
+        return self
+
+    @property
+    def think_mode(self) -> str:
+        """The effective think mode: explicit ``think`` or the family preset."""
+        if self.think is not None:
+            return self.think
+        return "required" if self.family == "long_cot" else "auto"
+
+
+_OPTIONS_CACHE: dict[tuple, RewardOptions] = {}
+
+
+def resolve_options(extra_info: Mapping | None = None, **reward_kwargs: Any) -> RewardOptions:
+    """Merge option sources (defaults <- extra_info family/reward_options <- reward_kwargs) and validate.
+
+    Raises:
+        ValueError: unknown option names or invalid values.
+    """
+    merged: dict[str, Any] = {}
+    if isinstance(extra_info, Mapping):
+        fam = extra_info.get("family")
+        if isinstance(fam, str) and fam:
+            merged["family"] = fam
+        ro = extra_info.get("reward_options")
+        if isinstance(ro, Mapping):
+            merged.update({k: v for k, v in ro.items() if v is not None})
+    merged.update({k: v for k, v in reward_kwargs.items() if k not in _VERL_PASSTHROUGH})
+    try:
+        key = tuple(sorted(merged.items()))
+        hit = _OPTIONS_CACHE.get(key)
+    except TypeError:  # unhashable values: validate without caching
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    try:
+        opts = RewardOptions(**merged)
+    except ValidationError as err:
+        raise ValueError(f"invalid reward options for envs.reward.compute_score: {err}") from err
+    if key is not None and len(_OPTIONS_CACHE) < 1024:
+        _OPTIONS_CACHE[key] = opts
+    return opts
+
+
+def overlong_penalty(
+    length: int | None, max_response_length: int | None, buffer_len: int | None, factor: float = 1.0
+) -> float:
+    """DAPO soft overlong penalty (Yu et al. 2025, Eq. 13) for a response of ``length`` tokens.
+
+    0 while ``length <= max_response_length - buffer_len``, then falling linearly to ``-factor`` at
+    ``max_response_length`` (clipped there). 0 when any argument is unknown or the buffer is 0.
+
+    Example: max 1000, buffer 200, factor 1.0 -> lengths 700, 900, 1000 give 0, -0.5, -1.0.
+    """
+    if length is None or length < 0 or not max_response_length or not buffer_len:
+        return 0.0
+    exceed = length - (max_response_length - buffer_len)
+    pen = -exceed / buffer_len * factor
+    return float(max(-factor, min(0.0, pen)))
+
+
+def _as_int(x: Any) -> int | None:
+    try:
+        if x is None or isinstance(x, bool):
+            return None
+        v = int(x)
+        return v if v >= 0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _response_length(extra_info: Mapping) -> int | None:
+    n = _as_int(extra_info.get("response_length"))
+    if n is not None:
+        return n
+    mask = extra_info.get("response_mask")
+    if mask is not None and not isinstance(mask, (str, bytes)):
+        try:
+            return int(sum(int(v) for v in mask))
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _is_truncated(extra_info: Mapping, length: int | None, opts: RewardOptions) -> bool:
+    eos = extra_info.get("hit_eos")
+    if eos is not None and not isinstance(eos, str):
+        try:
+            return not bool(eos)
+        except (TypeError, ValueError):
+            pass
+    for key in ("stop_reason", "finish_reason"):
+        reason = extra_info.get(key)
+        if isinstance(reason, str):
+            r = reason.strip().lower()
+            if r in _TRUNC_REASONS:
+                return True
+            if r in _STOP_REASONS:
+                return False
+    if opts.max_response_length and length is not None:
+        return length >= opts.max_response_length
+    return False
+
+
+def _ground_truths(gt: Any) -> list[str]:
+    """Ground truth(s) as strings: a list/array of acceptable answers or a single one."""
+    if gt is None:
+        return []
+    if isinstance(gt, Mapping):
+        gt = gt.get("ground_truth", gt.get("answer"))
+        return _ground_truths(gt)
+    if isinstance(gt, (str, bytes)):
+        s = gt.decode(errors="replace") if isinstance(gt, bytes) else gt
+        return [s] if s.strip() else []
+    if isinstance(gt, Sequence) or hasattr(gt, "tolist"):
+        items = gt.tolist() if hasattr(gt, "tolist") else list(gt)
+        if isinstance(items, list):
+            return [s for x in items for s in _ground_truths(x)]
+        return _ground_truths(items)
+    if isinstance(gt, float) and gt.is_integer():
+        return [str(int(gt))]
+    return [str(gt)]
+
+
+def _gt_answer(gt: str) -> str:
+    """A ground truth given as a full solution keeps only its final answer (box or GSM8K ``####``)."""
+    if "\\boxed" in gt or "\\fbox" in gt or "####" in gt:
+        ans, _ = extract_final_answer(gt, strict_box=False)
+        if ans:
+            return ans
+    return gt
+
+
+def compute_score(
+    data_source: str | None = None,
+    solution_str: str | None = None,
+    ground_truth: Any = None,
+    extra_info: Mapping | None = None,
+    **reward_kwargs: Any,
+) -> dict[str, Any]:
+    """Score one response against its ground truth (verl custom reward function).
+
+    Args:
+        data_source: dataset name (not used for scoring; every math source is scored the same way).
+        solution_str: the decoded response (model-generated text).
+        ground_truth: the answer (str, number, or a list of acceptable answers).
+        extra_info: per-row info; keys read are listed in the module docstring.
+        **reward_kwargs: options (module docstring); verl's ``reward_router_address`` and
+            ``reward_model_tokenizer`` are accepted and ignored.
+    Returns:
+        dict with the keys listed in the module docstring.
+    Raises:
+        ValueError: only for invalid options.
+    """
+    info = extra_info if isinstance(extra_info, Mapping) else {}
+    opts = resolve_options(info, **reward_kwargs)
+    text = solution_str if isinstance(solution_str, str) else ("" if solution_str is None else str(solution_str))
+
+    length = _response_length(info)
+    truncated = _is_truncated(info, length, opts)
+    penalty = overlong_penalty(length, opts.max_response_length, opts.overlong_buffer_len, opts.overlong_penalty_factor)
+
+    split = split_think(text, opts.think_mode)  # type: ignore[arg-type]
+    pred_raw, _how = extract_final_answer(split.answer, strict_box=opts.strict_box)
+    has_answer = pred_raw is not None and not truncated
+    gts = _ground_truths(ground_truth)
+
+    verdict = Verdict(False, "empty")
+    if not gts:
+        verdict = Verdict(None, "no_ground_truth")
+    elif has_answer:
+        for gt in gts:
+            verdict = answers_equal(pred_raw, _gt_answer(gt), timeout_s=opts.timeout_s)
+            if verdict.equal:
+                break
+
+    acc = bool(verdict.equal) and has_answer
+    base = opts.correct_score if acc else opts.incorrect_score
+    refl = count_reflections(text)
+    out: dict[str, Any] = {
+        "score": float(base + penalty),
+        "acc": acc,
+        "pred": normalize_answer(pred_raw) if has_answer else "",
+        "has_answer": bool(has_answer),
+        "truncated": bool(truncated),
+        "overlong_penalty": float(penalty),
+        "response_length": int(length) if length is not None else -1,
+        "response_chars": len(text),
+        "think_closed": bool(split.closed),
+        "verify_method": verdict.method,
+        "timed_out": verdict.method == "timeout",
+    }
+    for k in REFLECTION_PATTERNS:
+        out[f"reflect_{k}"] = refl[k]
+    out["reflect_total"] = refl["total"]
+    return out

@@ -1,0 +1,197 @@
+"""Answer extraction from model responses.
+
+Our own extraction (rather than math-verify's whole-text regexes) so that scoring is fast and the rule
+is explicit: the *last complete* ``\\boxed{...}`` or ``\\fbox{...}`` in the answer part of a response
+wins; braces are matched with escaped ``\\{``/``\\}`` skipped, so ``\\boxed{\\{1,2\\}}`` yields
+``\\{1,2\\}``. A box cut off by the length limit (``\\boxed{12`` with no closing brace) is not an answer;
+an earlier complete box is used instead.
+
+Long-CoT responses are split at the reasoning delimiter (``</think>``) first: the answer is searched
+only after the reasoning, never inside it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "BOX_COMMANDS",
+    "ThinkSplit",
+    "extract_boxed",
+    "extract_final_answer",
+    "find_boxed_all",
+    "split_think",
+]
+
+BOX_COMMANDS = ("\\boxed", "\\fbox")
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+
+_BRACE_TOKEN_RE = re.compile(r"\\.|[{}]", re.S)
+
+
+def _boxes(text: str) -> list[tuple[int, int, str]]:
+    """Complete boxes of ``text`` as ``(start, end, content)``, in order of their start.
+
+    One pass of a brace stack over the brace/escape tokens after the first box command (escaped
+    ``\\{``/``\\}`` are skipped), so the cost is linear even for thousands of unclosed boxes.
+    """
+    cmds = list(_BOX_RE.finditer(text))
+    if not cmds:
+        return []
+    first = cmds[0].start()
+    match: dict[int, int] = {}
+    stack: list[int] = []
+    for tok in _BRACE_TOKEN_RE.finditer(text, first):
+        c = tok.group(0)
+        if c == "{":
+            stack.append(tok.start())
+        elif c == "}":
+            if stack:
+                match[stack.pop()] = tok.start()
+    out: list[tuple[int, int, str]] = []
+    n = len(text)
+    for m in cmds:
+        j = m.end()
+        while j < n and text[j] in " \t":
+            j += 1
+        if j < n and text[j] == "{":
+            close = match.get(j)
+            if close is not None:
+                out.append((m.start(), close + 1, text[j + 1 : close]))
+        elif j > m.end() and j < n:
+            # "\\boxed 42" form (no braces, one token after a space)
+            tm = re.match(r"[^\s$]+", text[j : j + 200])
+            if tm:
+                out.append((m.start(), j + tm.end(), tm.group(0).rstrip(".,;")))
+    return out
+
+
+def find_boxed_all(text: str) -> list[str]:
+    """All complete ``\\boxed{}`` / ``\\fbox{}`` contents, outermost boxes only, in order.
+
+    Args:
+        text: any string.
+    Returns:
+        list of the box contents (str).
+    """
+    out: list[str] = []
+    last_end = -1
+    for start, end, content in _boxes(text):
+        if start >= last_end:
+            out.append(content)
+            last_end = end
+    return out
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{}``/``\\fbox{}`` of ``text`` (outermost), or None.
+
+    An incomplete box (no closing brace, e.g. a response cut by the length limit) is skipped; the last
+    complete one wins. Nested boxes: the outer box is the answer (its content keeps the inner box,
+    which normalisation unwraps).
+    """
+    if not text or "\\" not in text:
+        return None
+    boxes = _boxes(text)
+    if not boxes:
+        return None
+    # The complete box that ends last is outermost and is the last outermost box.
+    best = max(boxes, key=lambda b: (b[1], -b[0]))
+    return best[2].strip()
+
+
+_ANSWER_LINE_RE = re.compile(r"(?im)^\s*\**\s*(?:final\s+)?answer\s*\**\s*[:：]\s*\**\s*(.+?)\s*$")
+_FINAL_IS_RE = re.compile(r"(?i)the\s+final\s+answer\s+is\s*[:：]?\s*(.+?)(?:\.\s*(?:I hope|$)|$)", re.S)
+_GSM_RE = re.compile(r"####\s*([^\n]+)")
+
+
+def extract_final_answer(text: str, strict_box: bool = True) -> tuple[str | None, str]:
+    """Final answer of a response (the answer part, after any reasoning block).
+
+    Args:
+        text: the answer part of a response.
+        strict_box: when True only a complete ``\\boxed{}``/``\\fbox{}`` counts; when False, fall back
+            (in this order) to a last ``Answer: X`` line (DAPO/Minerva), ``The final answer is X`` and
+            GSM8K's ``#### X``.
+    Returns:
+        ``(answer, how)`` with ``how`` one of ``"box"``, ``"answer_line"``, ``"final_answer_is"``,
+        ``"gsm8k"``, ``"none"``; ``answer`` is None when nothing was found.
+    """
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed, "box"
+    if strict_box or not text:
+        return None, "none"
+    tail = text[-2000:]
+    lines = _ANSWER_LINE_RE.findall(tail)
+    if lines:
+        ans = lines[-1].strip().strip("*").strip()
+        if ans.startswith("$") and ans.endswith("$") and len(ans) > 1:
+            ans = ans.strip("$")
+        return ans.rstrip("."), "answer_line"
+    finals = list(_FINAL_IS_RE.finditer(tail))
+    if finals:
+        ans = finals[-1].group(1).strip().strip("$").rstrip(".")
+        if ans:
+            return ans, "final_answer_is"
+    g = _GSM_RE.findall(tail)
+    if g:
+        return g[-1].strip(), "gsm8k"
+    return None, "none"
+
+
+ThinkMode = Literal["auto", "required", "off"]
+
+
+@dataclass(frozen=True)
+class ThinkSplit:
+    """A response split at its reasoning block.
+
+    Attributes:
+        reasoning: text of the reasoning (between ``<think>`` and the last ``</think>``; everything before
+            the last ``</think>`` for R1-distill responses that start mid-think).
+        answer: the text after the last ``</think>`` ("" when the reasoning never closed).
+        closed: whether a ``</think>`` was found.
+        opened: whether a ``<think>`` was found.
+    """
+
+    reasoning: str
+    answer: str
+    closed: bool
+    opened: bool
+
+
+def split_think(text: str, mode: ThinkMode = "auto") -> ThinkSplit:
+    """Split a long-CoT response into reasoning and answer.
+
+    Handles Qwen3 (``<think>...</think>answer``, including an empty think block in non-thinking mode)
+    and R1-distill (the chat template already opened ``<think>``, so the response holds only the
+    closing tag). The last ``</think>`` wins.
+
+    Args:
+        text: the decoded response.
+        mode: ``"auto"`` (no tags at all: the whole text is the answer; an opened but unclosed block:
+            no answer), ``"required"`` (no ``</think>``: no answer, for templates that open the block
+            themselves), ``"off"`` (tags ignored, the whole text is the answer).
+    Returns:
+        ThinkSplit.
+    """
+    if mode == "off":
+        return ThinkSplit(reasoning="", answer=text, closed=False, opened=False)
+    close = text.rfind(THINK_CLOSE)
+    opened = THINK_OPEN in text
+    if close >= 0:
+        head = text[:close]
+        o = head.find(THINK_OPEN)
+        reasoning = head[o + len(THINK_OPEN) :] if o >= 0 else head
+        return ThinkSplit(reasoning=reasoning, answer=text[close + len(THINK_CLOSE) :], closed=True, opened=opened)
+    if opened or mode == "required":
+        o = text.find(THINK_OPEN)
+        reasoning = text[o + len(THINK_OPEN) :] if o >= 0 else text
+        return ThinkSplit(reasoning=reasoning, answer="", closed=False, opened=opened)
+    return ThinkSplit(reasoning="", answer=text, closed=False, opened=False)

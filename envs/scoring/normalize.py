@@ -1,0 +1,141 @@
+"""Normalisation of extracted answers: the formats naive string scorers get wrong.
+
+``normalize_answer`` maps surface variants of the same answer to one string, so that the fast path
+(string equality) already accepts them and math-verify sees clean LaTeX:
+
+- ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``\\frac34`` -> ``\\frac{3}{4}``; ``\\sqrt2`` -> ``\\sqrt{2}``
+- ``\\boxed{..}``/``\\fbox{..}`` wrappers, ``$``, ``\\left``/``\\right``, ``\\displaystyle``, spacing
+  commands (``\\,`` ``\\!`` ``\\;`` ``\\:`` ``\\ `` ``~``) and whitespace removed
+- units: a trailing ``\\text{ cm}``/``\\mbox{..}``/``\\mathrm{..}`` after a number, and plain unit
+  words (cm, meters, dollars, degrees, ...) after a number
+- ``\\%``, ``%``, degrees (``^\\circ``, ``°``), currency (``\\$``) removed
+- thousands separators: ``1,000``, ``1{,}000``, ``12,345.5`` -> digits only (only when the whole answer
+  is such a number, so tuples such as ``(1,2)`` are untouched)
+- an assignment ``x=5`` (a single variable on the left) -> ``5``
+- a whole-answer ``\\text{Monday}`` -> ``Monday``; a trailing full stop removed
+
+The rules are applied to both the prediction and the ground truth.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["normalize_answer", "strip_wrappers"]
+
+_MAX_LEN = 2000  # answers longer than this are not normalised further (math-verify decides)
+
+_UNIT_WORDS = (
+    "square units|sq units|units?|cm\\^?2?|mm|km|m\\^?2?|meters?|metres?|centimeters?|millimeters?|kilometers?|"
+    "inches|inch|in|feet|foot|ft|yards?|miles?|mph|km/h|hours?|hrs?|minutes?|mins?|seconds?|secs?|days?|"
+    "weeks?|months?|years?|dollars?|cents?|euros?|pounds?|lbs?|kg|grams?|g|degrees?|deg|percent|"
+    "liters?|litres?|ml|gallons?|ounces?|oz|people|students|ways|points|sq\\.? ?ft"
+)
+_TRAILING_UNIT_RE = re.compile(r"^(?P<num>[-+]?[\d.,/{}\\a-z]*\d[\d.,}]*)\s*(?:" + _UNIT_WORDS + r")\.?$", re.I)
+_TEXT_CMD_RE = re.compile(r"\\(?:mbox|textbf|textrm|textit|mathrm|mathbf|operatorname|textnormal|mathit)\s*\{")
+_TRAILING_TEXT_RE = re.compile(r"^(?P<body>.*?[\d}])\s*(?:\\text\{[^{}]*\}(?:\^\{?\d\}?)?)+\s*$")
+_SHORT = 200  # unit-stripping regexes backtrack; only run them on short answers
+_CHOICE_RE = re.compile(r"^\(([A-Za-z])\)$")
+_WHOLE_TEXT_RE = re.compile(r"^\\text\{([^{}]*)\}$")
+_THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_ASSIGN_RE = re.compile(r"^(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*=\s*(?P<rhs>[^=<>]+)$")
+_FRAC_SHORT_RE = re.compile(r"\\frac(?![A-Za-z])\s*([0-9A-Za-z])\s*([0-9A-Za-z])")
+_FRAC_HALF_SHORT_RE = re.compile(r"\\frac(?![A-Za-z])\s*\{([^{}]*)\}\s*(\d)")
+_SQRT_SHORT_RE = re.compile(r"\\sqrt(?![A-Za-z])\s*([0-9A-Za-z])")
+_SPACING_RE = re.compile(r"\\[,!;:> ]|~|\\quad|\\qquad")
+_WRAPPER_RE = re.compile(r"^\\(?:boxed|fbox)\s*\{(.*)\}$", re.S)
+
+
+def strip_wrappers(s: str) -> str:
+    """Remove surrounding ``$..$``, ``\\(..\\)``, ``\\[..\\]`` and ``\\boxed{}``/``\\fbox{}`` wrappers."""
+    prev = None
+    while prev != s:
+        prev = s
+        s = s.strip()
+        if len(s) >= 2 and s[0] == "$" and s[-1] == "$":
+            s = s.strip("$")
+        if s.startswith("\\(") and s.endswith("\\)"):
+            s = s[2:-2]
+        if s.startswith("\\[") and s.endswith("\\]"):
+            s = s[2:-2]
+        m = _WRAPPER_RE.match(s)
+        if m and _balanced(m.group(1)):
+            s = m.group(1)
+    return s
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth < 0:
+                return False
+        i += 1
+    return depth == 0
+
+
+def normalize_answer(ans: str | None) -> str:
+    """Canonical string for an extracted answer (see the module docstring for the rules).
+
+    Args:
+        ans: extracted answer (box content) or ground truth; None gives "".
+    Returns:
+        normalised string ("" for an empty answer). Never raises; linear-time regexes only.
+    """
+    if ans is None:
+        return ""
+    s = str(ans)
+    if len(s) > _MAX_LEN:
+        return s.strip()
+    s = strip_wrappers(s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
+    s = s.replace("\\left", "").replace("\\right", "").replace("\\displaystyle", "")
+    s = s.replace("\\bigl", "").replace("\\bigr", "").replace("\\Bigl", "").replace("\\Bigr", "")
+    s = _TEXT_CMD_RE.sub("\\\\text{", s)
+    s = s.replace("{,}", ",")
+    s = _SPACING_RE.sub(" ", s)
+    # degrees, percent, currency
+    s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\circ", "").replace("°", "")
+    s = s.replace("\\%", "").replace("%", "").replace("\\$", "")
+    if s.startswith("$") and not s.endswith("$"):
+        s = s[1:]
+    s = s.strip()
+    # a whole-answer \text{...}
+    m = _WHOLE_TEXT_RE.match(s)
+    if m:
+        s = m.group(1).strip()
+    # trailing unit in \text{..} after a number-like body
+    if len(s) < _SHORT:
+        m = _TRAILING_TEXT_RE.match(s)
+        if m and not m.group("body").endswith("\\text{"):
+            s = m.group("body")
+        m = _TRAILING_UNIT_RE.match(s)
+        if m:
+            s = m.group("num")
+    s = s.strip().rstrip(".").strip()
+    m = _ASSIGN_RE.match(s)
+    if m:
+        s = m.group("rhs").strip()
+    s = _FRAC_HALF_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
+    s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
+    s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s)
+    s = re.sub(r"\s+", "", s)
+    if _THOUSANDS_RE.match(s):
+        s = s.replace(",", "")
+    s = s.rstrip(".")
+    m = _CHOICE_RE.match(s)
+    if m:
+        s = m.group(1)
+    # \text{} left empty by unit stripping, and redundant outer braces {5} -> 5
+    s = s.replace("\\text{}", "")
+    while len(s) >= 2 and s[0] == "{" and s[-1] == "}" and _balanced(s[1:-1]):
+        s = s[1:-1]
+    return s

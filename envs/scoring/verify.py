@@ -1,0 +1,322 @@
+"""Answer equivalence: fast paths first, math-verify in a killable worker process when needed.
+
+``answers_equal(pred, gold)`` decides in three steps:
+
+1. normalised strings are equal (``normalize_answer``) -> equal;
+2. both sides are plain numbers/fractions/radicals (``numeric.evaluate``) -> compared exactly;
+3. otherwise math-verify (``parse`` + ``verify``, its own time limits) decides, in a worker process from
+   a small pool (``MathVerifyPool``). The caller's deadline is a hard wall-clock limit: a worker that does
+   not answer in time is killed (SIGKILL) and replaced on demand. This holds in any thread, where
+   math-verify's own ``signal.alarm`` limits cannot work, and even when the time goes into C code that
+   no signal interrupts.
+
+Environment: ``STARE_MATH_VERIFY_WORKERS`` (default ``min(4, cpu_count)``) caps the pool size.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from envs.scoring.normalize import normalize_answer, strip_wrappers
+from envs.scoring.numeric import evaluate, numeric_equal
+
+__all__ = ["MathVerifyPool", "Verdict", "answers_equal", "get_pool", "prewarm"]
+
+_PKG_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the ``envs`` package
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one equivalence check.
+
+    Attributes:
+        equal: True / False, or None when undecided (time limit hit or the checker failed).
+        method: ``"exact"`` (normalised strings equal), ``"numeric"`` (fast numeric path),
+            ``"math_verify"``, ``"empty"`` (no prediction), ``"timeout"`` or ``"error"``.
+    """
+
+    equal: bool | None
+    method: str
+
+
+class _Worker:
+    """One math-verify worker subprocess and its line-based pipe protocol."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "envs.scoring._mv_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
+        )
+        self.started = time.monotonic()
+        self.ready = False
+        self._buf = b""
+
+    def _readline(self, deadline: float) -> bytes | None:
+        """One reply line, or None if ``deadline`` passes first. Raises EOFError if the worker died."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            r, _, _ = select.select([fd], [], [], remaining)
+            if not r:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise EOFError("math-verify worker exited")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
+
+    def wait_ready(self, deadline: float) -> bool:
+        if self.ready:
+            return True
+        line = self._readline(deadline)
+        if line is None:
+            return False
+        self.ready = json.loads(line).get("ready", False)
+        return self.ready
+
+    def ask(self, req: dict, deadline: float) -> dict | None:
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+        line = self._readline(deadline)
+        return None if line is None else json.loads(line)
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=2)
+        except Exception:  # noqa: BLE001 - best effort cleanup
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class MathVerifyPool:
+    """A pool of math-verify worker processes with a hard per-call wall-clock limit.
+
+    Thread-safe; workers start lazily (startup, i.e. importing sympy, takes ~1 s and is not charged to
+    a call's limit beyond that call: a call that times out while its worker starts leaves the worker
+    starting for later calls). After ``os.fork`` the child starts its own workers.
+
+    Args:
+        max_workers: cap on concurrent workers (default env ``STARE_MATH_VERIFY_WORKERS`` or
+            ``min(4, os.cpu_count())``).
+        startup_timeout_s: a worker that is not ready after this long is killed.
+    """
+
+    def __init__(self, max_workers: int | None = None, startup_timeout_s: float = 120.0) -> None:
+        if max_workers is None:
+            max_workers = int(os.environ.get("STARE_MATH_VERIFY_WORKERS", min(4, os.cpu_count() or 1)))
+        self.max_workers = max(1, max_workers)
+        self.startup_timeout_s = startup_timeout_s
+        self._cond = threading.Condition()
+        self._idle: list[_Worker] = []
+        self._all: set[_Worker] = set()
+        self._pid = os.getpid()
+        self.kills = 0  # workers killed for exceeding a deadline (for tests and logging)
+
+    def _check_fork(self) -> None:
+        if os.getpid() != self._pid:  # forked child: the parent's workers are not ours
+            self._idle, self._all, self._pid = [], set(), os.getpid()
+
+    def _acquire(self, deadline: float) -> _Worker | None:
+        with self._cond:
+            self._check_fork()
+            while True:
+                if self._idle:
+                    return self._idle.pop()
+                if len(self._all) < self.max_workers:
+                    w = _Worker()
+                    self._all.add(w)
+                    return w
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+    def _release(self, w: _Worker, dead: bool = False) -> None:
+        if dead:
+            w.kill()
+        with self._cond:
+            if dead:
+                self._all.discard(w)
+            elif w in self._all:
+                self._idle.append(w)
+            self._cond.notify()
+
+    def prewarm(self, n: int = 1, wait_s: float = 0.0) -> bool:
+        """Start up to ``n`` workers now; optionally wait up to ``wait_s`` for them. True if all ready."""
+        ws = []
+        deadline = time.monotonic() + wait_s
+        for _ in range(min(n, self.max_workers)):
+            w = self._acquire(time.monotonic())
+            if w is None:
+                break
+            ws.append(w)
+        ok = True
+        for w in ws:
+            try:
+                ok = w.wait_ready(deadline) and ok
+                self._release(w)
+            except (EOFError, OSError, ValueError):
+                self._release(w, dead=True)
+                ok = False
+        return ok
+
+    def equivalent(self, gold: list[str], pred: list[str], timeout_s: float) -> Verdict:
+        """math-verify's verdict on whether any ``pred`` candidate equals any ``gold`` candidate.
+
+        Args:
+            gold, pred: candidate LaTeX strings (no ``$``).
+            timeout_s: hard wall-clock limit in seconds for this call (waiting for a free worker
+                included).
+        Returns:
+            Verdict with method ``"math_verify"``, ``"timeout"`` or ``"error"``. Never raises.
+        """
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        try:
+            w = self._acquire(deadline)
+        except OSError:
+            return _inline_verify(gold, pred, timeout_s)
+        if w is None:
+            return Verdict(None, "timeout")
+        try:
+            if not w.ready:
+                if not w.wait_ready(min(deadline, w.started + self.startup_timeout_s)):
+                    starting = time.monotonic() < w.started + self.startup_timeout_s
+                    self._release(w, dead=not starting)
+                    return Verdict(None, "timeout" if starting else "error")
+            remaining = deadline - time.monotonic()
+            inner = max(1, int(remaining / 3))
+            reply = w.ask({"gold": gold, "pred": pred, "parse_timeout": inner, "verify_timeout": inner}, deadline)
+        except (EOFError, OSError, ValueError):
+            self._release(w, dead=True)
+            return Verdict(None, "error")
+        if reply is None:
+            self.kills += 1
+            self._release(w, dead=True)
+            return Verdict(None, "timeout")
+        self._release(w)
+        if "equal" in reply:
+            return Verdict(bool(reply["equal"]), "math_verify")
+        return Verdict(None, "error")
+
+    def close(self) -> None:
+        """Kill all workers (idle and busy)."""
+        with self._cond:
+            ws = list(self._all) if os.getpid() == self._pid else []
+            self._idle, self._all = [], set()
+        for w in ws:
+            w.kill()
+
+
+def _inline_verify(gold: list[str], pred: list[str], timeout_s: float) -> Verdict:
+    """Fallback when no worker process can be started: math-verify in this process.
+
+    Only in the main thread, where math-verify's signal-based limits hold; elsewhere undecided.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return Verdict(None, "error")
+    try:
+        from math_verify import parse, verify
+
+        t = max(1, int(timeout_s / 3))
+        for g in gold:
+            gp = parse("$" + g + "$", parsing_timeout=t)
+            for p in pred:
+                pp = parse("$" + p + "$", parsing_timeout=t)
+                if gp and pp and verify(gp, pp, timeout_seconds=t):
+                    return Verdict(True, "math_verify")
+        return Verdict(False, "math_verify")
+    except Exception:  # noqa: BLE001
+        return Verdict(None, "error")
+
+
+_POOL: MathVerifyPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def get_pool() -> MathVerifyPool:
+    """The process-wide worker pool (created on first use, closed at exit)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = MathVerifyPool()
+            atexit.register(_POOL.close)
+        return _POOL
+
+
+def prewarm(wait_s: float = 0.0) -> bool:
+    """Start one math-verify worker now (e.g. at trainer start-up); see ``MathVerifyPool.prewarm``."""
+    return get_pool().prewarm(1, wait_s)
+
+
+def _casefold_words(s: str) -> str | None:
+    return s.casefold() if s.replace(" ", "").isalpha() else None
+
+
+def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: MathVerifyPool | None = None) -> Verdict:
+    """Whether the extracted prediction ``pred`` is equivalent to the ground truth ``gold``.
+
+    Args:
+        pred: extracted answer (box content), None when there was none.
+        gold: ground-truth answer (plain or LaTeX; a ``\\boxed{}`` wrapper is removed).
+        timeout_s: hard wall-clock limit for the math-verify step (the fast paths are bounded by input
+            size and take microseconds).
+        pool: worker pool (default: the process-wide one).
+    Returns:
+        Verdict. Never raises.
+    """
+    try:
+        if pred is None:
+            return Verdict(False, "empty")
+        pn, gn = normalize_answer(pred), normalize_answer(gold)
+        if not pn:
+            return Verdict(False, "empty")
+        if not gn:
+            return Verdict(None, "error")
+        if pn == gn:
+            return Verdict(True, "exact")
+        cp, cg = _casefold_words(pn), _casefold_words(gn)
+        if cp is not None and cg is not None:
+            return Verdict(cp == cg, "exact")
+        a, b = evaluate(pn), evaluate(gn)
+        if a is not None and b is not None:
+            r = numeric_equal(a, b)
+            if r is not None:
+                return Verdict(r, "numeric")
+        gold_c = _dedup([gn, strip_wrappers(str(gold))])
+        pred_c = _dedup([pn, strip_wrappers(str(pred))])
+        return (pool or get_pool()).equivalent(gold_c, pred_c, timeout_s)
+    except Exception:  # noqa: BLE001 - a scorer must never crash a training run
+        return Verdict(None, "error")
+
+
+def _dedup(xs: list[str]) -> list[str]:
+    out: list[str] = []
+    for x in xs:
+        x = x.replace("$", "").strip()
+        if x and x not in out:
+            out.append(x)
+    return out
