@@ -1,0 +1,41 @@
+# stare-verl: every target installs what it needs on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.stare-installed
+# On a machine without an NVIDIA GPU pin the CPU torch wheel before anything can pull a CUDA build.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install system-deps test bench lint data train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (need Python 3.10-3.12)"; exit 1; }
+	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+ifeq ($(HAS_GPU),1)
+	$(BIN)/pip install -q -e ".[dev,gpu]"
+else
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+endif
+	touch $(STAMP)
+
+# bubblewrap is the preferred sandbox backend for the Python tool.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+
+test: install system-deps
+	$(BIN)/python -m pytest -q tests
+
+bench: install system-deps
+	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
+
+lint: install
+	$(BIN)/ruff check stare_verl envs tests bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,154 @@
+"""The `stare` estimator through verl: registry, plugin loading, GRPO equivalence, DataProto path, config."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.trainer.ppo.core_algos import (
+    compute_grpo_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
+    get_adv_estimator_fn,
+)
+from verl.trainer.ppo.ray_trainer import compute_advantage
+
+from stare_verl.config import StareConfigError, parse_stare_config
+from stare_verl.controller import StareController
+from stare_verl.estimator import StareInputs, StareInputsMissing, compute_stare_advantage
+
+
+def _data(b=16, t=24, group=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, t + 1, (b,), generator=g)
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
+    rewards = torch.zeros(b, t)
+    scores = torch.randint(0, 2, (b,), generator=g).float()
+    rewards[torch.arange(b), lengths - 1] = scores
+    logp = -torch.rand(b, t, generator=g) * 4
+    ent = torch.rand(b, t, generator=g) * 0.2
+    uid = np.array([f"p{i // group}" for i in range(b)], dtype=object)
+    return rewards, mask, uid, logp, ent
+
+
+def _algo(**stare):
+    return OmegaConf.create({"adv_estimator": "stare", "norm_adv_by_std_in_grpo": True, "stare": stare})
+
+
+def test_plugin_registers_in_fresh_interpreter():
+    code = (
+        "import json, verl\n"
+        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "fn = get_adv_estimator_fn('stare')\n"
+        "print(json.dumps([fn.__module__, get_trainer_cls('stare_sync').__name__,"
+        " get_trainer_cls('stare_colocate_async').__name__]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [
+        "stare_verl.estimator", "StareTrainerSync", "StareTrainerColocateAsync"
+    ]
+
+
+@pytest.mark.parametrize("stare", [{"reweight_w": 1.0, "reweight_m": 1.0, "variant": "C2"}, {"target_entropy": 0.0}])
+def test_omega_one_is_verl_grpo_exactly(stare):
+    rewards, mask, uid, logp, ent = _data()
+    adv, ret = compute_stare_advantage(rewards, mask, uid, _algo(**stare), old_log_probs=logp, entropys=ent)
+    ref_vec, _ = compute_grpo_vectorized_outcome_advantage(rewards, mask, uid)
+    assert torch.equal(adv, ref_vec) and torch.equal(ret, ref_vec)
+    ref_loop, _ = compute_grpo_outcome_advantage(rewards, mask, uid)
+    torch.testing.assert_close(adv, ref_loop, rtol=1e-6, atol=1e-6)
+    assert (adv[mask == 0] == 0).all()
+
+
+def test_reweighting_changes_exactly_top_tokens():
+    rewards, mask, uid, logp, ent = _data()
+    metrics = {}
+    adv, _ = compute_stare_advantage(rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent, metrics=metrics)
+    base, _ = compute_grpo_vectorized_outcome_advantage(rewards, mask, uid)
+    n_pos = int(((base > 0) & (mask > 0)).sum())
+    changed = adv != base
+    assert int(changed.sum()) == -(-n_pos // 10)
+    torch.testing.assert_close(adv[changed], base[changed] * 1.1)
+    assert metrics["stare/gate_on"] == 1.0 and metrics["stare/w"] == pytest.approx(1.1)
+
+
+def test_through_verl_compute_advantage_dataproto():
+    rewards, mask, uid, logp, ent = _data()
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask, "old_log_probs": logp, "entropy": ent},
+        non_tensors={"uid": uid},
+    )
+    metrics = {}
+    out = compute_advantage(data, adv_estimator="stare", config=StareInputs.from_data(_algo(), data, metrics=metrics))
+    direct, _ = compute_stare_advantage(rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent)
+    assert torch.equal(out.batch["advantages"], direct)
+    assert metrics["stare/frac_l_plus"] > 0
+    # a trainer that cannot feed STARE fails loudly, never silent GRPO
+    with pytest.raises(StareInputsMissing, match="trainer_mode=stare_sync"):
+        compute_advantage(data, adv_estimator="stare", config=_algo())
+    assert get_adv_estimator_fn("stare") is compute_stare_advantage
+
+
+def test_whole_batch_equals_batch_built_from_parts():
+    rewards, mask, uid, logp, ent = _data(b=16)
+    tensors = {"token_level_rewards": rewards, "response_mask": mask, "old_log_probs": logp, "entropy": ent}
+    whole = DataProto.from_dict(tensors=tensors, non_tensors={"uid": uid})
+    parts = [whole.slice(0, 8), whole.slice(8, 16)]
+    rebuilt = DataProto.concat(parts)
+    a = compute_advantage(whole, adv_estimator="stare", config=StareInputs.from_data(_algo(), whole))
+    b = compute_advantage(rebuilt, adv_estimator="stare", config=StareInputs.from_data(_algo(), rebuilt))
+    assert torch.equal(a.batch["advantages"], b.batch["advantages"])
+
+
+def test_group_of_one_and_batch_of_one():
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    mask = torch.ones(1, 3)
+    logp = torch.tensor([[-0.5, -3.0, -1.0]])
+    adv, _ = compute_stare_advantage(
+        rewards, mask, np.array(["a"], dtype=object), _algo(top_p_ratio=0.3),
+        old_log_probs=logp, entropys=torch.zeros(1, 3),
+    )
+    # singleton group: mean 0, std 1 (verl's convention) -> A = 1; ceil(0.3*3) = 1 token: the surprisal-3.0 one
+    assert adv[0].tolist() == pytest.approx([1.0, 1.1, 1.0])
+
+
+def test_controller_state_persists_across_calls():
+    rewards, mask, uid, logp, ent = _data()
+    ctrl = StareController(parse_stare_config(_algo(adaptive=True, alpha=0.05)))
+    for _ in range(3):
+        compute_stare_advantage(rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent, controller=ctrl)
+    assert ctrl.w == pytest.approx(1.25) and ctrl.steps == 3
+
+
+@pytest.mark.parametrize(
+    "stare,key",
+    [
+        ({"top_p_ratio": 0.0}, "top_p_ratio"),
+        ({"top_p_ratio": 1.5}, "top_p_ratio"),
+        ({"reweight_w": 0.0}, "reweight_w"),
+        ({"reweight_m": 1.2}, "reweight_m"),
+        ({"reweight_m": 0.0}, "reweight_m"),
+        ({"variant": "O2"}, "variant"),
+        ({"top_p_raito": 0.1}, "top_p_raito"),
+        ({"scope": "chunk"}, "chunk_size"),
+    ],
+)
+def test_bad_config_names_key(stare, key):
+    with pytest.raises(StareConfigError, match=key) as err:
+        parse_stare_config(_algo(**stare))
+    if key == "top_p_raito":
+        assert "allowed keys" in str(err.value) and "top_p_ratio" in str(err.value)
+
+
+def test_config_defaults_and_fallback():
+    cfg = parse_stare_config(OmegaConf.create({"norm_adv_by_std_in_grpo": False}))
+    assert (cfg.variant, cfg.top_p_ratio, cfg.reweight_w, cfg.reweight_m, cfg.target_entropy) == (
+        "O1", 0.1, 1.1, 0.9, 0.3
+    )
+    assert (cfg.adaptive, cfg.alpha, cfg.w_max, cfg.m_min, cfg.scope) == (False, 0.01, 1.5, 0.5, "batch")
+    assert cfg.norm_adv_by_std_in_grpo is False

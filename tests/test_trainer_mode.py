@@ -1,0 +1,79 @@
+"""The stare_* trainer modes: start-up validation, verl mode semantics, controller state in checkpoints."""
+
+import json
+import os
+
+import pytest
+from hydra import compose, initialize_config_module
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+from stare_verl.config import StareConfig, StareConfigError
+from stare_verl.controller import StareController
+from stare_verl.trainer import STATE_FILE, StareTrainerColocateAsync, StareTrainerSync
+
+
+def _compose(*overrides):
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+def test_bad_stare_config_stops_at_startup():
+    cfg = _compose("algorithm.adv_estimator=stare", "+algorithm.stare.reweight_w=-1",
+                   "trainer.v1.trainer_mode=stare_sync")
+    with pytest.raises(StareConfigError, match="reweight_w"):
+        StareTrainerSync(cfg)
+
+
+def test_bypass_mode_is_refused_at_startup():
+    cfg = _compose("algorithm.adv_estimator=stare", "algorithm.rollout_correction.bypass_mode=true")
+    with pytest.raises(ValueError, match="bypass_mode"):
+        StareTrainerSync(cfg)
+
+
+def test_modes_read_as_verl_modes():
+    t = object.__new__(StareTrainerSync)
+    t.trainer_mode = "stare_sync"  # what verl's __init__ assigns
+    assert t.trainer_mode == "sync"
+    assert object.__new__(StareTrainerColocateAsync).trainer_mode == "colocate_async"
+
+
+def test_controller_state_saved_and_restored(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_save(self):
+        calls.append(("save", self.global_steps))
+
+    def fake_load(self):
+        self.global_steps = 7
+        calls.append(("load", 7))
+
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", fake_save)
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", fake_load)
+    cfg = _compose(f"trainer.default_local_dir={tmp_path}", "trainer.resume_mode=auto")
+
+    cfg_stare = StareConfig(adaptive=True, alpha=0.05, variant="C2")
+    trainer = object.__new__(StareTrainerSync)
+    trainer.config, trainer.global_steps = cfg, 7
+    trainer.stare_controller = StareController(cfg_stare)
+    for h in (0.1, 0.1, 0.5):
+        trainer.stare_controller.step(h)
+    trainer._save_checkpoint()
+    path = tmp_path / "global_step_7" / STATE_FILE
+    state = json.loads(path.read_text())
+    assert state["w"] == pytest.approx(1.15) and state["m"] == pytest.approx(0.85) and state["steps"] == 3
+
+    resumed = object.__new__(StareTrainerSync)
+    resumed.config = cfg
+    resumed.stare_controller = StareController(cfg_stare)
+    resumed._load_checkpoint()
+    assert (resumed.stare_controller.w, resumed.stare_controller.m, resumed.stare_controller.steps) == (
+        trainer.stare_controller.w, trainer.stare_controller.m, 3
+    )
+    assert resumed.stare_controller.step(0.2) == trainer.stare_controller.step(0.2)
+    assert calls == [("save", 7), ("load", 7)]
+    # a checkpoint without STARE state (e.g. from a GRPO run) resumes with a fresh controller
+    os.remove(path)
+    fresh = object.__new__(StareTrainerSync)
+    fresh.config, fresh.stare_controller = cfg, StareController(cfg_stare)
+    fresh._load_checkpoint()
+    assert fresh.stare_controller.steps == 0
