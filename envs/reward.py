@@ -55,8 +55,6 @@ Errors: never raises for any response or ground truth (bad ones score ``incorrec
 ValueError only for invalid options (a configuration error, reported on the first call).
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -90,7 +88,7 @@ class RewardOptions(BaseModel):
     timeout_s: float = Field(default=5.0, gt=0, le=600)
 
     @model_validator(mode="after")
-    def _check(self) -> RewardOptions:
+    def _check(self) -> "RewardOptions":
         if self.overlong_buffer_len:
             if self.max_response_length is None:
                 raise ValueError("overlong_buffer_len needs max_response_length")
@@ -109,7 +107,7 @@ class RewardOptions(BaseModel):
         return "required" if self.family == "long_cot" else "auto"
 
 
-_OPTIONS_CACHE: dict[tuple, RewardOptions] = {}
+_OPTIONS_CACHE: dict[tuple, "RewardOptions"] = {}
 
 
 def resolve_options(extra_info: Mapping | None = None, **reward_kwargs: Any) -> RewardOptions:
