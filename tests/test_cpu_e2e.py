@@ -1,0 +1,170 @@
+"""verl's real V1 trainer (``python -m verl.trainer.main_ppo``) on CPU with the ``hf`` rollout.
+
+Three runs of a tiny local Qwen2 on the toy "letter a" task (rewards vary within groups):
+
+- ``stare``: ``adv_estimator=stare``, ``trainer_mode=stare_sync``, 2 ranks sharing one rollout replica
+  (tensor_model_parallel_size=2, so rank 1 only drains the weight stream), validation before and
+  after training, 3 steps;
+- ``no_sync``: verl's ``sync`` mode and GRPO with weight sync disabled (negative control);
+- ``async_tool``: ``colocate_async`` with verl's ``tool_agent`` loop and a tool config.
+
+Each run writes verl's ``file`` logger JSONL, which the assertions parse; every Ray process a run
+started must be gone afterwards.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from cpu_fixtures import (
+    REPO,
+    build_tiny_model,
+    build_toy_dataset,
+    cpu_env,
+    kill_new_ray_processes,
+    main_ppo_cmd,
+    ray_processes,
+    read_metrics,
+)
+
+RUN_TIMEOUT_S = 420
+
+RUNS = {
+    "stare": [
+        "algorithm.adv_estimator=stare",
+        "trainer.v1.trainer_mode=stare_sync",
+        "trainer.n_gpus_per_node=2",
+        "ray_kwargs.ray_init.num_gpus=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "trainer.total_training_steps=3",
+        "trainer.val_before_train=true",
+        "trainer.test_freq=3",
+    ],
+    "no_sync": [
+        "trainer.total_training_steps=3",
+        "+actor_rollout_ref.rollout.engine_kwargs.hf.sync_weights=false",
+    ],
+    "async_tool": [
+        "trainer.total_training_steps=2",
+        "trainer.v1.trainer_mode=colocate_async",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={REPO / 'recipes' / 'cpu' / 'noop_tool.yaml'}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpu_e2e")
+    model = build_tiny_model(root / "model")
+    train, val = build_toy_dataset(root / "data")
+    return root, model, train, val
+
+
+_results: dict[str, dict] = {}
+
+
+def run_main_ppo(name: str, assets) -> dict:
+    """Run main_ppo once per name (cached for the module); return metrics by step and leftovers."""
+    if name in _results:
+        return _results[name]
+    root, model, train, val = assets
+    metrics_path = root / f"{name}.jsonl"
+    before = set(ray_processes())
+    cmd = main_ppo_cmd(
+        "tiny_grpo",
+        [
+            f"actor_rollout_ref.model.path={model}",
+            f"data.train_files={train}",
+            f"data.val_files={val}",
+            "trainer.logger=[console,file]",
+            f"trainer.experiment_name={name}",
+            f"trainer.default_local_dir={root / 'ckpt' / name}",
+            *RUNS[name],
+        ],
+    )
+    env = cpu_env({"VERL_FILE_LOGGER_PATH": str(metrics_path), "STARE_VERL_REPO": str(REPO)})
+    log_path = root / f"{name}.log"
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    wall = time.time() - t0
+    # Ray's own shutdown should leave nothing; give it a moment, then kill (and report) what is left.
+    deadline = time.time() + 15
+    while time.time() < deadline and [p for p in ray_processes() if p not in before]:
+        time.sleep(0.5)
+    leaked = [p for p in ray_processes() if p not in before]
+    still_alive = kill_new_ray_processes(before)
+    tail = Path(log_path).read_text()[-4000:]
+    assert rc == 0, f"main_ppo ({name}) exited with {rc} after {wall:.0f}s; log tail:\n{tail}"
+    by_step = {rec["step"]: rec["data"] for rec in read_metrics(metrics_path)}
+    _results[name] = {"metrics": by_step, "leaked": leaked, "still_alive": still_alive, "wall": wall}
+    return _results[name]
+
+
+def test_stare_sync_two_ranks_end_to_end(assets):
+    res = run_main_ppo("stare", assets)
+    m = res["metrics"]
+    assert {1, 2, 3} <= set(m), f"steps logged: {sorted(m)}"
+    for step in (1, 2, 3):
+        s = m[step]
+        assert s["training/global_step"] == step
+        assert 0.0 < s["actor/entropy"] < 20.0
+        # rewards vary within groups -> non-zero advantages
+        assert s["critic/score/max"] > s["critic/score/min"]
+        assert s["critic/advantages/max"] > 0.1 and s["critic/advantages/min"] < -0.1
+        # STARE ran on every step with the pre-update policy's entropy and log-probs
+        assert s["stare/model_tokens"] > 0
+        assert abs(s["stare/batch_entropy"] - s["actor/entropy"]) < 1e-3
+        assert s["stare/nonfinite_tokens"] == 0
+        for key in ("timing_s/gen", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
+                    "timing_s/update_weights", "timing_s/step"):
+            assert s[key] > 0, key
+    # the policy changed: entropy moved between steps
+    assert len({round(m[s]["actor/entropy"], 6) for s in (1, 2, 3)}) > 1
+    # validation before training (step 0) and at the last step
+    assert any(k.startswith("val-core/toy_letter_a/") for k in m[0])
+    assert any(k.startswith("val-core/toy_letter_a/") for k in m[3])
+
+
+def test_rollout_log_probs_match_actor_over_steps(assets):
+    m = run_main_ppo("stare", assets)["metrics"]
+    diffs = [m[s]["training/rollout_probs_diff_mean"] for s in (1, 2, 3)]
+    assert all(d < 1e-4 for d in diffs), diffs
+
+
+def test_without_weight_sync_log_prob_diff_rises(assets):
+    synced = run_main_ppo("stare", assets)["metrics"]
+    m = run_main_ppo("no_sync", assets)["metrics"]
+    # step 1 runs on the initial weights, which both sides share
+    assert m[1]["training/rollout_probs_diff_mean"] < 1e-4
+    for step in (2, 3):
+        d = m[step]["training/rollout_probs_diff_mean"]
+        assert d > 1e-4, (step, d)
+        assert d > 100 * synced[step]["training/rollout_probs_diff_mean"]
+
+
+def test_colocate_async_with_tool_agent(assets):
+    m = run_main_ppo("async_tool", assets)["metrics"]
+    assert {1, 2} <= set(m)
+    for step in (1, 2):
+        assert m[step]["response_length/mean"] > 0
+        assert m[step]["num_turns/min"] >= 2
+        assert 0.0 < m[step]["actor/entropy"] < 20.0
+    # step 1 is generated by the synced initial weights
+    assert m[1]["training/rollout_probs_diff_mean"] < 1e-4
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_no_ray_process_leaks(assets, name):
+    res = run_main_ppo(name, assets)
+    assert res["leaked"] == [], f"{name}: Ray processes left after main_ppo exited: {res['leaked']}"
+    assert res["still_alive"] == []

@@ -1,0 +1,78 @@
+"""Registration of the CPU backend through verl's plugin entry point, and the verl version guard."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+from cpu_fixtures import cpu_env
+
+import stare_verl.cpu.verl_compat as verl_compat
+
+PROBE = r"""
+import json, verl
+from verl.plugin.platform import get_platform
+from verl.workers.rollout.base import _ROLLOUT_REGISTRY, get_rollout_class
+from verl.workers.rollout.replica import get_rollout_replica_class
+from verl.workers.engine import EngineRegistry
+import verl.utils.distributed as dist
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+import inspect
+p = get_platform()
+print(json.dumps({
+    "device": p.device_name,
+    "backend": p.communication_backend_name(),
+    "device_id": str(verl.utils.device.get_device_id()),
+    "adapter": get_rollout_class("hf").__name__,
+    "replica": get_rollout_replica_class("hf").__name__,
+    "engine": EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__,
+    "pg_patched": bool(getattr(dist.initialize_global_process_group_ray, "_stare_cpu_patched", False)),
+    "rb_patched": bool(getattr(ReplayBuffer.__init__, "_stare_cpu_patched", False)),
+}))
+"""
+
+
+def _probe(env_extra):
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=cpu_env(env_extra), capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_plain_import_verl_registers_cpu_backend():
+    info = _probe({"VERL_PLATFORM": "cpu"})
+    assert info == {
+        "device": "cpu",
+        "backend": "gloo",
+        "device_id": "cpu",
+        "adapter": "HFServerAdapter",
+        "replica": "HFReplica",
+        "engine": "FSDPEngineWithLMHead",
+        "pg_patched": True,
+        "rb_patched": True,
+    }
+
+
+def test_other_versions_of_verl_are_refused(monkeypatch):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.9.2" if name == "verl" else "0")
+    spec = importlib.util.spec_from_file_location("verl_compat_copy", verl_compat.__file__)
+    module = importlib.util.module_from_spec(spec)
+    with pytest.raises(RuntimeError, match=r"verl==0\.9\.1 only; found verl==0\.9\.2") as err:
+        spec.loader.exec_module(module)
+    assert type(err.value).__name__ == "VerlVersionError"
+
+
+def test_poll_interval_setting(monkeypatch):
+    monkeypatch.delenv(verl_compat.POLL_INTERVAL_ENV, raising=False)
+    assert verl_compat.poll_interval_s() == verl_compat.DEFAULT_POLL_INTERVAL_S
+    monkeypatch.setenv(verl_compat.POLL_INTERVAL_ENV, "0.5")
+    assert verl_compat.poll_interval_s() == 0.5
+    for bad in ("abc", "0", "-1"):
+        monkeypatch.setenv(verl_compat.POLL_INTERVAL_ENV, bad)
+        with pytest.raises(ValueError, match=verl_compat.POLL_INTERVAL_ENV):
+            verl_compat.poll_interval_s()
