@@ -2,8 +2,8 @@
 
 Protocol: one JSON object per line on stdin, one JSON object per line on stdout.
 
-Request: ``{"gold": [str, ...], "pred": [str, ...], "parse_timeout": int, "verify_timeout": int}``
-(candidate LaTeX strings without ``$``; the answer is equal when any gold/pred pair verifies).
+Request: ``{"pairs": [[gold, pred], ...], "parse_timeout": int, "verify_timeout": int}`` (candidate
+LaTeX strings without ``$``, tried in order; the answer is equal when any pair verifies).
 Reply: ``{"equal": bool}`` or ``{"error": str}``. On start the worker prints ``{"ready": true}``.
 
 It runs in its own process so that the caller can enforce a hard wall-clock limit by killing it: inside
@@ -52,16 +52,11 @@ def main() -> int:
             pt = max(1, int(req.get("parse_timeout", 2)))
             vt = max(1, int(req.get("verify_timeout", 2)))
             equal = False
-            for g in req["gold"]:
+            for g, p in req["pairs"]:
                 gp = parsed(g, pt)
-                if not gp:
-                    continue
-                for p in req["pred"]:
-                    pp = parsed(p, pt)
-                    if pp and verify(gp, pp, timeout_seconds=vt):
-                        equal = True
-                        break
-                if equal:
+                pp = parsed(p, pt) if gp else None
+                if gp and pp and verify(gp, pp, timeout_seconds=vt):
+                    equal = True
                     break
             reply = {"equal": equal}
         except Exception as err:  # noqa: BLE001 - a worker must answer every request

@@ -184,11 +184,11 @@ class MathVerifyPool:
                 ok = False
         return ok
 
-    def equivalent(self, gold: list[str], pred: list[str], timeout_s: float) -> Verdict:
-        """math-verify's verdict on whether any ``pred`` candidate equals any ``gold`` candidate.
+    def equivalent(self, pairs: list[tuple[str, str]], timeout_s: float) -> Verdict:
+        """math-verify's verdict on whether, for any ``(gold, pred)`` pair, pred equals gold.
 
         Args:
-            gold, pred: candidate LaTeX strings (no ``$``).
+            pairs: candidate ``(gold, pred)`` LaTeX strings (no ``$``), tried in order.
             timeout_s: hard wall-clock limit in seconds for this call (waiting for a free worker
                 included).
         Returns:
@@ -198,7 +198,7 @@ class MathVerifyPool:
         try:
             w = self._acquire(deadline)
         except OSError:
-            return _inline_verify(gold, pred, timeout_s)
+            return _inline_verify(pairs, timeout_s)
         if w is None:
             return Verdict(None, "timeout")
         try:
@@ -209,7 +209,7 @@ class MathVerifyPool:
                     return Verdict(None, "timeout" if starting else "error")
             remaining = deadline - time.monotonic()
             inner = max(1, int(remaining / 3))
-            reply = w.ask({"gold": gold, "pred": pred, "parse_timeout": inner, "verify_timeout": inner}, deadline)
+            reply = w.ask({"pairs": [list(p) for p in pairs], "parse_timeout": inner, "verify_timeout": inner}, deadline)
         except (EOFError, OSError, ValueError):
             self._release(w, dead=True)
             return Verdict(None, "error")
@@ -231,7 +231,7 @@ class MathVerifyPool:
             w.kill()
 
 
-def _inline_verify(gold: list[str], pred: list[str], timeout_s: float) -> Verdict:
+def _inline_verify(pairs: list[tuple[str, str]], timeout_s: float) -> Verdict:
     """Fallback when no worker process can be started: math-verify in this process.
 
     Only in the main thread, where math-verify's signal-based limits hold; elsewhere undecided.
@@ -242,12 +242,11 @@ def _inline_verify(gold: list[str], pred: list[str], timeout_s: float) -> Verdic
         from math_verify import parse, verify
 
         t = max(1, int(timeout_s / 3))
-        for g in gold:
+        for g, p in pairs:
             gp = parse("$" + g + "$", parsing_timeout=t)
-            for p in pred:
-                pp = parse("$" + p + "$", parsing_timeout=t)
-                if gp and pp and verify(gp, pp, timeout_seconds=t):
-                    return Verdict(True, "math_verify")
+            pp = parse("$" + p + "$", parsing_timeout=t)
+            if gp and pp and verify(gp, pp, timeout_seconds=t):
+                return Verdict(True, "math_verify")
         return Verdict(False, "math_verify")
     except Exception:  # noqa: BLE001
         return Verdict(None, "error")
@@ -306,17 +305,15 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
             r = numeric_equal(a, b)
             if r is not None:
                 return Verdict(r, "numeric")
-        gold_c = _dedup([gn, strip_wrappers(str(gold))])
-        pred_c = _dedup([pn, strip_wrappers(str(pred))])
-        return (pool or get_pool()).equivalent(gold_c, pred_c, timeout_s)
+        # normalised forms first; the raw forms once more only if normalisation changed something
+        pairs = [(gn, pn)]
+        raw = (_clean(strip_wrappers(str(gold))), _clean(strip_wrappers(str(pred))))
+        if raw != pairs[0] and all(raw):
+            pairs.append(raw)
+        return (pool or get_pool()).equivalent(pairs, timeout_s)
     except Exception:  # noqa: BLE001 - a scorer must never crash a training run
         return Verdict(None, "error")
 
 
-def _dedup(xs: list[str]) -> list[str]:
-    out: list[str] = []
-    for x in xs:
-        x = x.replace("$", "").strip()
-        if x and x not in out:
-            out.append(x)
-    return out
+def _clean(x: str) -> str:
+    return x.replace("$", "").strip()
