@@ -55,9 +55,13 @@ def main() -> None:
         algo = OmegaConf.create({"norm_adv_by_std_in_grpo": True, "stare": {"variant": variant}})
         grpo, stare, ratio = paired_ms(
             lambda: compute_grpo_vectorized_outcome_advantage(rewards, mask, uid),
-            lambda algo=algo: compute_stare_advantage(rewards, mask, uid, algo, old_log_probs=logp, entropys=ent),
+            lambda algo=algo: compute_stare_advantage(
+                rewards, mask, uid, algo, old_log_probs=logp, entropys=ent
+            ),
         )
-        print(f"grpo_vectorized {grpo:7.1f} ms | stare ({variant}) {stare:7.1f} ms | ratio {ratio:5.1f} (target <= 15)")
+        print(
+            f"grpo_vectorized {grpo:7.1f} ms | stare ({variant}) {stare:7.1f} ms | ratio {ratio:5.1f} (target <= 15)"
+        )
 
 
 if __name__ == "__main__":

@@ -50,11 +50,15 @@ def test_plugin_registers_in_fresh_interpreter():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [
-        "stare_verl.estimator", "StareTrainerSync", "StareTrainerColocateAsync"
+        "stare_verl.estimator",
+        "StareTrainerSync",
+        "StareTrainerColocateAsync",
     ]
 
 
-@pytest.mark.parametrize("stare", [{"reweight_w": 1.0, "reweight_m": 1.0, "variant": "C2"}, {"target_entropy": 0.0}])
+@pytest.mark.parametrize(
+    "stare", [{"reweight_w": 1.0, "reweight_m": 1.0, "variant": "C2"}, {"target_entropy": 0.0}]
+)
 def test_omega_one_is_verl_grpo_exactly(stare):
     rewards, mask, uid, logp, ent = _data()
     adv, ret = compute_stare_advantage(rewards, mask, uid, _algo(**stare), old_log_probs=logp, entropys=ent)
@@ -68,7 +72,9 @@ def test_omega_one_is_verl_grpo_exactly(stare):
 def test_reweighting_changes_exactly_top_tokens():
     rewards, mask, uid, logp, ent = _data()
     metrics = {}
-    adv, _ = compute_stare_advantage(rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent, metrics=metrics)
+    adv, _ = compute_stare_advantage(
+        rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent, metrics=metrics
+    )
     base, _ = compute_grpo_vectorized_outcome_advantage(rewards, mask, uid)
     n_pos = int(((base > 0) & (mask > 0)).sum())
     changed = adv != base
@@ -80,11 +86,18 @@ def test_reweighting_changes_exactly_top_tokens():
 def test_through_verl_compute_advantage_dataproto():
     rewards, mask, uid, logp, ent = _data()
     data = DataProto.from_dict(
-        tensors={"token_level_rewards": rewards, "response_mask": mask, "old_log_probs": logp, "entropy": ent},
+        tensors={
+            "token_level_rewards": rewards,
+            "response_mask": mask,
+            "old_log_probs": logp,
+            "entropy": ent,
+        },
         non_tensors={"uid": uid},
     )
     metrics = {}
-    out = compute_advantage(data, adv_estimator="stare", config=StareInputs.from_data(_algo(), data, metrics=metrics))
+    out = compute_advantage(
+        data, adv_estimator="stare", config=StareInputs.from_data(_algo(), data, metrics=metrics)
+    )
     direct, _ = compute_stare_advantage(rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent)
     assert torch.equal(out.batch["advantages"], direct)
     assert metrics["stare/frac_l_plus"] > 0
@@ -110,8 +123,12 @@ def test_group_of_one_and_batch_of_one():
     mask = torch.ones(1, 3)
     logp = torch.tensor([[-0.5, -3.0, -1.0]])
     adv, _ = compute_stare_advantage(
-        rewards, mask, np.array(["a"], dtype=object), _algo(top_p_ratio=0.3),
-        old_log_probs=logp, entropys=torch.zeros(1, 3),
+        rewards,
+        mask,
+        np.array(["a"], dtype=object),
+        _algo(top_p_ratio=0.3),
+        old_log_probs=logp,
+        entropys=torch.zeros(1, 3),
     )
     # singleton group: mean 0, std 1 (verl's convention) -> A = 1; ceil(0.3*3) = 1 token: the surprisal-3.0 one
     assert adv[0].tolist() == pytest.approx([1.0, 1.1, 1.0])
@@ -121,7 +138,9 @@ def test_controller_state_persists_across_calls():
     rewards, mask, uid, logp, ent = _data()
     ctrl = StareController(parse_stare_config(_algo(adaptive=True, alpha=0.05)))
     for _ in range(3):
-        compute_stare_advantage(rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent, controller=ctrl)
+        compute_stare_advantage(
+            rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent, controller=ctrl
+        )
     assert ctrl.w == pytest.approx(1.25) and ctrl.steps == 3
 
 
@@ -148,7 +167,11 @@ def test_bad_config_names_key(stare, key):
 def test_config_defaults_and_fallback():
     cfg = parse_stare_config(OmegaConf.create({"norm_adv_by_std_in_grpo": False}))
     assert (cfg.variant, cfg.top_p_ratio, cfg.reweight_w, cfg.reweight_m, cfg.target_entropy) == (
-        "O1", 0.1, 1.1, 0.9, 0.3
+        "O1",
+        0.1,
+        1.1,
+        0.9,
+        0.3,
     )
     assert (cfg.adaptive, cfg.alpha, cfg.w_max, cfg.m_min, cfg.scope) == (False, 0.01, 1.5, 0.5, "batch")
     assert cfg.norm_adv_by_std_in_grpo is False

@@ -1,32 +1,11 @@
 """Every recipe composes on verl's ppo_trainer and passes verl's own config validation on CPU."""
 
-import glob
-import os
-
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
-from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.trainer.ppo.v1 import get_trainer_cls
-from verl.utils.config import omega_conf_to_dataclass, validate_config
-from verl.utils.import_utils import load_extern_object
-from verl.workers.config import RolloutConfig
 
-from stare_verl.config import parse_stare_config
+from stare_verl.recipes import RECIPES_DIR, compose_recipe, recipe_names, validate_recipe
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPES = sorted(
-    os.path.basename(p)[:-5] for p in glob.glob(os.path.join(ROOT, "recipes", "*.yaml"))
-)
-
-
-def _compose(name, resolve=True):
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "recipes"), version_base=None):
-        cfg = compose(config_name=name)
-    if resolve:
-        OmegaConf.resolve(cfg)
-    return cfg
+RECIPES = recipe_names()
 
 
 def test_every_family_has_stare_and_grpo_versions():
@@ -37,31 +16,46 @@ def test_every_family_has_stare_and_grpo_versions():
     assert len(stare) == 5
 
 
-@pytest.mark.parametrize("name", RECIPES)
-def test_recipe_composes_and_validates(name, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    cfg = _compose(name)
-    validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))
-    # sections verl turns into dataclasses at launch
-    omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout, dataclass_type=RolloutConfig)
-    algo = OmegaConf.to_container(cfg.algorithm)
-    stare = parse_stare_config(cfg.algorithm)  # our keys, validated like at start-up
-    algo.pop("stare")
-    omega_conf_to_dataclass(OmegaConf.create(algo))  # verl's AlgoConfig accepts the rest
-    assert cfg.algorithm.adv_estimator in ADV_ESTIMATOR_REGISTRY
-    assert get_trainer_cls(cfg.trainer.v1.trainer_mode).__name__ == "StareTrainerSync"
+@pytest.mark.parametrize("name", [r for r in RECIPES if r.endswith(("_stare", "_grpo"))])
+def test_gpu_recipe_composes_and_validates(name, monkeypatch):
+    monkeypatch.chdir(RECIPES_DIR.parent)
+    cfg = compose_recipe(name)
+    stare = validate_recipe(cfg)
+    assert cfg.trainer.v1.trainer_mode == "stare_sync"
     assert cfg.actor_rollout_ref.rollout.name == "sglang"
-    fn = cfg.reward.custom_reward_function
-    assert callable(load_extern_object(fn.path, fn.name))
+    assert cfg.reward.custom_reward_function.path == "pkg://envs.reward"
     if name.endswith("_grpo"):
         assert (stare.reweight_w, stare.reweight_m) == (1.0, 1.0)
-        twin = _compose(name[: -len("_grpo")] + "_stare", resolve=False)
-        raw = _compose(name, resolve=False)
+        twin = compose_recipe(name[: -len("_grpo")] + "_stare", resolve=False)
+        raw = compose_recipe(name, resolve=False)
         for key in ("algorithm.stare.reweight_w", "algorithm.stare.reweight_m", "trainer.experiment_name"):
             OmegaConf.update(raw, key, OmegaConf.select(twin, key))
         assert raw == twin  # identical but for reweighting
     else:
         assert stare.reweight_w > 1.0
     if name.startswith("tooluse"):
-        mt = cfg.actor_rollout_ref.rollout.multi_turn
-        assert mt.enable and os.path.exists(mt.tool_config_path)
+        assert cfg.actor_rollout_ref.rollout.multi_turn.enable
+        assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "stare_tool_agent"
+
+
+def test_a_broken_recipe_fails_validation(monkeypatch):
+    monkeypatch.chdir(RECIPES_DIR.parent)
+    cfg = compose_recipe("shortcot_qwen2.5-math-7b_stare", ["+algorithm.stare.top_p_raito=0.2"])
+    with pytest.raises(Exception, match="top_p_raito"):
+        validate_recipe(cfg)
+    cfg = compose_recipe("shortcot_qwen2.5-math-7b_stare", ["actor_rollout_ref.actor.loss_agg_mode=bogus"])
+    with pytest.raises(Exception, match="loss_agg_mode"):
+        validate_recipe(cfg)
+    cfg = compose_recipe("shortcot_qwen2.5-math-7b_stare", ["+actor_rollout_ref.rollout.max_tokenz=8"])
+    with pytest.raises(Exception, match="max_tokenz"):
+        validate_recipe(cfg)
+
+
+def test_cli_check_reports_ok_and_errors(capsys, monkeypatch):
+    from stare_verl.cli import main
+
+    monkeypatch.chdir(RECIPES_DIR.parent)
+    assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=C2"]) == 0
+    assert "variant=C2" in capsys.readouterr().out
+    assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=X9"]) == 1
+    assert "algorithm.stare.variant" in capsys.readouterr().err

@@ -37,9 +37,7 @@ def _ratio_sets(out, adv):
     return omega
 
 
-@pytest.mark.parametrize(
-    "entropies,gates", [([0.60, 0.40, 0.25, 0.15], [False, False, True, True])]
-)
+@pytest.mark.parametrize("entropies,gates", [([0.60, 0.40, 0.25, 0.15], [False, False, True, True])])
 def test_case1_o1_gate_and_top10_positive(entropies, gates):
     ctrl = StareController(StareConfig())  # O1, P=0.1, W=1.1, target 0.3
     adv, mask, logp = _batch(b=4, t=25)
@@ -139,7 +137,10 @@ def test_degenerate_batches_are_defined():
     # no A > 0 token at all, C2: L- still chosen, L+ empty
     adv = -torch.ones(2, 5)
     out, met = stare_reweight(
-        adv, torch.ones(2, 5), -torch.arange(10.0).view(2, 5), torch.zeros(2, 5),
+        adv,
+        torch.ones(2, 5),
+        -torch.arange(10.0).view(2, 5),
+        torch.zeros(2, 5),
         StareController(StareConfig(variant="C2")),
     )
     assert met["stare/frac_l_plus"] == 0.0 and met["stare/frac_l_minus"] == pytest.approx(0.1)
@@ -182,8 +183,9 @@ def test_chunk_scope_equals_selection_per_part():
         adv, mask, logp, ent, StareController(StareConfig(scope="chunk", chunk_size=2))
     )
     parts = [
-        stare_reweight(adv[i : i + 2], mask[i : i + 2], logp[i : i + 2], ent[i : i + 2],
-                       StareController(StareConfig()))[0]
+        stare_reweight(
+            adv[i : i + 2], mask[i : i + 2], logp[i : i + 2], ent[i : i + 2], StareController(StareConfig())
+        )[0]
         for i in (0, 2)
     ]
     assert torch.equal(out_chunk, torch.cat(parts))

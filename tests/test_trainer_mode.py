@@ -18,8 +18,11 @@ def _compose(*overrides):
 
 
 def test_bad_stare_config_stops_at_startup():
-    cfg = _compose("algorithm.adv_estimator=stare", "+algorithm.stare.reweight_w=-1",
-                   "trainer.v1.trainer_mode=stare_sync")
+    cfg = _compose(
+        "algorithm.adv_estimator=stare",
+        "+algorithm.stare.reweight_w=-1",
+        "trainer.v1.trainer_mode=stare_sync",
+    )
     with pytest.raises(StareConfigError, match="reweight_w"):
         StareTrainerSync(cfg)
 
@@ -67,7 +70,9 @@ def test_controller_state_saved_and_restored(tmp_path, monkeypatch):
     resumed.stare_controller = StareController(cfg_stare)
     resumed._load_checkpoint()
     assert (resumed.stare_controller.w, resumed.stare_controller.m, resumed.stare_controller.steps) == (
-        trainer.stare_controller.w, trainer.stare_controller.m, 3
+        trainer.stare_controller.w,
+        trainer.stare_controller.m,
+        3,
     )
     assert resumed.stare_controller.step(0.2) == trainer.stare_controller.step(0.2)
     assert calls == [("save", 7), ("load", 7)]

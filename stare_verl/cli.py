@@ -1,0 +1,61 @@
+"""``stare-verl`` command line: inspect and validate recipes, run the project's jobs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    from stare_verl.recipes import recipe_names
+
+    print("\n".join(recipe_names()))
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from omegaconf import OmegaConf
+
+    from stare_verl.recipes import compose_recipe, validate_recipe
+
+    try:
+        cfg = compose_recipe(args.recipe, args.overrides)
+        stare = validate_recipe(cfg)
+    except Exception as err:  # report any composition/validation failure as a one-line error
+        print(f"error: recipe {args.recipe!r} would fail at launch: {err}", file=sys.stderr)
+        return 1
+    if args.print:
+        print(OmegaConf.to_yaml(cfg))
+    summary = f"ok: {args.recipe}: adv_estimator={cfg.algorithm.adv_estimator}, "
+    summary += f"trainer_mode={cfg.trainer.v1.trainer_mode}, rollout={cfg.actor_rollout_ref.rollout.name}"
+    if stare is not None:
+        summary += f", stare: variant={stare.variant} P={stare.top_p_ratio} W={stare.reweight_w} "
+        summary += f"M={stare.reweight_m} target={stare.target_entropy} nats"
+    print(summary)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``stare-verl`` argument parser."""
+    parser = argparse.ArgumentParser(prog="stare-verl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("recipes", help="list the recipes under recipes/")
+    p.set_defaults(func=_cmd_recipes)
+    p = sub.add_parser(
+        "check", help="compose a recipe with overrides and validate it as verl would at launch"
+    )
+    p.add_argument("recipe", help="recipe name, e.g. shortcot_qwen2.5-math-7b_stare")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algorithm.stare.variant=C2")
+    p.add_argument("--print", action="store_true", help="print the composed config")
+    p.set_defaults(func=_cmd_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``stare-verl`` script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

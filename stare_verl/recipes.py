@@ -1,0 +1,76 @@
+"""Compose and validate the project's verl recipes (Hydra YAMLs under ``recipes/``) without launching."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from stare_verl.config import StareConfig, parse_stare_config
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def recipe_names(recipes_dir: Path = RECIPES_DIR) -> list[str]:
+    """Names of the launchable recipes (top-level YAMLs) in ``recipes_dir``."""
+    return sorted(p.stem for p in recipes_dir.glob("*.yaml"))
+
+
+def compose_recipe(
+    name: str, overrides: list[str] | None = None, recipes_dir: Path = RECIPES_DIR, resolve: bool = True
+) -> DictConfig:
+    """Compose recipe ``name`` on verl's ppo_trainer config with Hydra overrides, as ``main_ppo`` would.
+
+    Raises:
+        hydra.errors.MissingConfigException: no such recipe.
+        hydra.errors.ConfigCompositionException: a bad override.
+    """
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(recipes_dir).resolve()), version_base=None):
+        cfg = compose(config_name=name, overrides=list(overrides or []))
+    if resolve:
+        OmegaConf.resolve(cfg)
+    return cfg
+
+
+def validate_recipe(cfg: DictConfig) -> StareConfig | None:
+    """Validate a composed config with verl's own checks and config dataclasses, plus ours.
+
+    Checks verl's ``validate_config``, the rollout section as ``RolloutConfig``, the algorithm section as
+    ``AlgoConfig`` (without ``stare``), ``algorithm.stare`` with pydantic, that the estimator and trainer
+    mode are registered and that the custom reward function and tool config load.
+
+    Returns:
+        The parsed STARE config, or None when the recipe does not use the ``stare`` estimator.
+
+    Raises:
+        Exception: whatever verl or our validation raises for a config that would fail at launch.
+    """
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.utils.import_utils import load_extern_object
+    from verl.workers.config import RolloutConfig
+
+    validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))
+    omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout, dataclass_type=RolloutConfig)
+    algo: dict[str, Any] = OmegaConf.to_container(cfg.algorithm, resolve=True)  # type: ignore[assignment]
+    algo.pop("stare", None)
+    omega_conf_to_dataclass(OmegaConf.create(algo))
+    get_adv_estimator_fn(cfg.algorithm.adv_estimator)
+    get_trainer_cls(cfg.trainer.v1.trainer_mode)
+    fn = cfg.reward.get("custom_reward_function") or {}
+    if fn.get("path"):
+        load_extern_object(fn.path, fn.name)
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.enable and mt.tool_config_path and not os.path.exists(mt.tool_config_path):
+        raise FileNotFoundError(
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {mt.tool_config_path}"
+        )
+    if cfg.algorithm.adv_estimator == "stare":
+        return parse_stare_config(cfg.algorithm)
+    return None
