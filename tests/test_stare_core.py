@@ -41,7 +41,7 @@ def _ratio_sets(out, adv):
 def test_case1_o1_gate_and_top10_positive(entropies, gates):
     ctrl = StareController(StareConfig())  # O1, P=0.1, W=1.1, target 0.3
     adv, mask, logp = _batch(b=4, t=25)
-    for h, gate in zip(entropies, gates):
+    for h, gate in zip(entropies, gates, strict=True):
         ent = torch.full_like(logp, h)
         out, met = stare_reweight(adv, mask, logp, ent, ctrl)
         assert met["stare/gate_on"] == float(gate)
@@ -59,7 +59,7 @@ def test_case1_o1_gate_and_top10_positive(entropies, gates):
 def test_case2_c2_gate_only_below_target():
     ctrl = StareController(StareConfig(variant="C2"))
     adv, mask, logp = _batch(b=4, t=25)
-    for h, gate in zip([0.2, 0.5, 1.2, 2.0], [True, False, False, False]):
+    for h, gate in zip([0.2, 0.5, 1.2, 2.0], [True, False, False, False], strict=True):
         out, met = stare_reweight(adv, mask, logp, torch.full_like(logp, h), ctrl)
         assert met["stare/gate_on"] == float(gate)
         omega = _ratio_sets(out, adv).flatten()
