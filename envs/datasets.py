@@ -180,15 +180,15 @@ def build_rows(
         if not a or a.lower() in ("none", "nan"):
             report.bad.append(BadRow(i, "missing answer"))
             continue
-        if not _scoreable(a):
-            report.bad.append(BadRow(i, f"answer not scoreable: {a[:80]!r}"))
-            continue
         if dedupe:
             key = " ".join(q.split())
             if key in seen:
                 report.duplicates += 1
                 continue
             seen.add(key)
+        if not _scoreable(a):
+            report.bad.append(BadRow(i, f"answer not scoreable: {a[:80]!r}"))
+            continue
         extra = dict(extra or {})
         extra["source_index"] = i
         if extra_keys is None:

@@ -26,6 +26,14 @@ from envs.reward import compute_score
 FIX = Path(__file__).parent / "fixtures"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _close_scorer_workers():
+    yield
+    from envs.scoring import get_pool
+
+    get_pool().close()  # math-verify workers started by the scorer checks
+
+
 def _check_verl_row(row, split, family):
     assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
     assert row["ability"] == "math"
@@ -161,11 +169,17 @@ def test_offline_cli_writes_parquet_readable_by_datasets(tmp_path, capsys):
         for split in ("train", "test"):
             p = tmp_path / fam / f"rg_{split}.parquet"
             assert p.is_file() and f"offline {fam}/{split}" in out
-    import datasets
+    # verl's own dataset class reads it
+    pytest.importorskip("verl")
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "long_cot" / "rg_train.parquet"), split="train")
+    cfg = OmegaConf.create({"filter_overlong_prompts": False, "cache_dir": str(tmp_path / "cache")})
+    ds = RLHFDataset(data_files=[str(tmp_path / "long_cot" / "rg_train.parquet")], tokenizer=None, config=cfg)
+    assert len(ds) == len(pd.read_parquet(tmp_path / "long_cot" / "rg_train.parquet"))
     row = ds[0]
-    assert row["prompt"][0]["role"] == "user" and row["reward_model"]["style"] == "rule"
+    assert row["raw_prompt"][0]["role"] == "user" and row["raw_prompt"][0]["content"].endswith(BOXED_INSTRUCTION)
+    assert row["reward_model"]["style"] == "rule" and row["index"] == 0
     assert row["extra_info"]["family"] == "long_cot" and row["extra_info"]["split"] == "train"
 
 

@@ -41,6 +41,7 @@ def main() -> int:
         return res
 
     out = sys.stdout
+    sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the reply stream
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
     for line in sys.stdin:

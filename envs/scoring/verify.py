@@ -51,12 +51,12 @@ class Verdict:
 class _Worker:
     """One math-verify worker subprocess and its line-based pipe protocol."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: list[str] | None = None) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "envs.scoring._mv_worker"],
+            command or [sys.executable, "-m", "envs.scoring._mv_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -123,13 +123,18 @@ class MathVerifyPool:
         max_workers: cap on concurrent workers (default env ``STARE_MATH_VERIFY_WORKERS`` or
             ``min(4, os.cpu_count())``).
         startup_timeout_s: a worker that is not ready after this long is killed.
+        worker_command: argv of the worker process (default ``python -m envs.scoring._mv_worker``;
+            tests substitute a worker that hangs).
     """
 
-    def __init__(self, max_workers: int | None = None, startup_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, max_workers: int | None = None, startup_timeout_s: float = 120.0, worker_command: list[str] | None = None
+    ) -> None:
         if max_workers is None:
             max_workers = int(os.environ.get("STARE_MATH_VERIFY_WORKERS", min(4, os.cpu_count() or 1)))
         self.max_workers = max(1, max_workers)
         self.startup_timeout_s = startup_timeout_s
+        self.worker_command = worker_command
         self._cond = threading.Condition()
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
@@ -147,7 +152,7 @@ class MathVerifyPool:
                 if self._idle:
                     return self._idle.pop()
                 if len(self._all) < self.max_workers:
-                    w = _Worker()
+                    w = _Worker(self.worker_command)
                     self._all.add(w)
                     return w
                 remaining = deadline - time.monotonic()
