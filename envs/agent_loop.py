@@ -1,0 +1,575 @@
+"""The tool-use agent loop: verl's ``ToolAgentLoop`` made exact and strict, registered as ``stare_tool_agent``.
+
+Select it per dataset row (``agent_name: stare_tool_agent``, as ``envs.tool_use`` writes) or for the
+whole run (``actor_rollout_ref.rollout.agent.default_agent_loop=stare_tool_agent``), with
+``multi_turn.tool_config_path`` naming the tools. The registration runs on ``import envs.agent_loop``,
+which ``stare_verl.plugin`` does in every process that imports verl.
+
+What it changes relative to verl 0.9.1's ``ToolAgentLoop`` (whose prompt building, tool list, tool
+selection and output assembly it reuses):
+
+- Tool calls are parsed from the turn's own token ids (hermes ``<tool_call>{json}</tool_call>``) and
+  calls written inside ``<think>...</think>`` are ignored (``parse_tool_calls``).
+- A malformed call (bad JSON, no name, unknown tool, arguments not an object, a missing or mistyped
+  required argument, an unclosed ``<tool_call>``, more calls than ``max_parallel_calls``) is answered by
+  an error observation the model can read, and counted (``num_malformed_calls``), instead of being
+  dropped silently. Nothing is executed for it.
+- A turn cut off by the length limit is never executed: the loop asks the server for at most the
+  remaining response budget (``max_tokens``) and treats a turn that filled it without a stop token (or
+  any turn a server reports as ``length``/``aborted``) as cut.
+- Token-in, token-out: the model's ids are appended unchanged (verl's Continuous Token merge), so the
+  prompt of turn k+1 is the prompt of turn k + the ids generated in turn k + the observation's ids
+  (including the newline a Qwen template puts after ``<|im_end|>``, with response_mask 0).
+- Stops on a final answer (a turn without any tool call), at ``max_assistant_turns`` /
+  ``max_user_turns``, or at the length limit; ``extra_fields["termination"]`` says which.
+- Tool calls run with a loop-side deadline (``tool_timeout_s``) on top of the tool's own limits.
+- The reward gets only model-generated text: ``extra_fields["model_response_text"]`` is decoded from the
+  response_mask == 1 tokens with tool-call blocks removed. verl's naive/limited/remote reward managers
+  merge an agent loop's ``extra_fields`` into ``extra_info``; ``envs.tool_use.compute_score`` scores
+  that text instead of verl's ``solution_str`` (which decodes the whole response, tool output included).
+
+Per-episode fields in ``AgentLoopOutput.extra_fields`` (also seen by the reward as ``extra_info``):
+``model_response_text`` (str), ``response_length`` (int, model tokens), ``hit_eos`` (bool, the last turn
+was not cut), ``termination`` ("answer" | "length" | "max_assistant_turns" | "max_user_turns" |
+"aborted"), ``num_assistant_turns``, ``num_tool_calls`` (call attempts, malformed included),
+``num_tool_executed``, ``num_malformed_calls``, ``num_tool_exceptions``, ``num_tool_timeouts``,
+``num_tool_errors`` (malformed + exceptions + timeouts), ``tool_time_s`` (float, seconds spent in tool
+calls), ``tool_call_log`` (list of {"name", "code"/"arguments", "error", "seconds"}).
+
+Loop options (hydra kwargs; give them through verl's ``rollout.agent.agent_loop_config_path`` YAML, e.g.
+``- {name: stare_tool_agent, _target_: envs.agent_loop.StareToolAgentLoop, tool_timeout_s: 30}``):
+``tool_timeout_s`` (float, default 60).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
+from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.utils.profiler import simple_timer
+from verl.utils.ray_utils import get_event_loop
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
+
+__all__ = [
+    "AGENT_NAME",
+    "MODEL_TEXT_KEY",
+    "EpisodeStats",
+    "HermesThinkToolParser",
+    "ParsedCall",
+    "StareToolAgentLoop",
+    "model_response_text",
+    "parse_tool_calls",
+    "remove_tool_calls",
+    "strip_thinking",
+]
+
+AGENT_NAME = "stare_tool_agent"
+MODEL_TEXT_KEY = "model_response_text"
+
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+_TOOL_BLOCK = re.compile(re.escape(TOOL_CALL_START) + r".*?" + re.escape(TOOL_CALL_END), re.DOTALL)
+_TOOL_UNCLOSED = re.compile(re.escape(TOOL_CALL_START) + r".*\Z", re.DOTALL)
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+}
+
+
+# ------------------------------------------------------------------------------------------- parsing
+
+
+def strip_thinking(text: str) -> str:
+    """Remove reasoning spans: every ``<think>...</think>``; text before a ``</think>`` that has no opening
+    tag (templates that open the think block in the prompt); everything after an unclosed ``<think>``."""
+    out = []
+    pos = 0
+    first_end = text.find(THINK_END)
+    first_start = text.find(THINK_START)
+    if first_end != -1 and (first_start == -1 or first_end < first_start):
+        pos = first_end + len(THINK_END)
+    while True:
+        start = text.find(THINK_START, pos)
+        if start == -1:
+            out.append(text[pos:])
+            break
+        out.append(text[pos:start])
+        end = text.find(THINK_END, start + len(THINK_START))
+        if end == -1:
+            break
+        pos = end + len(THINK_END)
+    return "".join(out)
+
+
+def remove_tool_calls(text: str) -> str:
+    """Remove every ``<tool_call>...</tool_call>`` block and a trailing unclosed ``<tool_call>...``."""
+    return _TOOL_UNCLOSED.sub("", _TOOL_BLOCK.sub("", text))
+
+
+@dataclass
+class ParsedCall:
+    """One tool call written by the model (outside thinking).
+
+    Attributes:
+        raw: the text between the tags (or after an unclosed ``<tool_call>``).
+        name: the tool name, when the JSON had one.
+        arguments: the arguments object, when valid.
+        error: None for a well-formed call of a known tool with the required arguments; otherwise the
+            message the model gets as the observation.
+    """
+
+    raw: str
+    name: str | None = None
+    arguments: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def function_call(self) -> FunctionCall:
+        """verl's ``FunctionCall`` of a valid call (arguments as a JSON string)."""
+        if not self.ok:
+            raise ValueError(f"malformed tool call: {self.error}")
+        return FunctionCall(name=self.name, arguments=json.dumps(self.arguments, ensure_ascii=False))
+
+
+def _check_arguments(name: str, args: dict[str, Any], schema: OpenAIFunctionToolSchema | None) -> str | None:
+    if schema is None:
+        return None
+    params = schema.function.parameters
+    missing = [r for r in (params.required or []) if r not in args]
+    if missing:
+        return f"Error: tool '{name}' needs the argument(s) {', '.join(missing)}; nothing was run."
+    for key, value in args.items():
+        prop = (params.properties or {}).get(key)
+        if prop is None:
+            continue
+        names = [prop.type] if isinstance(prop.type, str) else list(prop.type)
+        if any(t not in _JSON_TYPES for t in names):
+            continue
+        expected = tuple(ty for t in names for ty in _JSON_TYPES[t])
+        if not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected):
+            return (
+                f"Error: argument '{key}' of tool '{name}' must be a JSON {' or '.join(names)}, "
+                f"got {type(value).__name__}; nothing was run."
+            )
+    return None
+
+
+def _parse_one(raw: str, tools: dict[str, OpenAIFunctionToolSchema | None]) -> ParsedCall:
+    body = raw.strip()
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as err:
+        return ParsedCall(
+            raw,
+            error=(
+                f"Error: the tool call is not valid JSON ({err.msg} at char {err.pos}); nothing was run. "
+                'Write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'
+            ),
+        )
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return ParsedCall(raw, error='Error: a tool call must be a JSON object with a "name"; nothing was run.')
+    name = obj["name"]
+    if name not in tools:
+        avail = ", ".join(sorted(tools)) or "none"
+        return ParsedCall(raw, name=name, error=f"Error: unknown tool '{name}'. Available tools: {avail}.")
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(args, dict):
+        return ParsedCall(
+            raw, name=name, error=f'Error: "arguments" of tool \'{name}\' must be a JSON object; nothing was run.'
+        )
+    err = _check_arguments(name, args, tools[name])
+    return ParsedCall(raw, name=name, arguments=args if err is None else None, error=err)
+
+
+def parse_tool_calls(
+    text: str, tools: dict[str, OpenAIFunctionToolSchema | None]
+) -> tuple[str, list[ParsedCall]]:
+    """Parse the hermes tool calls of one assistant turn, ignoring those inside ``<think>...</think>``.
+
+    Args:
+        text: the decoded turn (special tokens kept).
+        tools: the available tools, name -> schema (None: no argument checks).
+
+    Returns:
+        ``(content, calls)``: the turn's text without thinking and tool-call blocks, and the calls in order
+        (well-formed ones and malformed ones with their error message). An unclosed ``<tool_call>`` is one
+        malformed call.
+    """
+    visible = strip_thinking(text)
+    calls: list[ParsedCall] = []
+    pos = 0
+    while True:
+        start = visible.find(TOOL_CALL_START, pos)
+        if start == -1:
+            break
+        end = visible.find(TOOL_CALL_END, start + len(TOOL_CALL_START))
+        if end == -1:
+            raw = visible[start + len(TOOL_CALL_START) :]
+            calls.append(
+                ParsedCall(raw, error=f"Error: the tool call was not closed with {TOOL_CALL_END}; nothing was run.")
+            )
+            break
+        calls.append(_parse_one(visible[start + len(TOOL_CALL_START) : end], tools))
+        pos = end + len(TOOL_CALL_END)
+    return remove_tool_calls(visible).strip(), calls
+
+
+@ToolParser.register("hermes_think")
+class HermesThinkToolParser(ToolParser):
+    """verl ``ToolParser`` (``multi_turn.format: hermes_think``) with ``parse_tool_calls``'s rules, for
+    verl's own ``tool_agent`` loop: well-formed calls outside ``<think>`` only (malformed ones are dropped,
+    as that loop has no way to answer them; ``stare_tool_agent`` answers them)."""
+
+    async def extract_tool_calls(
+        self, responses_ids: list[int], tools: list[OpenAIFunctionToolSchema] = None
+    ) -> tuple[str, list[FunctionCall]]:
+        loop = get_event_loop()
+        text = await loop.run_in_executor(None, self.tokenizer.decode, responses_ids)
+        schemas = {t.function.name: t for t in tools or []}
+        content, calls = parse_tool_calls(text, schemas)
+        return content, [c.function_call() for c in calls if c.ok]
+
+
+def _mask_runs(response_ids: list[int], response_mask: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    cur: list[int] = []
+    for tok, m in zip(response_ids, response_mask, strict=False):
+        if m:
+            cur.append(int(tok))
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return runs
+
+
+def model_response_text(response_ids: list[int], response_mask: list[int], tokenizer) -> str:
+    """The text the reward may see: the model-generated tokens only (``response_mask == 1``).
+
+    Each run of mask-1 tokens (one assistant turn) is decoded on its own with special tokens kept, its
+    tool-call blocks are removed (the code sent to a tool is an action, not an answer), then the
+    tokenizer's special-token strings are removed; the turns are joined with newlines. Tool output
+    (mask 0) never enters it.
+    """
+    specials = [s for s in getattr(tokenizer, "all_special_tokens", []) if s]
+    parts = []
+    for run in _mask_runs(response_ids, response_mask):
+        text = remove_tool_calls(tokenizer.decode(run, skip_special_tokens=False))
+        for s in specials:
+            text = text.replace(s, "")
+        text = text.strip()
+        if text:
+            parts.append(text)
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------- loop
+
+
+@dataclass
+class EpisodeStats:
+    """Counters of one trajectory (see the module docstring for their meaning)."""
+
+    termination: str = "answer"
+    hit_eos: bool = True
+    num_tool_calls: int = 0
+    num_tool_executed: int = 0
+    num_malformed_calls: int = 0
+    num_tool_exceptions: int = 0
+    num_tool_timeouts: int = 0
+    tool_time_s: float = 0.0
+    tool_call_log: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[ParsedCall] = field(default_factory=list)
+
+    @property
+    def num_tool_errors(self) -> int:
+        return self.num_malformed_calls + self.num_tool_exceptions + self.num_tool_timeouts
+
+
+@register(AGENT_NAME)
+class StareToolAgentLoop(ToolAgentLoop):
+    """Multi-turn hermes tool use with exact tokens, answered malformed calls and reward text from model
+    tokens only (module docstring). One instance runs one trajectory (verl instantiates it per sample).
+
+    Args:
+        tool_timeout_s: loop-side deadline of one tool call (create + execute + release), seconds; a call
+            past it is cancelled and answered "timed out". The tool's own limits apply first.
+        *args, **kwargs: verl's ``ToolAgentLoop`` arguments.
+
+    Raises:
+        ValueError: ``tool_timeout_s`` not positive.
+    """
+
+    def __init__(self, *args, tool_timeout_s: float = 60.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not tool_timeout_s or float(tool_timeout_s) <= 0:
+            raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
+        self.tool_timeout_s = float(tool_timeout_s)
+        eos = self.tokenizer.eos_token_id
+        eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
+        self._stop_ids = {int(t) for t in eos_ids if t is not None} | set(self.tool_parser.stop_token_ids)
+        self._agent_data: AgentData | None = None
+
+    # -- trajectory ---------------------------------------------------------------------------------
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
+        """Run one trajectory (verl's ``AgentLoopBase.run`` contract) and add the fields listed in the
+        module docstring to ``extra_fields``."""
+        output = await super().run(sampling_params, **kwargs)
+        st: EpisodeStats = self._agent_data.stare_stats
+        mask = list(output.response_mask)
+        output.extra_fields.update(
+            {
+                MODEL_TEXT_KEY: model_response_text(output.response_ids, mask, self.tokenizer),
+                "response_length": int(sum(mask)),
+                "hit_eos": bool(st.hit_eos),
+                "termination": st.termination,
+                "num_assistant_turns": int(self._agent_data.assistant_turns),
+                "num_tool_calls": st.num_tool_calls,
+                "num_tool_executed": st.num_tool_executed,
+                "num_malformed_calls": st.num_malformed_calls,
+                "num_tool_exceptions": st.num_tool_exceptions,
+                "num_tool_timeouts": st.num_tool_timeouts,
+                "num_tool_errors": st.num_tool_errors,
+                "tool_time_s": float(st.tool_time_s),
+                "tool_call_log": st.tool_call_log,
+            }
+        )
+        return output
+
+    async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
+        agent_data.stare_stats = EpisodeStats()
+        self._agent_data = agent_data
+        return await super()._handle_pending_state(agent_data, sampling_params)
+
+    @staticmethod
+    def _turn_cut(turn_ids: list[int], max_tokens: int, stop_reason: str | None, stop_ids: set[int]) -> bool:
+        """Whether a turn was cut by the length limit (or aborted) rather than ended by the model: the
+        server says so, or the turn filled its ``max_tokens`` without ending on a stop token."""
+        if stop_reason in ("length", "max_tokens", "aborted", "abort"):
+            return True
+        return len(turn_ids) >= max_tokens and (not turn_ids or int(turn_ids[-1]) not in stop_ids)
+
+    def _terminate(self, agent_data: AgentData, reason: str) -> AgentState:
+        agent_data.stare_stats.termination = reason
+        return AgentState.TERMINATED
+
+    async def _handle_generating_state(
+        self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
+    ) -> AgentState:
+        """Generate one assistant turn within the remaining response budget and decide what comes next."""
+        st: EpisodeStats = agent_data.stare_stats
+        budget = self.response_length - len(agent_data.response_mask)
+        if budget <= 0:
+            return self._terminate(agent_data, "length")
+        params = {k: v for k, v in sampling_params.items() if k not in ("max_tokens", "max_new_tokens")}
+        params["max_tokens"] = min(budget, int(sampling_params.get("max_tokens") or budget))
+        if self.tool_parser.stop_token_ids:
+            extra = set(self.tool_parser.stop_token_ids)
+            params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | extra)
+        stop_ids = self._stop_ids | set(params.get("stop_token_ids") or [])
+
+        with simple_timer("generate_sequences", agent_data.metrics):
+            output = await self.server_manager.generate(
+                request_id=agent_data.request_id,
+                prompt_ids=agent_data.prompt_ids,
+                sampling_params=params,
+                image_data=agent_data.image_data,
+                video_data=agent_data.video_data,
+                mm_processor_output=agent_data.mm_processor_output,
+                audio_data=agent_data.audio_data,
+                mm_processor_kwargs=agent_data.mm_processor_kwargs,
+            )
+        preempted = output.num_preempted if output.num_preempted is not None else -1
+        if agent_data.metrics.get("num_preempted") is None:
+            agent_data.metrics["num_preempted"] = preempted
+        elif preempted > 0:
+            agent_data.metrics["num_preempted"] += preempted
+        if not agent_data.extra_fields:
+            agent_data.extra_fields.update(output.extra_fields)
+        elif output.extra_fields.get("max_global_steps") is not None:
+            agent_data.extra_fields["max_global_steps"] = output.extra_fields["max_global_steps"]
+
+        turn_ids = [int(t) for t in output.token_ids]
+        agent_data.assistant_turns += 1
+        agent_data.response_ids = turn_ids
+        merge, mask, logprobs = await self.ct_merge_assistant_token(
+            agent_data.prompt_ids,
+            turn_ids,
+            agent_data.response_mask,
+            agent_data.response_logprobs if (agent_data.response_logprobs or output.log_probs) else None,
+            assistant_logprobs=output.log_probs if output.log_probs else None,
+        )
+        agent_data.prompt_ids = merge.token_ids
+        agent_data.response_mask = mask
+        if logprobs is not None:
+            agent_data.response_logprobs = logprobs
+        if output.routed_experts is not None:
+            agent_data.routed_experts = output.routed_experts
+
+        if self._turn_cut(turn_ids, params["max_tokens"], output.stop_reason, stop_ids):
+            st.hit_eos = False
+            return self._terminate(agent_data, "aborted" if output.stop_reason in ("aborted", "abort") else "length")
+
+        active = getattr(agent_data, "_active_tools", self.tools)
+        text = await self.loop.run_in_executor(
+            None, lambda: self.tokenizer.decode(turn_ids, skip_special_tokens=False)
+        )
+        content, calls = parse_tool_calls(text, {name: tool.tool_schema for name, tool in active.items()})
+        agent_data.messages.append(self._assistant_message(content, calls))
+        if not calls:
+            return self._terminate(agent_data, "answer")
+        if self.max_assistant_turns and agent_data.assistant_turns >= self.max_assistant_turns:
+            return self._terminate(agent_data, "max_assistant_turns")
+        if self.max_user_turns and agent_data.user_turns >= self.max_user_turns:
+            return self._terminate(agent_data, "max_user_turns")
+        if len(agent_data.response_mask) >= self.response_length:
+            return self._terminate(agent_data, "length")
+        st.pending = calls
+        return AgentState.PROCESSING_TOOLS
+
+    @staticmethod
+    def _assistant_message(content: str, calls: list[ParsedCall]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": c.name or "invalid_tool_call",
+                        "arguments": c.arguments if c.ok else {"raw": c.raw[:200]},
+                    },
+                }
+                for c in calls
+            ]
+        return message
+
+    async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
+        """Answer every call of the turn (run the well-formed ones, explain the malformed ones), append the
+        observations with response_mask 0, and go back to generating (or stop at the length limit)."""
+        st: EpisodeStats = agent_data.stare_stats
+        calls, st.pending = st.pending, []
+        previous_messages = list(agent_data.messages)
+        with simple_timer("tool_calls", agent_data.metrics):
+            texts = await asyncio.gather(*[self._answer_call(i, c, agent_data) for i, c in enumerate(calls)])
+        agent_data.messages.extend({"role": "tool", "content": t} for t in texts)
+
+        schemas = getattr(agent_data, "_active_tool_schemas", self.tool_schemas)
+        merge, mask, logprobs = await self.ct_merge_context_msg(
+            previous_messages,
+            agent_data.messages,
+            agent_data.prompt_ids,
+            agent_data.response_mask,
+            agent_data.response_logprobs if agent_data.response_logprobs else None,
+            tools=schemas,
+        )
+        if len(mask) >= self.response_length:
+            return self._terminate(agent_data, "length")
+        agent_data.prompt_ids = merge.token_ids
+        agent_data.response_mask = mask
+        if agent_data.response_logprobs:
+            agent_data.response_logprobs = logprobs or []
+        agent_data.user_turns += 1
+        return AgentState.GENERATING
+
+    async def _answer_call(self, index: int, call: ParsedCall, agent_data: AgentData) -> str:
+        """The observation text for one call; runs it when it is well-formed and within the parallel limit."""
+        st: EpisodeStats = agent_data.stare_stats
+        st.num_tool_calls += 1
+        entry: dict[str, Any] = {"name": call.name, "error": None, "seconds": 0.0}
+        if call.ok:
+            entry["arguments"] = json.dumps(call.arguments, ensure_ascii=False)
+        if call.ok and index >= self.max_parallel_calls:
+            call = ParsedCall(
+                call.raw,
+                name=call.name,
+                error=f"Error: at most {self.max_parallel_calls} tool call(s) per turn; this one was not run.",
+            )
+        if not call.ok:
+            st.num_malformed_calls += 1
+            entry["error"] = "malformed"
+            st.tool_call_log.append(entry)
+            return call.error
+
+        active = getattr(agent_data, "_active_tools", self.tools)
+        tool = active[call.name]
+        t0 = time.perf_counter()
+        try:
+            text, metrics = await asyncio.wait_for(
+                self._execute(tool, call, agent_data), timeout=self.tool_timeout_s
+            )
+        except asyncio.TimeoutError:
+            st.num_tool_timeouts += 1
+            entry["error"] = "timeout"
+            text = f"Error: the tool call did not finish within {self.tool_timeout_s:g} s and was stopped."
+        except Exception as err:  # noqa: BLE001 - a failing tool must not end the rollout
+            logger.warning("tool %s failed: %r", call.name, err)
+            st.num_tool_exceptions += 1
+            entry["error"] = "exception"
+            text = f"Error: tool '{call.name}' failed: {type(err).__name__}: {err}"
+        else:
+            st.num_tool_executed += 1
+            if isinstance(metrics, dict) and metrics.get("timed_out"):
+                st.num_tool_timeouts += 1
+                entry["error"] = "timeout"
+        seconds = time.perf_counter() - t0
+        st.tool_time_s += seconds
+        entry["seconds"] = round(seconds, 4)
+        st.tool_call_log.append(entry)
+        return self._truncate(text)
+
+    async def _execute(self, tool, call: ParsedCall, agent_data: AgentData) -> tuple[str, dict]:
+        """create -> execute -> release of one verl ``BaseTool`` (release also on failure/cancellation)."""
+        kwargs = (agent_data.tools_kwargs or {}).get(call.name, {}) or {}
+        instance_id, _ = await tool.create(create_kwargs=kwargs.get("create_kwargs", {}))
+        try:
+            response, reward, metrics = await tool.execute(instance_id, call.arguments, agent_data=agent_data)
+        finally:
+            await asyncio.shield(tool.release(instance_id))
+        if reward is not None:
+            agent_data.tool_rewards.append(reward)
+        if isinstance(response, ToolResponse):
+            if response.image or response.video:
+                logger.warning("tool %s returned images/video; only its text is used", call.name)
+            return response.text or "", metrics
+        return str(response), metrics
+
+    def _truncate(self, text: str) -> str:
+        n = self.max_tool_response_length
+        if not text or len(text) <= n:
+            return text
+        side = self.tool_response_truncate_side
+        if side == "left":
+            return "(truncated)..." + text[-n:]
+        if side == "right":
+            return text[:n] + "...(truncated)"
+        half = n // 2
+        return text[:half] + "...(truncated)..." + text[-half:]

@@ -1,0 +1,336 @@
+"""Simulators for driving verl's agent loop without a GPU: a scripted LLM server and a tiny local tokenizer.
+
+``ScriptedLLMServer`` implements the client interface verl's agent loops call
+(``verl.workers.rollout.llm_server.LLMServerClient.generate``): it answers each ``generate`` request with
+pre-written token ids, turn by turn, so verl's real agent-loop code, the tool, the sandbox, the reward and
+the STARE estimator run together in pytest. It behaves like a rollout server where that matters to the loop:
+
+- a request's ``max_tokens`` / ``max_new_tokens`` cuts the scripted ids (as vLLM/SGLang do);
+- ``stop_token_ids`` end the turn at the first stop id (kept in the output, as vLLM does for EOS);
+- ``stop_reason`` follows vLLM (``"completed"`` whether stopped or cut; the loop must not rely on it) or
+  SGLang (``"stop"`` / ``"length"``), see ``stop_reason_style``;
+- log-probs (a constant) when ``sampling_params["logprobs"]`` is truthy.
+
+Episodes are matched to requests by a marker string in the decoded first prompt and by verl's sticky
+``request_id`` (constant over the turns of one trajectory). Every request is recorded in ``calls``.
+
+``build_tiny_tokenizer`` trains a byte-level BPE (digits split one per token) on a few lines and adds a
+ChatML/hermes chat template that renders tools, tool calls and tool responses like Qwen2.5's, so verl's
+Continuous Token builder works on it. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "GenerateCall",
+    "ScriptedEpisode",
+    "ScriptedLLMServer",
+    "ScriptedTurn",
+    "ScriptError",
+    "build_tiny_model_dir",
+    "build_tiny_tokenizer",
+    "tool_call_text",
+]
+
+# ChatML with hermes tool calls (the shape of Qwen2.5's template, written for this project).
+CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\nCall a tool as <tool_call>{\"name\": <name>, \"arguments\": <json>}</tool_call>"
+    "<|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}"
+    "{%- if not loop.first %}{{- '<|im_start|>system\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{%- for tc in (message['tool_calls'] if 'tool_calls' in message and message['tool_calls'] else []) %}"
+    "{%- set f = tc['function'] if 'function' in tc else tc %}"
+    "{{- '<tool_call>{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}"
+    "{{- f['arguments'] if f['arguments'] is string else f['arguments'] | tojson }}"
+    "{{- '}</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Added but not special, as in Qwen2.5/Qwen3 (so skip_special_tokens=True keeps them).
+_ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+_CORPUS = [
+    "What is 12 + 7? Use the code interpreter. The answer is \\boxed{19}.",
+    'print(12 + 7) print(r"\\boxed{42}") {"name": "code_interpreter", "arguments": {"code": "print(1)"}}',
+    "I am not sure. Let me compute it with Python. maybe the result is wrong, try again.",
+    "hello hello hello world he said llo. Error: the tool call is not valid JSON. timed out",
+    "Calculate the product, the sum and the difference of the numbers. Final answer:",
+    "while True: pass import time time.sleep(5) for i in range(10): x = x * 2",
+    "hello " * 12,
+]
+
+
+def build_tiny_tokenizer(out_dir: str | Path | None = None, vocab_size: int = 400):
+    """A byte-level BPE tokenizer with a hermes/ChatML chat template, trained here on a few lines.
+
+    Args:
+        out_dir: if given, the tokenizer is saved there (``save_pretrained``) and loaded back from it,
+            so ``AutoTokenizer.from_pretrained(out_dir)`` gives the same tokenizer.
+        vocab_size: BPE vocabulary size (the alphabet of 256 bytes plus merges and added tokens).
+
+    Returns:
+        ``transformers.PreTrainedTokenizerFast``: eos ``<|im_end|>``, pad ``<|endoftext|>``; digits are one
+        token each; ``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>``,
+        ``<think>``, ``</think>`` are single added (non-special) tokens.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=_SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(_CORPUS * 8, trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _ADDED])
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
+    )
+    if out_dir is None:
+        return hf_tok
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tok.save_pretrained(out)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def build_tiny_model_dir(out_dir: str | Path) -> str:
+    """A model directory verl's ``HFModelConfig`` can load: the tiny tokenizer and a Qwen2 ``config.json``.
+
+    No weights are written (the agent loop and reward workers only need the tokenizer and the config;
+    ``model_type`` "qwen2" selects verl's Qwen Continuous Token builder). Returns the path (str).
+    """
+    from transformers import Qwen2Config
+
+    out = Path(out_dir)
+    tok = build_tiny_tokenizer(out)
+    Qwen2Config(
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    ).save_pretrained(out)
+    return str(out)
+
+
+def tool_call_text(code: str, name: str = "code_interpreter") -> str:
+    """The hermes text of one well-formed tool call running ``code``."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": {"code": code}}) + "</tool_call>"
+
+
+class ScriptError(RuntimeError):
+    """A request the script does not cover (no matching episode, or more turns than scripted)."""
+
+
+@dataclass
+class ScriptedTurn:
+    """One scripted model turn.
+
+    Attributes:
+        text: turn text, encoded without special tokens (exclusive with ``ids``).
+        ids: exact token ids to return (e.g. a word split unusually), exclusive with ``text``.
+        eos: append the tokenizer's EOS id, as a server does when the model stops (False: the model kept
+            going; with a ``max_tokens`` smaller than the ids this is a cut by the length limit).
+    """
+
+    text: str | None = None
+    ids: list[int] | None = None
+    eos: bool = True
+
+    def token_ids(self, tokenizer) -> list[int]:
+        """The ids the server returns for this turn (before ``max_tokens``/stop handling)."""
+        if (self.text is None) == (self.ids is None):
+            raise ScriptError("a ScriptedTurn needs exactly one of text or ids")
+        ids = list(self.ids) if self.ids is not None else tokenizer.encode(self.text, add_special_tokens=False)
+        if self.eos:
+            ids.append(int(tokenizer.eos_token_id))
+        return ids
+
+
+@dataclass
+class ScriptedEpisode:
+    """The turns of one trajectory, selected by ``match`` (a substring of the decoded first prompt).
+
+    Several episodes may share a ``match`` (``rollout.n`` samples of one prompt): they are handed out in
+    order, one per new ``request_id``.
+    """
+
+    match: str
+    turns: list[str | list[int] | ScriptedTurn]
+
+    def turn(self, k: int) -> ScriptedTurn:
+        t = self.turns[k]
+        if isinstance(t, ScriptedTurn):
+            return t
+        if isinstance(t, str):
+            return ScriptedTurn(text=t)
+        return ScriptedTurn(ids=list(t))
+
+
+@dataclass
+class GenerateCall:
+    """One recorded ``generate`` request and the server's answer."""
+
+    request_id: str
+    episode: int
+    turn: int
+    prompt_ids: list[int]
+    sampling_params: dict[str, Any]
+    output_ids: list[int]
+    stop_reason: str
+
+
+@dataclass
+class _Session:
+    episode: int
+    turns_done: int = 0
+
+
+class ScriptedLLMServer(LLMServerClient):
+    """A scripted stand-in for verl's ``LLMServerClient`` (no Ray, no GPU).
+
+    Args:
+        tokenizer: the tokenizer of the run (encodes text turns; EOS id).
+        episodes: the scripted trajectories.
+        stop_reason_style: ``"vllm"`` (always "completed") or ``"sglang"`` ("stop" / "length").
+        logprob: the log-prob reported for every generated token.
+        global_steps: reported in ``extra_fields["global_steps"]`` like verl's servers.
+        config: optional trainer config (kept as ``self.config``; not needed by this class).
+
+    Raises (from ``generate``): ScriptError for a request no episode covers.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        episodes: Sequence[ScriptedEpisode],
+        *,
+        stop_reason_style: str = "vllm",
+        logprob: float = -0.5,
+        global_steps: int = 1,
+        config: Any = None,
+    ):
+        super().__init__(config, load_balancer_handle=None)
+        if stop_reason_style not in ("vllm", "sglang"):
+            raise ValueError(f"stop_reason_style must be 'vllm' or 'sglang', got {stop_reason_style!r}")
+        self.tokenizer = tokenizer
+        self.episodes = list(episodes)
+        self.stop_reason_style = stop_reason_style
+        self.logprob = float(logprob)
+        self.global_steps = global_steps
+        self.calls: list[GenerateCall] = []
+        self._sessions: dict[str, _Session] = {}
+        self._taken: set[int] = set()
+
+    def _new_session(self, prompt_ids: list[int]) -> _Session:
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        for i, ep in enumerate(self.episodes):
+            if i not in self._taken and ep.match in text:
+                self._taken.add(i)
+                return _Session(episode=i)
+        raise ScriptError(f"no unused scripted episode matches this prompt: {text[-300:]!r}")
+
+    async def generate(
+        self,
+        request_id,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+        audio_data: Any = None,
+        mm_processor_kwargs: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        """Return the next scripted turn of the trajectory ``request_id`` (verl's generate contract)."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        session = self._sessions.get(request_id)
+        if session is None:
+            session = self._sessions[request_id] = self._new_session(prompt_ids)
+        episode = self.episodes[session.episode]
+        if session.turns_done >= len(episode.turns):
+            raise ScriptError(
+                f"episode {session.episode} ({episode.match!r}) has {len(episode.turns)} turns; "
+                f"turn {session.turns_done + 1} was requested"
+            )
+        full = episode.turn(session.turns_done).token_ids(self.tokenizer)
+        ids = list(full)
+        stop_ids = set(sampling_params.get("stop_token_ids") or [])
+        for j, t in enumerate(ids):
+            if t in stop_ids:
+                ids = ids[: j + 1]
+                break
+        max_tokens = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
+        cut = max_tokens is not None and len(ids) > int(max_tokens)
+        if cut:
+            ids = ids[: int(max_tokens)]
+        if self.stop_reason_style == "vllm":
+            stop_reason = "completed"
+        else:
+            stop_reason = "length" if cut or (ids == full and not episode.turn(session.turns_done).eos) else "stop"
+        self.calls.append(
+            GenerateCall(
+                request_id=str(request_id),
+                episode=session.episode,
+                turn=session.turns_done,
+                prompt_ids=prompt_ids,
+                sampling_params=dict(sampling_params),
+                output_ids=list(ids),
+                stop_reason=stop_reason,
+            )
+        )
+        session.turns_done += 1
+        log_probs = [self.logprob] * len(ids) if sampling_params.get("logprobs") else None
+        return TokenOutput(
+            token_ids=ids,
+            log_probs=log_probs,
+            stop_reason=stop_reason,
+            num_preempted=0,
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    def calls_of(self, episode: int) -> list[GenerateCall]:
+        """The recorded requests of one episode, in turn order."""
+        return [c for c in self.calls if c.episode == episode]

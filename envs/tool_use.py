@@ -1,0 +1,289 @@
+"""The tool-use family: system prompt, dataset builder and reward entry point for multi-turn Python tool use.
+
+Rows are verl RLHF parquet rows (``envs.datasets``) with ``family: tool_use`` plus what the agent loop
+needs: ``agent_name: stare_tool_agent`` (``envs.agent_loop``) and ``extra_info.tools_kwargs`` for the
+``code_interpreter`` tool. Sources:
+
+    offline      reasoning-gym arithmetic where running code helps a small model (no network), the
+                 calibrated CPU demo set (``shared/specs/cpu-demo-calibration.md``): basic_arithmetic
+                 (+, -, *; 2-4 terms, 1-3 digits), chain_sum (2-5 terms), products (2 terms, 1-4 digits).
+                 ``extra_info.expression`` holds the Python expression of each problem.
+    aime2024, aime2025, dapo_math, math500, gsm8k
+                 ``envs.datasets`` hub loaders (GPU recipes), converted to tool-use rows.
+
+Reward: ``compute_score`` (``reward.custom_reward_function: {path: <this file>, name: compute_score}``)
+scores the model-generated text the agent loop hands over in ``extra_info["model_response_text"]``
+(response_mask == 1 tokens only, tool calls removed), so text printed by the tool can never earn credit.
+Use it with verl's default ``naive`` reward manager (it merges the agent loop's ``extra_fields`` into
+``extra_info``; verl's ``dapo`` manager does not, see ``compute_score``).
+
+CLI::
+
+    python -m envs.tool_use offline --out data/tool_use --n-train 2000 --n-test 200
+    python -m envs.tool_use hub aime2024 --out data/tool_use [--from-file aime24.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from envs.datasets import BadRow, BuildReport, build_hub, make_row, write_parquet
+from envs.prompts import TOOL_USE_SYSTEM
+
+__all__ = [
+    "AGENT_NAME",
+    "OFFLINE_TOOL_TASKS",
+    "TOOL_NAME",
+    "TOOL_STAT_KEYS",
+    "TOOL_USE_SYSTEM",
+    "build_offline_tool_use",
+    "build_tool_use_hub",
+    "compute_score",
+    "main",
+    "strip_tool_turns",
+    "to_tool_use_row",
+]
+
+logger = logging.getLogger(__name__)
+
+AGENT_NAME = "stare_tool_agent"  # envs.agent_loop.AGENT_NAME (not imported: keeps this module verl-free)
+MODEL_TEXT_KEY = "model_response_text"  # envs.agent_loop.MODEL_TEXT_KEY
+TOOL_NAME = "code_interpreter"
+
+# reasoning-gym tasks of the offline set: (task, config). No division (float output vs integer oracle).
+OFFLINE_TOOL_TASKS: list[tuple[str, dict[str, Any]]] = [
+    (
+        "basic_arithmetic",
+        {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 3, "operators": ("+", "-", "*")},
+    ),
+    ("chain_sum", {"min_terms": 2, "max_terms": 5}),
+    ("products", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 4}),
+]
+_SPLIT_SEED = {"train": 0, "test": 1_000_003}
+
+# Per-episode tool statistics the agent loop reports; compute_score returns them (defaults when absent)
+# so they reach verl's reward metrics with the same keys on every sample.
+TOOL_STAT_KEYS: dict[str, Any] = {
+    "num_assistant_turns": 0,
+    "num_tool_calls": 0,
+    "num_tool_executed": 0,
+    "num_malformed_calls": 0,
+    "num_tool_timeouts": 0,
+    "num_tool_errors": 0,
+    "tool_time_s": 0.0,
+}
+
+
+# ----------------------------------------------------------------------------------------------- rows
+
+
+def to_tool_use_row(row: Mapping[str, Any], create_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Make a verl row a tool-use row: ``agent_name``, ``extra_info.tools_kwargs``, ``family: tool_use``,
+    and ``TOOL_USE_SYSTEM`` as the system message (replacing any other).
+
+    Args:
+        row: an ``envs.datasets`` row (``prompt``, ``reward_model``, ``extra_info``, ...).
+        create_kwargs: passed to the tool's ``create`` for this row (``tools_kwargs[tool]["create_kwargs"]``);
+            default ``{"timeout_s": None}`` (the tool's own default).
+
+    Returns:
+        a new row (the input is not changed).
+
+    Raises:
+        ValueError: the row has no user message.
+    """
+    out = copy.deepcopy(dict(row))
+    msgs = [m for m in out.get("prompt", []) if m.get("role") != "system"]
+    if not any(m.get("role") == "user" for m in msgs):
+        raise ValueError("a tool-use row needs a user message in its prompt")
+    out["prompt"] = [{"role": "system", "content": TOOL_USE_SYSTEM}, *msgs]
+    out["agent_name"] = AGENT_NAME
+    info = dict(out.get("extra_info") or {})
+    info["family"] = "tool_use"
+    kwargs = dict(create_kwargs) if create_kwargs is not None else {"timeout_s": None}
+    info["tools_kwargs"] = {TOOL_NAME: {"create_kwargs": kwargs}}
+    info["need_tools_kwargs"] = True
+    out["extra_info"] = info
+    return out
+
+
+def build_offline_tool_use(
+    split: str = "train", n: int = 1000, seed: int = 0, exclude: set[str] | None = None
+) -> BuildReport:
+    """The offline (reasoning-gym) tool-use set, mixed evenly over ``OFFLINE_TOOL_TASKS``.
+
+    Args:
+        split: "train" or "test" (a different seed stream, so the splits do not share generator draws).
+        n: number of rows asked for (duplicates and questions in ``exclude`` are dropped and counted).
+        seed: base seed.
+        exclude: question texts to leave out (e.g. the train split's, to keep test uncontaminated).
+
+    Returns:
+        BuildReport; ``data_source`` is ``"rg/<task>"``; ``extra_info`` has ``task``, ``expression``,
+        ``source_id``.
+
+    Raises:
+        ValueError: unknown split or n < 1.
+    """
+    import reasoning_gym
+
+    if split not in _SPLIT_SEED:
+        raise ValueError(f"unknown split {split!r}; choose train or test")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    excluded = {" ".join(q.split()) for q in exclude or ()}
+    report = BuildReport(rows=[])
+    seen: set[str] = set()
+    k = len(OFFLINE_TOOL_TASKS)
+    for t, (task, cfg) in enumerate(OFFLINE_TOOL_TASKS):
+        size = n // k + (1 if t < n % k else 0)
+        if size == 0:
+            continue
+        ds = reasoning_gym.create_dataset(task, seed=seed + _SPLIT_SEED[split] + t, size=size, **cfg)
+        for j in range(size):
+            entry = ds[j]
+            q, a = str(entry["question"]).strip(), str(entry["answer"]).strip()
+            key = " ".join(q.split())
+            if key in seen or key in excluded:
+                report.duplicates += 1
+                continue
+            if not q or not a:
+                report.bad.append(BadRow(j, f"{task}: empty question or answer"))
+                continue
+            seen.add(key)
+            expr = str((entry.get("metadata") or {}).get("expression") or "")
+            row = make_row(
+                q, a, f"rg/{task}", len(report.rows), split, family="tool_use",
+                extra={"task": task, "expression": expr, "source_id": f"{task}/{seed}/{j}"},
+            )
+            report.rows.append(to_tool_use_row(row))
+    return report
+
+
+def build_tool_use_hub(name: str, split: str | None = None, **kwargs: Any) -> BuildReport:
+    """A hub math set (``envs.datasets.SOURCES``: aime2024, aime2025, dapo_math, math500, gsm8k) as
+    tool-use rows. ``kwargs`` go to ``envs.datasets.build_hub`` (from_file, offline, limit, cache_dir).
+
+    Raises:
+        KeyError: unknown source/split; DatasetUnavailableError: not reachable and not cached.
+    """
+    rep = build_hub(name, split=split, family="tool_use", **kwargs)
+    rep.rows = [to_tool_use_row(r) for r in rep.rows]
+    return rep
+
+
+# --------------------------------------------------------------------------------------------- reward
+
+_TOOL_RESPONSE = re.compile(r"<tool_response>.*?(</tool_response>|\Z)", re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>.*?(</tool_call>|\Z)", re.DOTALL)
+_warned_fallback = False
+
+
+def strip_tool_turns(solution_str: str) -> str:
+    """Best-effort removal of tool output and tool calls from a whole decoded response (hermes tags).
+
+    Only a fallback for when the agent loop's model text is missing: a template that does not wrap tool
+    output in ``<tool_response>`` tags cannot be cleaned this way.
+    """
+    return _TOOL_CALL.sub("", _TOOL_RESPONSE.sub("", solution_str or ""))
+
+
+def compute_score(
+    data_source: str | None = None,
+    solution_str: str | None = None,
+    ground_truth: Any = None,
+    extra_info: Mapping | None = None,
+    **reward_kwargs: Any,
+) -> dict[str, Any]:
+    """verl custom reward for tool use: ``envs.reward.compute_score`` on the model-generated text only.
+
+    Args:
+        data_source, ground_truth, reward_kwargs: as ``envs.reward.compute_score``.
+        solution_str: verl's decoded response (tool output included); used only as a fallback.
+        extra_info: row info merged with the agent loop's ``extra_fields`` (verl's naive manager does this):
+            ``model_response_text`` is scored when present; else ``solution_str`` with ``<tool_response>``
+            and ``<tool_call>`` blocks removed (a warning is logged once; e.g. verl's ``dapo`` manager).
+
+    Returns:
+        ``envs.reward.compute_score``'s dict plus ``TOOL_STAT_KEYS`` and ``reward_text_from_loop`` (bool),
+        the same keys on every call.
+
+    Raises:
+        ValueError: only for invalid reward options (``envs.reward``).
+    """
+    global _warned_fallback
+    from envs.reward import compute_score as score_math
+
+    info = dict(extra_info) if isinstance(extra_info, Mapping) else {}
+    info.setdefault("family", "tool_use")
+    text = info.get(MODEL_TEXT_KEY)
+    from_loop = isinstance(text, str)
+    if not from_loop:
+        if not _warned_fallback:
+            logger.warning(
+                "envs.tool_use.compute_score: extra_info has no %r (not produced by the stare_tool_agent loop, "
+                "or a reward manager that does not pass agent-loop extra_fields); scoring the decoded "
+                "response with tool tags stripped",
+                MODEL_TEXT_KEY,
+            )
+            _warned_fallback = True
+        text = strip_tool_turns(solution_str if isinstance(solution_str, str) else "")
+    out = score_math(data_source, text, ground_truth, info, **reward_kwargs)
+    for key, default in TOOL_STAT_KEYS.items():
+        value = info.get(key, default)
+        try:
+            out[key] = type(default)(value)
+        except (TypeError, ValueError):
+            out[key] = default
+    out["reward_text_from_loop"] = from_loop
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point (module docstring). Returns the exit status."""
+    p = argparse.ArgumentParser(prog="python -m envs.tool_use", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    off = sub.add_parser("offline", help="reasoning-gym arithmetic (no network)")
+    off.add_argument("--out", required=True)
+    off.add_argument("--n-train", type=int, default=2000)
+    off.add_argument("--n-test", type=int, default=200)
+    off.add_argument("--seed", type=int, default=0)
+    hub = sub.add_parser("hub", help="a hub math set as tool-use rows")
+    hub.add_argument("name")
+    hub.add_argument("--out", required=True)
+    hub.add_argument("--split", default=None)
+    hub.add_argument("--from-file", default=None)
+    hub.add_argument("--limit", type=int, default=None)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    try:
+        if args.cmd == "offline":
+            train = build_offline_tool_use("train", args.n_train, args.seed)
+            test = build_offline_tool_use(
+                "test", args.n_test, args.seed, exclude={r["extra_info"]["question"] for r in train.rows}
+            )
+            for split, rep in (("train", train), ("test", test)):
+                path = write_parquet(rep.rows, out / f"tool_use_offline_{split}.parquet")
+                print(f"{split}: {len(rep.rows)} rows -> {path} (bad {len(rep.bad)}, duplicates {rep.duplicates})")
+        else:
+            rep = build_tool_use_hub(args.name, split=args.split, from_file=args.from_file, limit=args.limit)
+            path = write_parquet(rep.rows, out / f"tool_use_{args.name}.parquet")
+            print(f"{args.name}: {len(rep.rows)} rows -> {path} (bad {len(rep.bad)}, duplicates {rep.duplicates})")
+    except Exception as err:  # noqa: BLE001 - CLI: one clear line, non-zero status
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
