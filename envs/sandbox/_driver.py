@@ -1,0 +1,146 @@
+"""Code run *inside* the sandbox, in front of the model's code.
+
+This file is not imported by the host: its source text is handed to the sandboxed interpreter with
+``python -I -c <source> MODE LIMITS_JSON [CTL_FD PIDNS]``. It must only use the standard library and run
+on any CPython >= 3.8 (the sandbox interpreter is not necessarily the host's).
+
+Modes:
+- ``cold``: read the whole program from stdin, point fd 0 at /dev/null, lower the resource limits
+  (soft = hard, so the program cannot raise them again), run the program once and exit with its status.
+- ``session``: a small REPL server. Requests arrive as JSON lines on the original stdin
+  (``{"code": str, "nonce": str}``); the program's stdout/stderr go to fd 1/2 (pipes read by the host),
+  followed by the nonce so the host knows where one call's output ends; the reply
+  (``{"exit_code": int, "error": str | null}``) is written as a JSON line to fd CTL_FD. Globals persist
+  between requests. When PIDNS is 1 (the driver runs in its own PID namespace) every other process of
+  the namespace is killed after each request, so nothing started by one call outlives it.
+"""
+
+import faulthandler
+import json
+import os
+import resource
+import signal
+import sys
+import traceback
+
+CODE_FILENAME = "<code>"
+
+
+def _apply_limits(limits):
+    for name, value in limits.items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+
+
+def _null_stdin():
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+
+
+def _print_exception(exc):
+    # Hide the driver's own frames: the model should only see frames of its code.
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != CODE_FILENAME:
+        tb = tb.tb_next
+    try:
+        traceback.print_exception(type(exc), exc, tb)
+    except BaseException:  # printing can fail too (closed stderr, limits): the exit code still tells
+        pass
+
+
+def _run(src, glb):
+    """Compile and run ``src`` in ``glb``; return (exit_code, exception type name or None)."""
+    try:
+        code = compile(src, CODE_FILENAME, "exec")
+        exec(code, glb)
+    except SystemExit as exc:
+        status = exc.code
+        if status is None:
+            return 0, None
+        if isinstance(status, int):
+            return status & 0xFF, None
+        try:
+            print(status, file=sys.stderr)
+        except BaseException:
+            pass
+        return 1, None
+    except BaseException as exc:
+        _print_exception(exc)
+        return 1, type(exc).__name__
+    return 0, None
+
+
+def _flush():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except BaseException:
+            pass
+
+
+def _fresh_globals():
+    return {"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None}
+
+
+def main_cold(limits):
+    src = sys.stdin.buffer.read()
+    _null_stdin()
+    faulthandler.enable()
+    _apply_limits(limits)
+    sys.argv = [CODE_FILENAME]
+    status, _ = _run(src, _fresh_globals())
+    _flush()
+    os._exit(status)
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def main_session(limits, ctl_fd, in_pidns):
+    ctl_in = os.fdopen(os.dup(0), "rb")
+    _null_stdin()
+    out_fd, err_fd = os.dup(1), os.dup(2)
+    faulthandler.enable()
+    cpu_s = limits.pop("RLIMIT_CPU", None)
+    _apply_limits(limits)
+    sys.argv = [CODE_FILENAME]
+    glb = _fresh_globals()
+    os.write(ctl_fd, b'{"ready": true}\n')
+    for line in ctl_in:
+        request = json.loads(line)
+        # Undo what the previous call may have done to the standard streams.
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        if cpu_s is not None:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            budget = int(usage.ru_utime + usage.ru_stime) + int(cpu_s) + 1
+            resource.setrlimit(resource.RLIMIT_CPU, (budget, resource.RLIM_INFINITY))
+        status, error = _run(request["code"], glb)
+        _flush()
+        if in_pidns:
+            try:
+                os.kill(-1, signal.SIGKILL)  # every process of the namespace but init and ourselves
+            except OSError:
+                pass
+            _reap()
+        nonce = request["nonce"].encode()
+        os.write(out_fd, nonce)
+        os.write(err_fd, nonce)
+        os.write(ctl_fd, json.dumps({"exit_code": status, "error": error}).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    _mode, _limits = sys.argv[1], json.loads(sys.argv[2])
+    if _mode == "cold":
+        main_cold(_limits)
+    else:
+        main_session(_limits, int(sys.argv[3]), sys.argv[4] == "1")

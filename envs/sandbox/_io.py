@@ -1,0 +1,133 @@
+"""Small helpers shared by the backends: capped output capture and process-tree killing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import time
+
+TRUNCATION_MARKER = "\n[... {omitted} bytes truncated ...]\n"
+
+
+class OutputCapture:
+    """Keeps the first and last ``limit // 2`` bytes of a stream and counts the rest.
+
+    ``feed`` costs O(len(chunk)); memory stays O(limit) whatever the stream's size.
+    """
+
+    def __init__(self, limit: int):
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            excess = len(self.tail) - self.tail_limit
+            if excess > 0:
+                del self.tail[:excess]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + len(self.tail)
+
+    def text(self) -> str:
+        """Decoded text (UTF-8, invalid bytes replaced), with a visible marker where bytes were cut."""
+        head = self.head.decode("utf-8", "replace")
+        tail = self.tail.decode("utf-8", "replace")
+        if not self.truncated:
+            return head + tail
+        omitted = self.total - len(self.head) - len(self.tail)
+        return head + TRUNCATION_MARKER.format(omitted=omitted) + tail
+
+
+_OOM_LINE = re.compile(r"^(MemoryError\b|.*\[Errno 12\] Cannot allocate memory)")
+
+
+def looks_like_oom(stderr: str) -> bool:
+    """True when the last non-empty line of ``stderr`` is a MemoryError / ENOMEM report."""
+    for line in reversed(stderr.splitlines()):
+        if line.strip():
+            return bool(_OOM_LINE.match(line.strip()))
+    return False
+
+
+def normalize_status(returncode: int | None) -> int | None:
+    """asyncio's negative 'killed by signal N' becomes the shell's 128 + N."""
+    if returncode is not None and returncode < 0:
+        return 128 - returncode
+    return returncode
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """False once ``pid`` is gone or a zombie (a PID-namespace init only turns zombie after its namespace
+    is empty, so this also waits for the sandbox's other processes)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
+
+
+async def kill_tree(proc: asyncio.subprocess.Process, uid: int | None = None, grace_s: float = 3.0) -> None:
+    """SIGKILL a launched sandbox: its direct children (the sandbox's PID-namespace init), its process
+    group and, when given, every process of the slot's ``uid``; then wait until they are gone (at most
+    ``grace_s``). Safe to call on a finished process. Callers keep reading stdout/stderr meanwhile (in
+    Python 3.11 ``Process.wait`` only returns once the pipes are closed); pipes still open after
+    ``grace_s`` are closed from our side."""
+    kids = _children(proc.pid) if proc.returncode is None else []
+    for pid in kids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    if uid is not None:
+        kill_uid(uid)
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=grace_s)
+    except asyncio.TimeoutError:
+        transport = getattr(proc, "_transport", None)  # no public way to close a Process's pipes
+        for fd in (0, 1, 2):
+            pipe = transport.get_pipe_transport(fd) if transport is not None else None
+            if pipe is not None:
+                pipe.close()
+        await asyncio.wait_for(proc.wait(), timeout=grace_s)
+    deadline = time.monotonic() + grace_s
+    while any(_alive(pid) for pid in kids) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+
+
+def kill_uid(uid: int) -> int:
+    """SIGKILL every process owned by ``uid`` (a uid reserved for one sandbox slot). Returns the count."""
+    n = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid == uid:
+                os.kill(int(name), signal.SIGKILL)
+                n += 1
+        except OSError:
+            continue
+    return n

@@ -1,0 +1,130 @@
+"""Configuration and result types of the Python sandbox (pydantic models)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+
+BackendName = Literal["auto", "bwrap", "unshare", "subprocess", "remote"]
+
+
+class ExecLimits(BaseModel):
+    """Resource limits applied to every call.
+
+    Units: seconds for times, MiB for sizes, bytes for ``max_output_bytes``. The wall-clock
+    ``timeout_s`` is enforced by the host (the whole process tree is killed at the deadline); the others
+    are rlimits set inside the sandbox before the model's code runs (soft = hard, so they cannot be raised).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_s: float = Field(10.0, gt=0, le=3600, description="wall-clock limit per call (s)")
+    cpu_s: int = Field(10, ge=1, le=3600, description="RLIMIT_CPU per process (s)")
+    memory_mb: int = Field(1024, ge=64, le=1 << 20, description="RLIMIT_AS address space (MiB)")
+    file_size_mb: int = Field(32, ge=1, le=1 << 20, description="RLIMIT_FSIZE largest file written (MiB)")
+    open_files: int = Field(64, ge=16, le=65536, description="RLIMIT_NOFILE")
+    max_processes: int = Field(
+        64, ge=4, le=65536, description="RLIMIT_NPROC, enforced only when the sandbox runs under its own uid"
+    )
+    tmp_size_mb: int = Field(64, ge=1, le=1 << 20, description="size of the private /tmp (bwrap)")
+    max_output_bytes: int = Field(
+        8192, ge=256, le=1 << 26, description="bytes kept per stream (head + tail); the rest is cut with a marker"
+    )
+    max_code_bytes: int = Field(1 << 20, ge=1, description="larger programs are refused without running")
+
+    def rlimits(self, with_nproc: bool) -> dict[str, int]:
+        """The rlimits (resource module names -> value) the driver applies inside the sandbox."""
+        mib = 1 << 20
+        out = {
+            "RLIMIT_CPU": int(self.cpu_s),
+            "RLIMIT_AS": int(self.memory_mb) * mib,
+            "RLIMIT_FSIZE": int(self.file_size_mb) * mib,
+            "RLIMIT_NOFILE": int(self.open_files),
+            "RLIMIT_CORE": 0,
+        }
+        if with_nproc:
+            out["RLIMIT_NPROC"] = int(self.max_processes)
+        return out
+
+
+class RemoteConfig(BaseModel):
+    """A SandboxFusion-compatible HTTP service (``POST {url}/run_code``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: HttpUrl
+    request_timeout_margin_s: float = Field(
+        10.0, ge=0, description="added to the call's timeout_s for the HTTP request timeout"
+    )
+    connect_timeout_s: float = Field(5.0, gt=0)
+    max_retries: int = Field(3, ge=0, le=20, description="retries on transport errors, 5xx and SandboxError")
+    backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubled each retry, with jitter")
+    max_concurrency: int = Field(32, ge=1, le=4096, description="requests in flight at once")
+    language: str = "python"
+
+
+class SandboxConfig(BaseModel):
+    """Which backend to use and how.
+
+    ``backend='auto'`` probes bwrap, then unshare; the plain subprocess backend (no network or
+    filesystem isolation) is only chosen, or accepted, with ``allow_unsafe=True``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: BackendName = "auto"
+    allow_unsafe: bool = Field(False, description="allow the subprocess backend (not network-isolated)")
+    limits: ExecLimits = Field(default_factory=ExecLimits)
+    max_concurrency: int = Field(8, ge=1, le=1024, description="sandboxed calls running at once")
+    max_sessions: int = Field(64, ge=1, le=4096, description="live persistent sessions; the idlest is evicted")
+    python: str = Field("/usr/bin/python3", description="interpreter inside the sandbox (absolute path)")
+    ro_binds: tuple[str, ...] = Field(
+        ("/usr", "/etc/alternatives", "/etc/ssl/certs", "/etc/localtime"),
+        description="host paths visible read-only in the bwrap sandbox (missing ones are skipped)",
+    )
+    extra_ro_binds: tuple[str, ...] = Field((), description="more read-only paths, e.g. a venv with numpy")
+    hide_paths: tuple[str, ...] = Field(
+        ("/root", "/home", "/work", "/mnt", "/srv", "/opt", "/run", "/var", "/media"),
+        description="unshare backend: host paths covered by an empty tmpfs (bwrap shows nothing unlisted)",
+    )
+    uid_base: int = Field(
+        200000, ge=1000, description="when run as root, each sandbox runs under its own uid from here on"
+    )
+    remote: RemoteConfig | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> SandboxConfig:
+        if self.backend == "remote" and self.remote is None:
+            raise ValueError("backend 'remote' needs a 'remote' section with the service url")
+        if not self.python.startswith("/"):
+            raise ValueError(f"python must be an absolute path, got {self.python!r}")
+        return self
+
+
+class ExecResult(BaseModel):
+    """What one sandboxed call produced.
+
+    ``exit_code`` is the program's status (None when it was killed at the deadline or never ran; for
+    the local backends a status above 128 means the program died of signal ``status - 128``).
+    ``stdout``/``stderr`` are decoded as UTF-8 with replacement characters and cut to
+    ``max_output_bytes`` each (``truncated`` then True and a marker is inside the text).
+    """
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    timed_out: bool = False
+    oom: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+    backend: str = ""
+    sandbox_error: str | None = Field(None, description="set when the sandbox itself failed (not the code)")
+    session_restarted: bool = Field(
+        False, description="an earlier session interpreter was lost (timeout, crash) and a fresh one started"
+    )
+
+    @property
+    def ok(self) -> bool:
+        """True when the program ran to completion with status 0."""
+        return self.exit_code == 0 and not self.timed_out and self.sandbox_error is None

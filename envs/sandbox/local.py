@@ -1,0 +1,443 @@
+"""Local sandbox backends: bubblewrap, ``unshare`` and a plain subprocess, cold calls and persistent sessions.
+
+Every call runs ``python -I`` (isolated from user site-packages and PYTHON* variables) with a cleared
+environment and stdin from /dev/null, under rlimits set by ``_driver.py`` before the model's code runs.
+At the deadline the sandbox's whole process tree is SIGKILLed (``_io.kill_tree``).
+
+When the host process is root, each slot (concurrent call or session) runs under its own unprivileged
+uid (``SandboxConfig.uid_base`` + k), so RLIMIT_NPROC is enforced (it is not for root) and a sandbox
+escape lands on a uid that owns nothing. Inside bwrap the code sees uid 65534.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from ._io import OutputCapture, kill_tree, kill_uid, looks_like_oom, normalize_status
+from .config import ExecLimits, ExecResult, SandboxConfig
+
+DRIVER_SOURCE = Path(__file__).with_name("_driver.py").read_text()
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+_PATH = "/usr/local/bin:/usr/bin:/bin"
+_READ_CHUNK = 1 << 16
+# Output beyond this many times max_output_bytes (at least 4 MiB) kills the call: a print loop must not
+# keep the host's event loop busy pumping data until the deadline.
+_FLOOD_FACTOR = 64
+_FLOOD_MIN = 4 << 20
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested backend cannot run on this machine (or is refused by the configuration)."""
+
+
+class _UidPool:
+    """Unprivileged uids, one per live slot; empty (None handed out) unless the host runs as root."""
+
+    def __init__(self, base: int, size: int):
+        self.enabled = os.geteuid() == 0
+        start = base + (os.getpid() % 1000) * 8192  # distinct ranges for processes sharing a node
+        self._free = list(range(start, start + size)) if self.enabled else []
+
+    def take(self) -> int | None:
+        return self._free.pop() if self.enabled else None
+
+    def give(self, uid: int | None) -> None:
+        if uid is not None:
+            self._free.append(uid)
+
+
+def _popen_user_kwargs(uid: int | None) -> dict:
+    if uid is None:
+        return {}
+    return {"user": uid, "group": uid, "extra_groups": []}
+
+
+class LocalSandbox:
+    """A sandbox backend run on this machine.
+
+    Args:
+        kind: ``"bwrap"``, ``"unshare"`` or ``"subprocess"``.
+        config: the validated :class:`SandboxConfig`.
+
+    Use :meth:`run` for a cold call (fresh interpreter) and :meth:`run_in_session` for calls that share
+    globals under a key (one long-lived sandboxed interpreter per key, at most ``config.max_sessions``;
+    the least recently used is closed when a new one is needed).
+    """
+
+    def __init__(self, kind: str, config: SandboxConfig):
+        if kind not in ("bwrap", "unshare", "subprocess"):
+            raise ValueError(f"unknown local backend {kind!r}")
+        self.kind = kind
+        self.name = kind
+        self.config = config
+        self.network_isolated = kind != "subprocess"
+        self._uids = _UidPool(config.uid_base, config.max_concurrency + config.max_sessions)
+        self._sem: asyncio.Semaphore | None = None
+        self._sem_loop: asyncio.AbstractEventLoop | None = None
+        self._sessions: OrderedDict[str, PythonSession] = OrderedDict()
+
+    # ------------------------------------------------------------------ command lines
+    def _python_argv(self, limits: ExecLimits, mode: str, ctl_fd: int | None, uid: int | None) -> list[str]:
+        with_nproc = uid is not None
+        argv = [self.config.python, "-I", "-c", DRIVER_SOURCE, mode, json.dumps(limits.rlimits(with_nproc))]
+        if mode == "session":
+            argv += [str(ctl_fd), "1" if self.network_isolated else "0"]
+        return argv
+
+    def _bwrap_argv(self, limits: ExecLimits) -> list[str]:
+        tmp_bytes = str(limits.tmp_size_mb << 20)
+        argv = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534"]
+        argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        for path in (*self.config.ro_binds, *self.config.extra_ro_binds):
+            if os.path.exists(path):
+                argv += ["--ro-bind", path, path]
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / name
+            if host.is_symlink():
+                argv += ["--symlink", os.readlink(host), str(host)]
+            elif host.is_dir() and str(host) not in self.config.ro_binds:
+                argv += ["--ro-bind", str(host), str(host)]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += ["--size", tmp_bytes, "--tmpfs", "/tmp", "--size", tmp_bytes, "--tmpfs", "/dev/shm"]
+        argv += ["--chdir", "/tmp", "--clearenv", "--setenv", "PATH", _PATH, "--setenv", "HOME", "/tmp"]
+        argv += ["--setenv", "LANG", "C.UTF-8", "--"]
+        return argv
+
+    def _unshare_argv(self, limits: ExecLimits, uid: int | None) -> list[str]:
+        hide = [p for p in (*self.config.hide_paths, _PROJECT_ROOT, os.getcwd()) if p not in ("/", "/usr")]
+        tmp_kb = limits.tmp_size_mb << 10
+        lines = ["set -e"]
+        for path in dict.fromkeys(hide):
+            lines.append(f"if [ -d '{path}' ]; then mount -t tmpfs -o size=4k,mode=0555 none '{path}'; fi")
+        lines.append(f"mount -t tmpfs -o size={tmp_kb}k,mode=1777 none /tmp")
+        lines.append(f"if [ -d /dev/shm ]; then mount -t tmpfs -o size={tmp_kb}k,mode=1777 none /dev/shm; fi")
+        lines.append("cd /tmp")
+        env = ["env", "-i", f"PATH={_PATH}", "HOME=/tmp", "LANG=C.UTF-8"]
+        if uid is not None:  # host is root: drop to the slot's uid, no capabilities, no new privileges
+            drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
+            drop += ["--bounding-set=-all", "--no-new-privs", "--"]
+        else:
+            drop = []
+        lines.append('exec ' + " ".join(drop + env) + ' "$@"')
+        argv = ["unshare"]
+        if os.geteuid() != 0:
+            argv += ["--user", "--map-root-user"]
+        argv += ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc"]
+        argv += ["--propagation", "private", "--", "/bin/sh", "-c", "\n".join(lines), "sandbox-sh"]
+        return argv
+
+    def _launch_spec(
+        self, limits: ExecLimits, mode: str, uid: int | None, ctl_fd: int | None = None
+    ) -> tuple[list[str], dict, str | None]:
+        """(argv, extra Popen kwargs, temporary working dir to delete afterwards)."""
+        py = self._python_argv(limits, mode, ctl_fd, uid)
+        if self.kind == "bwrap":
+            return self._bwrap_argv(limits) + py, _popen_user_kwargs(uid), None
+        if self.kind == "unshare":
+            return self._unshare_argv(limits, uid) + py, {}, None
+        # subprocess: `timeout` stands between us and the code, so os.getppid() is not the host process.
+        workdir = tempfile.mkdtemp(prefix="sandbox-")
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        os.chmod(workdir, 0o700)
+        env = {"PATH": _PATH, "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir}
+        wall = 86400 if mode == "session" else int(limits.timeout_s) + 5
+        argv = ["timeout", "-s", "KILL", str(wall), *py]
+        return argv, {"cwd": workdir, "env": env, **_popen_user_kwargs(uid)}, workdir
+
+    def _kill_uid(self, uid: int | None) -> int | None:
+        # Without namespaces, children that left our process group (setsid) still carry the slot's uid.
+        return uid if self.kind == "subprocess" else None
+
+    async def _cleanup_slot(self, uid: int | None, workdir: str | None) -> None:
+        if self._kill_uid(uid) is not None:
+            kill_uid(uid)
+        if workdir is not None:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+    # ------------------------------------------------------------------ concurrency
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._sem is None or self._sem_loop is not loop:
+            self._sem = asyncio.Semaphore(self.config.max_concurrency)
+            self._sem_loop = loop
+        return self._sem
+
+    # ------------------------------------------------------------------ cold calls
+    async def run(self, code: str, limits: ExecLimits | None = None) -> ExecResult:
+        """Run ``code`` in a fresh sandboxed interpreter and return its :class:`ExecResult`.
+
+        Never raises for anything the code does; returns within ``limits.timeout_s`` plus process
+        start-up and teardown (tens of milliseconds), after waiting for a free slot.
+        """
+        limits = limits or self.config.limits
+        src = code.encode("utf-8", "surrogateescape")
+        if len(src) > limits.max_code_bytes:
+            return ExecResult(backend=self.name, exit_code=None,
+                              sandbox_error=f"code is {len(src)} bytes, above max_code_bytes={limits.max_code_bytes}")
+        async with self._semaphore():
+            uid = self._uids.take()
+            workdir = None
+            try:
+                argv, kwargs, workdir = self._launch_spec(limits, "cold", uid)
+                return await self._run_cold(argv, kwargs, src, limits, uid)
+            finally:
+                await self._cleanup_slot(uid, workdir)
+                self._uids.give(uid)
+
+    async def _run_cold(
+        self, argv: list[str], kwargs: dict, src: bytes, limits: ExecLimits, uid: int | None
+    ) -> ExecResult:
+        t0 = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, **kwargs,
+            )
+        except OSError as exc:
+            return ExecResult(backend=self.name, sandbox_error=f"could not start the sandbox: {exc}")
+        out, err = OutputCapture(limits.max_output_bytes), OutputCapture(limits.max_output_bytes)
+        flood_cap = max(_FLOOD_MIN, _FLOOD_FACTOR * limits.max_output_bytes)
+        flooded = asyncio.Event()
+
+        async def pump(stream: asyncio.StreamReader, cap: OutputCapture) -> None:
+            while chunk := await stream.read(_READ_CHUNK):
+                cap.feed(chunk)  # after a flood: keep draining (and discarding) until the kill closes the pipe
+                if out.total + err.total > flood_cap:
+                    flooded.set()
+
+        async def feed() -> None:
+            with contextlib.suppress(ConnectionError, BrokenPipeError):
+                proc.stdin.write(src)
+                await proc.stdin.drain()
+                proc.stdin.close()
+
+        async def body() -> None:
+            await asyncio.gather(feed(), pump(proc.stdout, out), pump(proc.stderr, err))
+            await proc.wait()
+
+        timed_out = False
+        task = asyncio.ensure_future(body())
+        flood_wait = asyncio.ensure_future(flooded.wait())
+        try:
+            done, _ = await asyncio.wait({task, flood_wait}, timeout=limits.timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            timed_out = not done
+        finally:
+            # Normal exit, deadline, flood or cancellation of the caller: the tree dies here.
+            await kill_tree(proc, self._kill_uid(uid))
+            for t in (task, flood_wait):
+                t.cancel()
+            await asyncio.gather(task, flood_wait, return_exceptions=True)
+        duration = time.monotonic() - t0
+        stdout, stderr = out.text(), err.text()
+        status = None if timed_out else normalize_status(proc.returncode)
+        truncated = out.truncated or err.truncated or flooded.is_set()
+        if flooded.is_set() and not timed_out:
+            status = None
+            stderr += f"\n[output limit exceeded: killed after {out.total + err.total} bytes]"
+        return ExecResult(
+            stdout=stdout, stderr=stderr, exit_code=status, timed_out=timed_out,
+            oom=bool(status) and looks_like_oom(stderr), truncated=truncated,
+            duration_s=duration, backend=self.name,
+        )
+
+    # ------------------------------------------------------------------ sessions
+    async def run_in_session(self, key: str, code: str, limits: ExecLimits | None = None) -> ExecResult:
+        """Run ``code`` in the persistent interpreter of ``key`` (started on first use; restarted cleanly
+        after a timeout or crash, which ``ExecResult.session_restarted`` reports on the next call)."""
+        session = self._sessions.get(key)
+        if session is None:
+            while len(self._sessions) >= self.config.max_sessions:
+                _, oldest = self._sessions.popitem(last=False)
+                await oldest.close()
+            session = PythonSession(self, self.config.limits)
+            self._sessions[key] = session
+        self._sessions.move_to_end(key)
+        return await session.run(code, limits)
+
+    async def close_session(self, key: str) -> None:
+        """Kill the session of ``key`` (no-op when there is none)."""
+        session = self._sessions.pop(key, None)
+        if session is not None:
+            await session.close()
+
+    @property
+    def session_keys(self) -> list[str]:
+        return list(self._sessions)
+
+    async def aclose(self) -> None:
+        """Close every session."""
+        for key in list(self._sessions):
+            await self.close_session(key)
+
+
+class PythonSession:
+    """One long-lived sandboxed interpreter whose globals persist between calls.
+
+    The rlimits are those given at construction; each call has its own wall-clock deadline
+    (``limits.timeout_s``) and output cap. A call that times out, floods its output or kills the
+    interpreter ends the process; the next call starts a fresh one (state lost, reported).
+    """
+
+    def __init__(self, sandbox: LocalSandbox, limits: ExecLimits):
+        self.sandbox = sandbox
+        self.limits = limits
+        self._proc: asyncio.subprocess.Process | None = None
+        self._ctl: asyncio.StreamReader | None = None
+        self._ctl_transport: asyncio.BaseTransport | None = None
+        self._uid: int | None = None
+        self._workdir: str | None = None
+        self._lock = asyncio.Lock()
+        self.started_once = False
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def _start(self) -> None:
+        sb = self.sandbox
+        self._uid = sb._uids.take()
+        r, w = os.pipe()
+        try:
+            argv, kwargs, self._workdir = sb._launch_spec(self.limits, "session", self._uid, ctl_fd=w)
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, pass_fds=(w,), limit=1 << 20, **kwargs,
+            )
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        loop = asyncio.get_running_loop()
+        self._ctl = asyncio.StreamReader(limit=1 << 20)
+        self._ctl_transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(self._ctl), os.fdopen(r, "rb", buffering=0)
+        )
+        line = await asyncio.wait_for(self._ctl.readline(), timeout=30)
+        if not line.startswith(b'{"ready"'):
+            err = await asyncio.wait_for(self._proc.stderr.read(4096), timeout=5)
+            await self.close()
+            raise SandboxUnavailable(f"session failed to start: {err.decode('utf-8', 'replace')[-500:]}")
+        self.started_once = True
+
+    async def close(self) -> None:
+        """Kill the interpreter (idempotent)."""
+        if self._proc is not None:
+            await kill_tree(self._proc, self.sandbox._kill_uid(self._uid))
+            self._proc = None
+        if self._ctl_transport is not None:
+            self._ctl_transport.close()
+            self._ctl_transport = None
+        await self.sandbox._cleanup_slot(self._uid, self._workdir)
+        self.sandbox._uids.give(self._uid)
+        self._uid, self._workdir = None, None
+
+    async def run(self, code: str, limits: ExecLimits | None = None) -> ExecResult:
+        """Run ``code`` with the session's globals; see the class docstring."""
+        limits = limits or self.limits
+        name = f"{self.sandbox.name}-session"
+        if len(code.encode("utf-8", "surrogateescape")) > limits.max_code_bytes:
+            return ExecResult(backend=name, sandbox_error="code is above max_code_bytes")
+        async with self._lock:
+            restarted = False
+            if not self.alive:
+                restarted = self.started_once  # an earlier interpreter (and its globals) was lost
+                if self._proc is not None or self._uid is not None:
+                    await self.close()
+                t_start = time.monotonic()
+                try:
+                    await self._start()
+                except (OSError, asyncio.TimeoutError, SandboxUnavailable) as exc:
+                    await self.close()
+                    return ExecResult(backend=name, sandbox_error=f"could not start a session: {exc}",
+                                      duration_s=time.monotonic() - t_start)
+            async with self.sandbox._semaphore():
+                result = await self._call(code, limits, name)
+            result.session_restarted = restarted
+            return result
+
+    async def _call(self, code: str, limits: ExecLimits, name: str) -> ExecResult:
+        proc = self._proc
+        nonce = secrets.token_hex(16).encode()
+        out, err = OutputCapture(limits.max_output_bytes), OutputCapture(limits.max_output_bytes)
+        flood_cap = max(_FLOOD_MIN, _FLOOD_FACTOR * limits.max_output_bytes)
+        flooded = False
+
+        async def pump(stream: asyncio.StreamReader, cap: OutputCapture) -> None:
+            nonlocal flooded
+            keep = len(nonce) - 1
+            pending = b""
+            while True:
+                chunk = await stream.read(_READ_CHUNK)
+                if not chunk:
+                    cap.feed(pending)
+                    return
+                buf = pending + chunk
+                idx = buf.find(nonce)
+                if idx >= 0:
+                    cap.feed(buf[:idx])
+                    return
+                cap.feed(buf[:-keep])
+                pending = buf[-keep:]
+                if out.total + err.total > flood_cap:
+                    flooded = True
+                    with contextlib.suppress(OSError):
+                        os.killpg(proc.pid, signal.SIGKILL)  # ends the control pipe too
+                    return
+
+        async def exchange() -> dict | None:
+            request = json.dumps({"code": code, "nonce": nonce.decode()}, ensure_ascii=True) + "\n"
+            proc.stdin.write(request.encode())
+            await proc.stdin.drain()
+            pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
+            try:
+                reply = await self._ctl.readline()
+                await pumps
+            finally:
+                pumps.cancel()
+                await asyncio.gather(pumps, return_exceptions=True)
+            if flooded or not reply:
+                return None
+            return json.loads(reply)
+
+        t0 = time.monotonic()
+        timed_out, reply = False, None
+        try:
+            reply = await asyncio.wait_for(exchange(), timeout=limits.timeout_s)
+        except asyncio.TimeoutError:
+            timed_out = True
+        except (ConnectionError, BrokenPipeError, ValueError):
+            reply = None
+        finally:
+            if reply is None:  # deadline, flood, crash, garbage on the control pipe: start over next time
+                await self.close()
+        duration = time.monotonic() - t0
+        stdout, stderr = out.text(), err.text()
+        if timed_out:
+            return ExecResult(stdout=stdout, stderr=stderr, timed_out=True, truncated=out.truncated or err.truncated,
+                              duration_s=duration, backend=name)
+        if reply is None:
+            status = normalize_status(proc.returncode)
+            if flooded:
+                stderr += f"\n[output limit exceeded: killed after {out.total + err.total} bytes]"
+            return ExecResult(stdout=stdout, stderr=stderr, exit_code=None if flooded else status,
+                              truncated=flooded or out.truncated or err.truncated, duration_s=duration,
+                              oom=looks_like_oom(stderr), backend=name)
+        status = int(reply.get("exit_code", 1))
+        return ExecResult(
+            stdout=stdout, stderr=stderr, exit_code=status, oom=reply.get("error") == "MemoryError",
+            truncated=out.truncated or err.truncated, duration_s=duration, backend=name,
+        )

@@ -1,0 +1,97 @@
+"""Backend selection and the simple async entry point ``run_code``."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+
+from .config import ExecLimits, ExecResult, SandboxConfig
+from .local import LocalSandbox, SandboxUnavailable
+from .remote import RemoteSandbox
+
+logger = logging.getLogger(__name__)
+
+Sandbox = LocalSandbox | RemoteSandbox
+_PROBE_TIMEOUT_S = 20
+
+
+def probe_backend(kind: str, config: SandboxConfig | None = None) -> str | None:
+    """Run ``print(1+1)`` through backend ``kind`` synchronously; return None if it works, else why not.
+
+    Used once at start-up; takes tens of milliseconds when the backend works.
+    """
+    config = config or SandboxConfig()
+    tool = {"bwrap": "bwrap", "unshare": "unshare", "subprocess": "timeout"}[kind]
+    if shutil.which(tool) is None:
+        return f"{tool} not found on PATH"
+    sandbox = LocalSandbox(kind, config)
+    uid = sandbox._uids.take()
+    argv, kwargs, workdir = sandbox._launch_spec(config.limits, "cold", uid)
+    try:
+        proc = subprocess.run(argv, input=b"print(1+1)", capture_output=True, timeout=_PROBE_TIMEOUT_S,
+                              start_new_session=True, **kwargs)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{kind} probe failed: {exc}"
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if proc.returncode != 0 or proc.stdout != b"2\n":
+        return f"{kind} probe failed (status {proc.returncode}): {proc.stderr.decode('utf-8', 'replace')[-300:]}"
+    return None
+
+
+def make_sandbox(config: SandboxConfig | dict | None = None) -> Sandbox:
+    """Build the sandbox backend named by ``config.backend`` (validated with pydantic).
+
+    ``auto`` picks the first working of bwrap, unshare; then the plain subprocess backend only when
+    ``allow_unsafe`` is set. Raises :class:`SandboxUnavailable` when the requested backend does not work
+    here, or when the subprocess backend (no network isolation) is asked for without ``allow_unsafe``.
+    """
+    if not isinstance(config, SandboxConfig):
+        config = SandboxConfig.model_validate(config or {})
+    if config.backend == "remote":
+        return RemoteSandbox(config)
+    if config.backend == "subprocess" and not config.allow_unsafe:
+        raise SandboxUnavailable(
+            "the subprocess backend is not network- or filesystem-isolated; set allow_unsafe=true to use it"
+        )
+    candidates = ["bwrap", "unshare"] if config.backend == "auto" else [config.backend]
+    if config.backend == "auto" and config.allow_unsafe:
+        candidates.append("subprocess")
+    reasons = []
+    for kind in candidates:
+        reason = probe_backend(kind, config)
+        if reason is None:
+            if kind == "subprocess":
+                logger.warning("sandbox: using the subprocess backend: code is NOT network-isolated")
+            return LocalSandbox(kind, config)
+        reasons.append(reason)
+        logger.warning("sandbox: %s", reason)
+    hint = "" if config.allow_unsafe else " (the unisolated subprocess backend needs allow_unsafe=true)"
+    raise SandboxUnavailable("no sandbox backend works here: " + "; ".join(reasons) + hint)
+
+
+_default: Sandbox | None = None
+
+
+def default_sandbox() -> Sandbox:
+    """The process-wide sandbox built from ``SandboxConfig()`` (bwrap or unshare), created on first use."""
+    global _default
+    if _default is None:
+        _default = make_sandbox(SandboxConfig())
+    return _default
+
+
+async def run_code(code: str, limits: ExecLimits | dict | None = None, *, sandbox: Sandbox | None = None) -> ExecResult:
+    """Run Python ``code`` once in a sandbox and return its :class:`ExecResult`.
+
+    Args:
+        code: the program text.
+        limits: per-call :class:`ExecLimits` (or a dict of its fields); the sandbox's defaults if None.
+        sandbox: a backend from :func:`make_sandbox`; the process-wide default one if None.
+    """
+    if isinstance(limits, dict):
+        limits = ExecLimits.model_validate(limits)
+    sandbox = sandbox or default_sandbox()
+    return await sandbox.run(code, limits)

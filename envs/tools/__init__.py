@@ -1,0 +1,1 @@
+"""verl tools of the tool-use environment (``code_interpreter``)."""
