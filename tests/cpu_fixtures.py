@@ -1,8 +1,4 @@
-"""Helpers for the CPU backend tests: a tiny local model/tokenizer, a toy dataset, Ray cleanup.
-
-Nothing is downloaded: the tokenizer is a byte-level BPE trained on a few lines here, the model a
-random Qwen2 (hidden 64, 2 layers).
-"""
+"""Helpers for the CPU backend tests: tiny model/dataset (from ``stare_verl.cpu.tiny``), Ray cleanup."""
 
 from __future__ import annotations
 
@@ -15,89 +11,17 @@ import sys
 import time
 from pathlib import Path
 
+from stare_verl.cpu.tiny import build_tiny_model, build_toy_dataset  # noqa: F401  (re-exported)
+
 REPO = Path(__file__).resolve().parents[1]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
-
-
-def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0, hidden: int = 64, layers: int = 2) -> str:
-    """Write a random tiny Qwen2 causal LM + tokenizer to ``out_dir``; return the path (str)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    out = Path(out_dir)
-    if (out / "config.json").exists():
-        return str(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = [
-        "user assistant system What is 12 + 7? The answer is 19.",
-        "Count the letters a b c d e f g h i j k l m n o p q r s t u v w x y z 0 1 2 3 4 5 6 7 8 9",
-        "Say something short. ok yes no maybe aaaa bbbb",
-    ] * 4
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(corpus, trainer)
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
-    )
-    hf_tok.save_pretrained(out)
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(hf_tok),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=hf_tok.eos_token_id,
-        pad_token_id=hf_tok.pad_token_id,
-        bos_token_id=None,
-    )
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(out)
-    GenerationConfig(eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id).save_pretrained(out)
-    return str(out)
-
-
-def build_toy_dataset(out_dir: str | os.PathLike, n_train: int = 16, n_val: int = 4) -> tuple[str, str]:
-    """Write train/val parquet files (verl RLHFDataset columns); return their paths."""
-    import pandas as pd
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def rows(n, split):
-        return [
-            {
-                "data_source": "toy_letter_a",
-                "prompt": [{"role": "user", "content": f"Say something short {i}."}],
-                "ability": "toy",
-                "reward_model": {"style": "rule", "ground_truth": "a"},
-                "extra_info": {"split": split, "index": i},
-            }
-            for i in range(n)
-        ]
-
-    train, val = out / "train.parquet", out / "val.parquet"
-    pd.DataFrame(rows(n_train, "train")).to_parquet(train)
-    pd.DataFrame(rows(n_val, "val")).to_parquet(val)
-    return str(train), str(val)
 
 
 def ray_processes() -> list[int]:
     """PIDs of Ray processes (raylet, gcs_server, workers) started by this user."""
     try:
-        out = subprocess.run(["ps", "-u", str(os.getuid()), "-o", "pid=,args="], capture_output=True, text=True)
+        out = subprocess.run(
+            ["ps", "-u", str(os.getuid()), "-o", "pid=,args="], capture_output=True, text=True
+        )
     except OSError:
         return []
     pids = []

@@ -92,7 +92,9 @@ def run_main_ppo(name: str, assets) -> dict:
     t0 = time.time()
     with open(log_path, "w") as log:
         try:
-            proc = subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+            proc = subprocess.run(
+                cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
+            )
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -125,8 +127,14 @@ def test_stare_sync_two_ranks_end_to_end(assets):
         assert s["stare/model_tokens"] > 0
         assert abs(s["stare/batch_entropy"] - s["actor/entropy"]) < 1e-3
         assert s["stare/nonfinite_tokens"] == 0
-        for key in ("timing_s/gen", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
-                    "timing_s/update_weights", "timing_s/step"):
+        for key in (
+            "timing_s/gen",
+            "timing_s/old_log_prob",
+            "timing_s/adv",
+            "timing_s/update_actor",
+            "timing_s/update_weights",
+            "timing_s/step",
+        ):
             assert s[key] > 0, key
     # the policy changed: entropy moved between steps
     assert len({round(m[s]["actor/entropy"], 6) for s in (1, 2, 3)}) > 1

@@ -26,7 +26,11 @@ def make_server(model_path, seed=7, **hf):
     from verl.workers.config import HFModelConfig, RolloutConfig
 
     config = RolloutConfig(
-        name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=32, seed=seed,
+        name="hf",
+        tensor_model_parallel_size=1,
+        prompt_length=64,
+        response_length=32,
+        seed=seed,
         engine_kwargs={"hf": hf},
     )
     server = HFGenerationServer(config, HFModelConfig(path=model_path), replica_rank=0)
@@ -49,7 +53,9 @@ def test_batched_equals_one_by_one_under_greedy(model_path):
     async def main():
         server = await _launch(make_server(model_path))
         before = server.engine.steps_run
-        batched = await asyncio.gather(*[server.generate(p, dict(GREEDY), f"b{i}") for i, p in enumerate(PROMPTS)])
+        batched = await asyncio.gather(
+            *[server.generate(p, dict(GREEDY), f"b{i}") for i, p in enumerate(PROMPTS)]
+        )
         batched_passes = server.engine.steps_run - before
         single = [await server.generate(p, dict(GREEDY), f"s{i}") for i, p in enumerate(PROMPTS)]
         await server.shutdown()
@@ -106,7 +112,14 @@ def test_topk_minus_one_and_topp_one_mean_no_truncation(model_path):
 
     async def main():
         server = await _launch(make_server(model_path))
-        params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 16, "ignore_eos": True}
+        params = {
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": -1,
+            "logprobs": True,
+            "max_tokens": 16,
+            "ignore_eos": True,
+        }
         full = await server.generate(PROMPTS[3], dict(params), "full")
         topk = await server.generate(PROMPTS[3], dict(params, top_k=3), "k3")
         topp = await server.generate(PROMPTS[3], dict(params, top_p=0.05), "p")
@@ -169,7 +182,9 @@ def test_seeded_sampling_is_deterministic_and_global_steps_reported(model_path):
     async def sample(seed):
         server = await _launch(make_server(model_path, seed=seed))
         await server.set_global_steps(3)
-        outs = await asyncio.gather(*[server.generate(p, dict(params), f"x{i}") for i, p in enumerate(PROMPTS * 2)])
+        outs = await asyncio.gather(
+            *[server.generate(p, dict(params), f"x{i}") for i, p in enumerate(PROMPTS * 2)]
+        )
         await server.shutdown()
         return outs
 

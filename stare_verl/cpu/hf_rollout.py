@@ -80,9 +80,13 @@ class HFServerAdapter(_BaseRollout):
             NotImplementedError: delta wire format or LoRA adapters.
         """
         if wire_format != "named_tensors":
-            raise NotImplementedError(f"hf rollout supports wire_format='named_tensors' only, got {wire_format!r}")
+            raise NotImplementedError(
+                f"hf rollout supports wire_format='named_tensors' only, got {wire_format!r}"
+            )
         if kwargs.get("peft_config") is not None:
-            raise NotImplementedError("hf rollout cannot serve LoRA adapters; set actor_rollout_ref.model.lora.merge=True")
+            raise NotImplementedError(
+                "hf rollout cannot serve LoRA adapters; set actor_rollout_ref.model.lora.merge=True"
+            )
         global_steps = kwargs.get("global_steps")
         server = self._server_handle()
         bucket_bytes = int(self.config.checkpoint_engine.update_weights_bucket_megabytes) << 20
@@ -113,8 +117,12 @@ class HFReplica(_RolloutReplica):
                 f"hf rollout supports the hybrid engine only (sync / colocate_async trainers), got {self.rollout_mode}"
             )
         if len(self.workers) != self.world_size:
-            raise RuntimeError(f"replica {self.replica_rank}: {len(self.workers)} workers for world size {self.world_size}")
-        node_id = await self.workers[0].__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+            raise RuntimeError(
+                f"replica {self.replica_rank}: {len(self.workers)} workers for world size {self.world_size}"
+            )
+        node_id = await self.workers[0].__ray_call__.remote(
+            lambda self: ray.get_runtime_context().get_node_id()
+        )
         name = server_actor_name(self.replica_rank, self.name_suffix)
         server_cls = ray.remote(HFGenerationServer)
         server = server_cls.options(

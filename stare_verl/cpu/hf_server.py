@@ -181,9 +181,13 @@ class GenerationEngine:
             raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
         room = self.max_model_len - len(prompt)
         if room < 1:
-            raise ValueError(f"prompt length {len(prompt)} leaves no room under max_model_len {self.max_model_len}")
+            raise ValueError(
+                f"prompt length {len(prompt)} leaves no room under max_model_len {self.max_model_len}"
+            )
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self.eos_token_ids
+        )
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
             if self._stop:
@@ -225,7 +229,9 @@ class GenerationEngine:
                 if target is None:
                     raise KeyError(f"weight {name!r} is not in the rollout model")
                 if tuple(target.shape) != tuple(tensor.shape):
-                    raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
+                    raise ValueError(
+                        f"weight {name!r}: shape {tuple(tensor.shape)} != model {tuple(target.shape)}"
+                    )
                 target.copy_(tensor)
                 count += 1
         return count
@@ -247,7 +253,9 @@ class GenerationEngine:
     def _request_seed(self, prompt: list[int], params: SamplingParams) -> int:
         if params.seed is not None:
             return int(params.seed) & 0x7FFF_FFFF_FFFF_FFFF
-        key = hashlib.blake2b(torch.tensor(prompt, dtype=torch.int64).numpy().tobytes(), digest_size=16).digest()
+        key = hashlib.blake2b(
+            torch.tensor(prompt, dtype=torch.int64).numpy().tobytes(), digest_size=16
+        ).digest()
         n = self._prompt_counts[key]
         self._prompt_counts[key] = n + 1
         digest = hashlib.blake2b(key + f"{self.seed}:{n}".encode(), digest_size=8).digest()
@@ -292,7 +300,9 @@ class GenerationEngine:
 
     def _resolve(self, r: _Request, reason: str) -> None:
         if not r.future.done():
-            r.future.set_result(GenerationResult(list(r.tokens), list(r.log_probs), reason, self.global_steps))
+            r.future.set_result(
+                GenerationResult(list(r.tokens), list(r.log_probs), reason, self.global_steps)
+            )
 
     def _forward(self, input_ids, attention_mask, position_ids, cache):
         out = self.model(
@@ -318,7 +328,9 @@ class GenerationEngine:
         logits, cache = self._forward(ids, mask, pos, DynamicCache())
         for layer in cache.layers:
             if type(layer).__name__ != "DynamicLayer":
-                raise NotImplementedError(f"hf rollout supports full-attention caches only, got {type(layer).__name__}")
+                raise NotImplementedError(
+                    f"hf rollout supports full-attention caches only, got {type(layer).__name__}"
+                )
         tokens = self._sample(logits, new)
         lengths = mask.sum(-1)
         self._merge(new, cache, mask, lengths, tokens)
@@ -336,7 +348,9 @@ class GenerationEngine:
             width = max(self._mask.shape[1], mask.shape[1])
             old_pad, new_pad = width - self._mask.shape[1], width - mask.shape[1]
             for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
-                old_layer.keys = torch.cat([_left_pad(old_layer.keys, old_pad), _left_pad(new_layer.keys, new_pad)])
+                old_layer.keys = torch.cat(
+                    [_left_pad(old_layer.keys, old_pad), _left_pad(new_layer.keys, new_pad)]
+                )
                 old_layer.values = torch.cat(
                     [_left_pad(old_layer.values, old_pad), _left_pad(new_layer.values, new_pad)]
                 )
@@ -345,14 +359,24 @@ class GenerationEngine:
             self._last = torch.cat([self._last, last])
             self._rows = self._rows + list(new)
         else:
-            self._rows, self._cache, self._mask, self._next_pos, self._last = list(new), cache, mask, next_pos, last
+            self._rows, self._cache, self._mask, self._next_pos, self._last = (
+                list(new),
+                cache,
+                mask,
+                next_pos,
+                last,
+            )
         self._drop_finished()
 
     def _drop_finished(self) -> None:
         keep = []
         for i, r in enumerate(self._rows):
             last = r.tokens[-1] if r.tokens else None
-            if last in r.stop_ids or len(r.tokens) >= r.max_tokens or len(r.prompt) + len(r.tokens) >= self.max_model_len:
+            if (
+                last in r.stop_ids
+                or len(r.tokens) >= r.max_tokens
+                or len(r.prompt) + len(r.tokens) >= self.max_model_len
+            ):
                 self._resolve(r, STOP_COMPLETED)
             else:
                 keep.append(i)
@@ -417,7 +441,10 @@ def _left_pad(t: torch.Tensor, n: int, dim: int = 2) -> torch.Tensor:
 def eos_token_ids_of(model_config) -> list[int]:
     """EOS ids from a verl ``HFModelConfig``: generation config, then model config, then tokenizer."""
     ids: list[int] = []
-    for source in (getattr(model_config, "generation_config", None), getattr(model_config, "hf_config", None)):
+    for source in (
+        getattr(model_config, "generation_config", None),
+        getattr(model_config, "hf_config", None),
+    ):
         eos = getattr(source, "eos_token_id", None) if source is not None else None
         if eos is not None:
             ids.extend(eos if isinstance(eos, list | tuple) else [eos])
@@ -432,7 +459,10 @@ def load_model(path: str, dtype: str = "float32", attn_implementation: str = "sd
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+        path,
+        dtype=_DTYPES[dtype],
+        attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
     )
     model.eval()
     model.requires_grad_(False)
@@ -499,7 +529,13 @@ class HFGenerationServer:
         return self.engine
 
     def _default_max_tokens(self, prompt_len: int) -> int:
-        return max(0, min(self.config.response_length, self.config.prompt_length + self.config.response_length - prompt_len))
+        return max(
+            0,
+            min(
+                self.config.response_length,
+                self.config.prompt_length + self.config.response_length - prompt_len,
+            ),
+        )
 
     async def generate(
         self,
@@ -532,7 +568,10 @@ class HFGenerationServer:
         while self._paused:
             if self._reject:
                 return token_output(
-                    token_ids=[], log_probs=None, stop_reason=STOP_ABORTED, extra_fields={"global_steps": self.global_steps}
+                    token_ids=[],
+                    log_probs=None,
+                    stop_reason=STOP_ABORTED,
+                    extra_fields={"global_steps": self.global_steps},
                 )
             await self._resume_event.wait()
         result: GenerationResult = await asyncio.wrap_future(engine.submit(prompt_ids, params))

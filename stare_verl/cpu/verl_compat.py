@@ -45,7 +45,9 @@ def _installed_verl_version() -> str:
     try:
         return importlib.metadata.version("verl")
     except importlib.metadata.PackageNotFoundError as e:  # pragma: no cover - verl is a dependency
-        raise VerlVersionError("stare_verl.cpu needs verl installed (pip install 'verl[verl-core]==0.9.1')") from e
+        raise VerlVersionError(
+            "stare_verl.cpu needs verl installed (pip install 'verl[verl-core]==0.9.1')"
+        ) from e
 
 
 def check_verl_version() -> str:
