@@ -280,3 +280,78 @@ def test_verl_naive_reward_manager_runs_us_in_its_thread_pool(verl_reward):
     out = asyncio.run(go())
     assert out["reward_score"] == 1.0 and out["reward_extra_info"]["pred"] == r"\frac{1}{2}"
     assert threads == [False]  # verl called us from a worker thread
+
+
+def _char_batch(text, gt, extra_info, eos=None, pad=2):
+    import numpy as np
+    import torch
+    from verl import DataProto
+
+    ids = [ord(c) for c in text] + ([eos] if eos is not None else [])
+    n = len(ids)
+    return DataProto.from_dict(
+        tensors={"responses": torch.tensor([ids + [0] * pad]), "attention_mask": torch.tensor([[1] * n + [0] * pad])},
+        non_tensors={
+            "data_source": np.array(["aime"], dtype=object),
+            "reward_model": np.array([{"style": "rule", "ground_truth": gt}], dtype=object),
+            "extra_info": np.array([extra_info], dtype=object),
+        },
+    )
+
+
+class _CharTokenizer:
+    eos_token_id = 3
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(int(i)) for i in ids if int(i) > 3)
+
+    def get_vocab(self):
+        return {"<|im_end|>": 1}
+
+
+def test_math_reward_manager_supplies_length_and_eos(verl_reward):
+    from omegaconf import OmegaConf
+
+    from envs.reward_manager import MathRewardManager
+
+    get_custom_reward_fn, cfg = verl_reward
+    cfg.reward.custom_reward_function.reward_kwargs = {"overlong_buffer_len": 10}
+    fn = get_custom_reward_fn(cfg)
+    text = r"so \boxed{7}"  # 12 characters = 12 tokens
+    shared = {"index": 0}
+
+    async def score(data, limit):
+        conf = OmegaConf.create({"reward": {}, "actor_rollout_ref": {"rollout": {"response_length": limit}}})
+        mgr = MathRewardManager(conf, _CharTokenizer(), fn)
+        return await mgr.run_single(data)
+
+    # ends with EOS, 13 tokens of a 20-token limit: 3 tokens into the 10-token buffer -> -0.3
+    out = asyncio.run(score(_char_batch(text, "7", shared, eos=3), 20))
+    info = out["reward_extra_info"]
+    assert info["response_length"] == 13 and info["truncated"] is False
+    assert info["overlong_penalty"] == pytest.approx(-0.3) and out["reward_score"] == pytest.approx(0.7)
+    # no EOS and at the limit: truncated, scores 0 plus the full penalty
+    out = asyncio.run(score(_char_batch(text, "7", shared), 12))
+    assert out["reward_extra_info"]["truncated"] is True and out["reward_score"] == pytest.approx(-1.0)
+    # <|im_end|> (id 1, from the vocabulary) also counts as an end token
+    out = asyncio.run(score(_char_batch(text, "7", shared, eos=1), 13))
+    assert out["reward_extra_info"]["truncated"] is False
+    # an agent loop's own count (model tokens only) wins over the manager's
+    data = _char_batch(text, "7", shared, eos=3)
+    data.non_tensor_batch["tool_extra_fields"] = __import__("numpy").array([{"response_length": 5}], dtype=object)
+    out = asyncio.run(score(data, 20))
+    assert out["reward_extra_info"]["response_length"] == 5 and out["reward_extra_info"]["overlong_penalty"] == 0.0
+    assert shared == {"index": 0}  # the row's extra_info dict is not mutated
+
+
+def test_math_reward_manager_loads_the_way_verl_loads_it(verl_reward):
+    from omegaconf import OmegaConf
+    from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+    from verl.trainer.ppo.reward import resolve_reward_manager_cls
+
+    path = str(Path(__file__).resolve().parents[1] / "envs" / "reward_manager.py")
+    cfg = OmegaConf.create(
+        {"reward": {"reward_manager": {"source": "importlib", "name": "MathRewardManager", "module": {"path": path}}}}
+    )
+    cls = resolve_reward_manager_cls(cfg)
+    assert cls.__name__ == "MathRewardManager" and issubclass(cls, RewardManagerBase)
