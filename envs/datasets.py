@@ -341,13 +341,24 @@ def _read_local(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the hub answers an HTTP request within ``timeout_s`` (DNS included: run in a thread)."""
+    import threading
+
     import httpx
 
-    try:
-        httpx.head(HF_ENDPOINT, timeout=timeout_s)
-        return True
-    except httpx.HTTPError:
-        return False
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            httpx.head(HF_ENDPOINT, timeout=timeout_s)
+            result.append(True)
+        except Exception:  # noqa: BLE001 - any failure means unreachable
+            result.append(False)
+
+    th = threading.Thread(target=probe, daemon=True)
+    th.start()
+    th.join(timeout_s + 1.0)
+    return bool(result and result[0])
 
 
 @contextlib.contextmanager
@@ -376,8 +387,8 @@ def load_records(
     from_file: str | os.PathLike | None = None,
     offline: bool | None = None,
     cache_dir: str | None = None,
-) -> list[dict[str, Any]]:
-    """Raw records of a source split, from a local file or Hugging Face.
+) -> Iterable[dict[str, Any]]:
+    """Raw records of a source split, from a local file (a list) or Hugging Face (a lazy iterator).
 
     Args:
         name: a key of ``SOURCES``.
@@ -400,7 +411,7 @@ def load_records(
         offline = not _hub_reachable()
     import datasets
 
-    records: list[dict[str, Any]] = []
+    parts = []
     with _hub_mode(offline):
         for cfg in src.configs:
             try:
@@ -418,8 +429,8 @@ def load_records(
                     f"is reused afterwards), or pass a local copy with --from-file PATH "
                     f"(parquet/jsonl/json/csv with fields: {src.fields})."
                 ) from err
-            records.extend(dict(r) for r in ds)
-    return records
+            parts.append(ds)
+    return (dict(r) for ds in parts for r in ds)  # lazy: DAPO-Math-17k has ~1.8M (duplicated) rows
 
 
 def build_hub(
