@@ -1,9 +1,13 @@
-"""STARE's token selection and reweighting: pure PyTorch, no verl import.
+"""STARE's token selection and reweighting: pure NumPy, no verl import.
 
-Source: STARE (arXiv 2606.19236), "Per training step" steps 2-6 as written down in
-``shared/specs/stare.md``. All per-token tensors are ``[B, T]`` (B responses, T response tokens).
+Source: STARE (arXiv 2606.19236), "Per training step" steps 3-6 as written down in
+``shared/specs/stare.md``. All per-token arrays are ``[B, T]`` (B responses, T response tokens).
 ``response_mask`` is 1 for tokens the model generated and 0 for padding and for tool/observation
 tokens: only mask-1 tokens enter the quantiles, the gate's entropy and the weights.
+
+NumPy rather than torch: verl computes advantages on the driver's CPU, and on a loaded CPU
+NumPy's single-threaded boolean compaction and selection are an order of magnitude faster than
+torch's (see ``bench/bench_estimator.py``). ``stare_verl.stare`` converts at the boundary.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
-import torch
 
 
 def top_count(p: float, n: int) -> int:
@@ -26,17 +29,9 @@ def top_count(p: float, n: int) -> int:
     return math.ceil(Fraction(repr(float(p))) * int(n))
 
 
-def _kth_smallest(values: torch.Tensor, k: int) -> torch.Tensor:
-    """The k-th smallest entry (1 <= k <= numel) of a 1-D tensor, as a 0-d tensor of its dtype."""
-    if values.device.type == "cpu":
-        # numpy's introselect is ~2x faster than torch.kthvalue on CPU.
-        return torch.as_tensor(np.partition(values.numpy(), k - 1)[k - 1])
-    return torch.kthvalue(values, k).values
-
-
 def select_top_surprisal(
-    log_probs: torch.Tensor, candidates: torch.Tensor, ratio: float
-) -> tuple[torch.Tensor, float | None]:
+    log_probs: np.ndarray, candidates: np.ndarray, ratio: float
+) -> tuple[np.ndarray, float | None]:
     """Select exactly the top ``ceil(ratio * n)`` candidate tokens by surprisal ``s = -log_probs``.
 
     Ties at the threshold are broken deterministically: the earliest tokens in row-major order
@@ -52,46 +47,20 @@ def select_top_surprisal(
         ``(selected, threshold)``: ``[R, T]`` bool mask with exactly ``ceil(P * n)`` True entries, all within
         ``candidates``; and the smallest selected surprisal (nats), ``None`` when nothing is selected.
     """
-    n = int(torch.count_nonzero(candidates))
+    values = log_probs[candidates]
+    n = values.size
     k = top_count(ratio, n)
     if k == 0:
-        return torch.zeros_like(candidates), None
-    values = log_probs[candidates]
+        return np.zeros_like(candidates), None
     if k >= n:
-        return candidates.clone(), -float(values.max())
-    thr = _kth_smallest(values, k).to(log_probs.dtype)  # the k-th highest surprisal
+        return candidates.copy(), -float(values.max())
+    thr = np.partition(values, k - 1)[k - 1]  # k-th smallest log-prob = k-th highest surprisal
     selected = candidates & (log_probs < thr)
-    need = k - int(torch.count_nonzero(selected))
+    need = k - int(np.count_nonzero(selected))
     ties = candidates & (log_probs == thr)
-    if int(torch.count_nonzero(ties)) > need:
-        order = torch.cumsum(ties.reshape(-1), dim=0, dtype=torch.int64).view_as(ties)
-        ties &= order <= need
+    if int(np.count_nonzero(ties)) > need:
+        ties &= (np.cumsum(ties.ravel()) <= need).reshape(ties.shape)
     return selected | ties, -float(thr)
-
-
-def select_in_chunks(
-    log_probs: torch.Tensor, candidates: torch.Tensor, ratio: float, chunk_rows: list[torch.Tensor] | None
-) -> tuple[torch.Tensor, float | None]:
-    """``select_top_surprisal`` over all rows (``chunk_rows=None``) or separately within row groups.
-
-    Args:
-        log_probs, candidates, ratio: as for ``select_top_surprisal``.
-        chunk_rows: list of 1-D index tensors partitioning the rows; each part selects ``ceil(P * n_c)``
-            of its own candidates, as the reference code does per micro-batch.
-
-    Returns:
-        The selection ``[R, T]`` bool and the mean of the per-part thresholds (None if nothing selected).
-    """
-    if chunk_rows is None:
-        return select_top_surprisal(log_probs, candidates, ratio)
-    selected = torch.zeros_like(candidates)
-    thresholds = []
-    for rows in chunk_rows:
-        sel, thr = select_top_surprisal(log_probs[rows], candidates[rows], ratio)
-        selected[rows] = sel
-        if thr is not None:
-            thresholds.append(thr)
-    return selected, (sum(thresholds) / len(thresholds) if thresholds else None)
 
 
 @dataclass(frozen=True)
@@ -106,7 +75,7 @@ class TokenMasks:
         entropy_sum: sum of the entropy over valid tokens (nats).
     """
 
-    valid: torch.Tensor
+    valid: np.ndarray
     n_model: int
     n_valid: int
     entropy_sum: float
@@ -122,38 +91,37 @@ class TokenMasks:
         return self.entropy_sum / self.n_valid if self.n_valid else None
 
 
-def token_masks(
-    response_mask: torch.Tensor, old_log_probs: torch.Tensor, entropys: torch.Tensor
-) -> TokenMasks:
+def token_masks(response_mask: np.ndarray, old_log_probs: np.ndarray, entropys: np.ndarray) -> TokenMasks:
     """Find the valid model tokens of a batch and their entropy sum (STARE step 3's H_batch numerator).
 
     Args:
         response_mask: ``[B, T]`` bool/int/float, 1 (or True) for model tokens, 0 elsewhere.
         old_log_probs: ``[B, T]`` float log-probs (nats). entropys: ``[B, T]`` float entropy (nats).
 
-    The common case (every model token finite) costs two dot products; NaN/inf anywhere in the masked
-    sums switches to an exact per-token check.
+    The common case (every model token finite) needs two dot products; a NaN/inf in either switches to
+    an exact per-token check.
 
     Raises:
-        ValueError: the three tensors are not 2-D of one shape.
+        ValueError: the three arrays are not 2-D of one shape.
     """
-    if response_mask.dim() != 2:
+    if response_mask.ndim != 2:
         raise ValueError(f"response_mask must be [B, T], got shape {tuple(response_mask.shape)}")
-    for name, t in (("old_log_probs", old_log_probs), ("entropys", entropys)):
-        if t.shape != response_mask.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, response_mask {tuple(response_mask.shape)}")
-    model = response_mask if response_mask.dtype == torch.bool else response_mask > 0
-    weights = model.to(entropys.dtype).reshape(-1)
-    n_model = int(torch.count_nonzero(model))
-    ent_sum = torch.dot(entropys.reshape(-1), weights)
-    lp_sum = torch.dot(old_log_probs.reshape(-1).to(weights.dtype), weights)
-    if bool(torch.isfinite(ent_sum)) and bool(torch.isfinite(lp_sum)):
+    for name, a in (("old_log_probs", old_log_probs), ("entropys", entropys)):
+        if a.shape != response_mask.shape:
+            raise ValueError(f"{name} has shape {tuple(a.shape)}, response_mask {tuple(response_mask.shape)}")
+    model = response_mask if response_mask.dtype == np.bool_ else response_mask > 0
+    n_model = int(np.count_nonzero(model))
+    weights = model.ravel().astype(entropys.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ent_sum = np.dot(entropys.ravel(), weights)
+        lp_sum = np.dot(old_log_probs.ravel(), weights.astype(old_log_probs.dtype, copy=False))
+    if np.isfinite(ent_sum) and np.isfinite(lp_sum):
         return TokenMasks(valid=model, n_model=n_model, n_valid=n_model, entropy_sum=float(ent_sum))
-    valid = model & torch.isfinite(old_log_probs) & torch.isfinite(entropys)
-    ent_clean = torch.where(valid, entropys, 0).reshape(-1)
-    ent_sum = torch.dot(ent_clean, weights)
+    valid = model & np.isfinite(old_log_probs) & np.isfinite(entropys)
+    # same dot over the same terms as the fast path, so both paths give bit-identical sums
+    ent_sum = np.dot(np.where(valid, entropys, 0).ravel(), weights)
     return TokenMasks(
-        valid=valid, n_model=n_model, n_valid=int(torch.count_nonzero(valid)), entropy_sum=float(ent_sum)
+        valid=valid, n_model=n_model, n_valid=int(np.count_nonzero(valid)), entropy_sum=float(ent_sum)
     )
 
 
@@ -162,29 +130,32 @@ class Selection:
     """L+ or L- of one batch in row-compact form.
 
     Attributes:
-        rows: 1-D long tensor, the rows (responses) whose advantage has the set's sign, ascending.
+        rows: 1-D int array, the rows (responses) whose advantage has the set's sign, ascending.
         selected: ``[len(rows), T]`` bool, the chosen tokens within those rows.
         count: number of chosen tokens.
-        threshold: smallest chosen surprisal (nats), None when the set is empty.
+        threshold: smallest chosen surprisal (nats; the mean over chunks for chunked selection), None when
+            the set is empty.
     """
 
-    rows: torch.Tensor
-    selected: torch.Tensor
+    rows: np.ndarray
+    selected: np.ndarray
     count: int
     threshold: float | None
 
 
 def select_token_set(
-    row_advantages: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    valid: torch.Tensor,
+    row_advantages: np.ndarray,
+    old_log_probs: np.ndarray,
+    valid: np.ndarray,
     ratio: float,
     sign: int,
     chunk_size: int | None = None,
 ) -> Selection:
     """Pick L+ (``sign=+1``: top-P surprisal among valid tokens with A > 0) or L- (``sign=-1``, A < 0).
 
-    Tokens with A == 0 are never selected. Source: STARE step 4.
+    Tokens with A == 0 are never selected. Source: STARE step 4. With ``chunk_size`` the selection is made
+    separately within each block of ``chunk_size`` consecutive sequences (``ceil(P * n_c)`` per block), as
+    the reference code does per micro-batch.
 
     Args:
         row_advantages: ``[B]`` float, each response's (outcome) advantage.
@@ -192,29 +163,26 @@ def select_token_set(
         valid: ``[B, T]`` bool, model tokens with finite log-prob and entropy.
         ratio: P in (0, 1].
         sign: +1 for L+, -1 for L-.
-        chunk_size: ``None`` for whole-batch selection, else sequences per chunk (consecutive rows).
+        chunk_size: ``None`` for whole-batch selection, else sequences per chunk.
     """
-    rows = torch.nonzero(row_advantages > 0 if sign > 0 else row_advantages < 0).reshape(-1)
-    chunk_rows = None
-    if chunk_size is not None and chunk_size < old_log_probs.shape[0]:
-        chunk_id = rows // chunk_size
-        chunk_rows = [torch.nonzero(chunk_id == c).reshape(-1) for c in torch.unique(chunk_id).tolist()]
-    sel, thr = select_in_chunks(old_log_probs[rows].detach(), valid[rows], ratio, chunk_rows)
-    return Selection(rows=rows, selected=sel, count=int(torch.count_nonzero(sel)), threshold=thr)
+    rows = np.flatnonzero(row_advantages > 0 if sign > 0 else row_advantages < 0)
+    lp, cand = old_log_probs[rows], valid[rows]
+    if chunk_size is None or chunk_size >= old_log_probs.shape[0]:
+        sel, thr = select_top_surprisal(lp, cand, ratio)
+    else:
+        sel = np.zeros_like(cand)
+        thresholds = []
+        chunk_of_row = rows // chunk_size
+        for c in np.unique(chunk_of_row):
+            part = np.flatnonzero(chunk_of_row == c)
+            sel[part], t = select_top_surprisal(lp[part], cand[part], ratio)
+            if t is not None:
+                thresholds.append(t)
+        thr = sum(thresholds) / len(thresholds) if thresholds else None
+    return Selection(rows=rows, selected=sel, count=int(np.count_nonzero(sel)), threshold=thr)
 
 
-def row_advantages(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Each response's scalar advantage ``[B]``, read at its first model token (0 for an empty row).
-
-    Args:
-        advantages: ``[B, T]`` float outcome advantages (one value per row, 0 outside the mask).
-        response_mask: ``[B, T]`` bool, model tokens.
-    """
-    first = torch.argmax(response_mask.to(torch.uint8), dim=1)
-    return advantages.gather(1, first[:, None]).squeeze(1)
-
-
-def reweight_advantages(advantages: torch.Tensor, sets: list[tuple[Selection, float]]) -> torch.Tensor:
+def reweight_advantages(advantages: np.ndarray, sets: list[tuple[Selection, float]]) -> np.ndarray:
     """Effective advantage ``A_eff = omega * A``: omega = the set's weight on its tokens, 1 elsewhere.
 
     Source: STARE steps 5-6. Positions outside the sets keep their advantage bit for bit, so masked
@@ -225,12 +193,13 @@ def reweight_advantages(advantages: torch.Tensor, sets: list[tuple[Selection, fl
         sets: ``(selection, weight)`` pairs, e.g. ``[(L+, W), (L-, M)]``; their rows are disjoint.
 
     Returns:
-        A new ``[B, T]`` tensor of the dtype of ``advantages``.
+        A new ``[B, T]`` array of the dtype of ``advantages``.
     """
-    out = advantages.clone()
+    out = advantages.copy()
     for sel, weight in sets:
         if sel.count == 0:
             continue
-        part = advantages[sel.rows]
-        out[sel.rows] = torch.where(sel.selected, part * weight, part)
+        r, c = np.nonzero(sel.selected)
+        rows = sel.rows[r]
+        out[rows, c] = advantages[rows, c] * np.asarray(weight, dtype=advantages.dtype)
     return out

@@ -6,10 +6,16 @@ Source: STARE steps 2-6 (``shared/specs/stare.md``). The GRPO advantage (step 1)
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from stare_verl.controller import StareController
-from stare_verl.core import reweight_advantages, row_advantages, select_token_set, token_masks
+from stare_verl.core import reweight_advantages, select_token_set, token_masks
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU NumPy view (no copy for CPU tensors) of a detached tensor."""
+    return t.detach().cpu().numpy()
 
 
 def stare_reweight(
@@ -46,14 +52,17 @@ def stare_reweight(
             f"advantages {tuple(advantages.shape)} vs response_mask {tuple(response_mask.shape)}"
         )
     cfg = controller.config
-    masks = token_masks(response_mask, old_log_probs, entropys)
+    adv_np, mask_np = _numpy(advantages), _numpy(response_mask)
+    lp_np, ent_np = _numpy(old_log_probs), _numpy(entropys)
+    masks = token_masks(mask_np, lp_np, ent_np)
     decision = controller.step(masks.batch_entropy)
     chunk = cfg.chunk_size if cfg.scope == "chunk" else None
-    row_adv = row_advantages(advantages, masks.valid)
-    l_plus = select_token_set(row_adv, old_log_probs, masks.valid, cfg.top_p_ratio, +1, chunk)
+    # outcome advantages are constant along a row and 0 off the mask: the row sum has the row's sign
+    row_adv = adv_np.sum(axis=1)
+    l_plus = select_token_set(row_adv, lp_np, masks.valid, cfg.top_p_ratio, +1, chunk)
     l_minus = None
     if cfg.variant == "C2":
-        l_minus = select_token_set(row_adv, old_log_probs, masks.valid, cfg.top_p_ratio, -1, chunk)
+        l_minus = select_token_set(row_adv, lp_np, masks.valid, cfg.top_p_ratio, -1, chunk)
     n_minus = l_minus.count if l_minus is not None else 0
 
     w_eff, m_eff = 1.0, 1.0
@@ -64,7 +73,7 @@ def stare_reweight(
         if l_minus is not None:
             m_eff = decision.m
             sets.append((l_minus, m_eff))
-        out = reweight_advantages(advantages, sets)
+        out = torch.from_numpy(reweight_advantages(adv_np, sets)).to(advantages.device)
     n = max(masks.n_model, 1)
     metrics = {
         "stare/gate_on": float(decision.gate_on),
