@@ -6,7 +6,8 @@ Three runs of a tiny local Qwen2 on the toy "letter a" task (rewards vary within
   (tensor_model_parallel_size=2, so rank 1 only drains the weight stream), validation before and
   after training, 3 steps;
 - ``no_sync``: verl's ``sync`` mode and GRPO with weight sync disabled (negative control);
-- ``async_tool``: ``colocate_async`` with verl's ``tool_agent`` loop and a tool config.
+- ``async_tool``: ``colocate_async`` with verl's ``tool_agent`` loop and a tool config, 2 ranks with
+  one replica each (two servers behind verl's load balancer).
 
 Each run writes verl's ``file`` logger JSONL, which the assertions parse; every Ray process a run
 started must be gone afterwards.
@@ -49,6 +50,8 @@ RUNS = {
     ],
     "async_tool": [
         "trainer.total_training_steps=2",
+        "trainer.n_gpus_per_node=2",
+        "ray_kwargs.ray_init.num_gpus=2",
         "trainer.v1.trainer_mode=colocate_async",
         "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={REPO / 'recipes' / 'cpu' / 'noop_tool.yaml'}",
