@@ -59,7 +59,14 @@ def bench_generate(model, prompts, max_tokens: int, pad_id: int) -> tuple[float,
 
 async def bench_server(server, prompts, max_tokens: int) -> tuple[float, int]:
     """All prompts sent concurrently to the hf server: (seconds, generated tokens)."""
-    params = {"temperature": 0, "top_k": -1, "top_p": 1.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": True}
+    params = {
+        "temperature": 0,
+        "top_k": -1,
+        "top_p": 1.0,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "logprobs": True,
+    }
     t0 = time.perf_counter()
     outs = await asyncio.gather(*[server.generate(p, dict(params), f"r{i}") for i, p in enumerate(prompts)])
     dt = time.perf_counter() - t0
@@ -129,7 +136,9 @@ def train_breakdown(model_path: str, workdir: Path) -> dict:
     ]
     t0 = time.perf_counter()
     with open(workdir / "train.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900).returncode
+        rc = subprocess.run(
+            cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900
+        ).returncode
     wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"main_ppo failed (rc={rc}); see {workdir / 'train.log'}")
@@ -163,7 +172,9 @@ def main() -> None:
         if args.skip_train:
             return
         bd = train_breakdown(model_path, tmp)
-        print(f"main_ppo on CPU, 2 steps (tiny Qwen2, 4 prompts x 4 samples, 16 tokens), wall {bd['wall_s']:.1f} s")
+        print(
+            f"main_ppo on CPU, 2 steps (tiny Qwen2, 4 prompts x 4 samples, 16 tokens), wall {bd['wall_s']:.1f} s"
+        )
         print("step  " + "  ".join(f"{k:>14}" for k in TIMING_KEYS))
         for step, t in sorted(bd["steps"].items()):
             print(f"{step:>4}  " + "  ".join(f"{t[k]:>14.3f}" for k in TIMING_KEYS))
