@@ -43,6 +43,8 @@ _FRAC_SHORT_RE = re.compile(r"\\frac(?![A-Za-z])\s*([0-9A-Za-z])\s*([0-9A-Za-z])
 _FRAC_HALF_SHORT_RE = re.compile(r"\\frac(?![A-Za-z])\s*\{([^{}]*)\}\s*(\d)")
 _SQRT_SHORT_RE = re.compile(r"\\sqrt(?![A-Za-z])\s*([0-9A-Za-z])")
 _SPACING_RE = re.compile(r"\\[,!;:> ]|~|\\quad|\\qquad")
+_DEGREE_RE = re.compile(r"(?<=[\d}.])\s*\^\s*\{?\s*\\circ\s*\}?|(?<=[\d}.])\s*\\circ(?![A-Za-z])")
+_WS_RE = re.compile(r"(\\[A-Za-z]+)?\s+(?=(.?))", re.S)
 _WRAPPER_RE = re.compile(r"^\\(?:boxed|fbox)\s*\{(.*)\}$", re.S)
 
 
@@ -82,6 +84,12 @@ def _balanced(s: str) -> bool:
     return depth == 0
 
 
+def _drop_space(m: re.Match) -> str:
+    """Whitespace goes, except one space between a command and a letter (``\\pi r`` is not ``\\pir``)."""
+    cmd = m.group(1) or ""
+    return cmd + " " if cmd and m.group(2).isalpha() else cmd
+
+
 def normalize_answer(ans: str | None) -> str:
     """Canonical string for an extracted answer (see the module docstring for the rules).
 
@@ -103,7 +111,7 @@ def normalize_answer(ans: str | None) -> str:
     s = s.replace("{,}", ",")
     s = _SPACING_RE.sub(" ", s)
     # degrees, percent, currency
-    s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\circ", "").replace("°", "")
+    s = _DEGREE_RE.sub("", s).replace("°", "")
     s = s.replace("\\%", "").replace("%", "").replace("\\$", "")
     if s.startswith("$") and not s.endswith("$"):
         s = s[1:]
@@ -127,7 +135,7 @@ def normalize_answer(ans: str | None) -> str:
     s = _FRAC_HALF_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
     s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
     s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s)
-    s = re.sub(r"\s+", "", s)
+    s = _WS_RE.sub(_drop_space, s)
     if _THOUSANDS_RE.match(s):
         s = s.replace(",", "")
     s = s.rstrip(".")

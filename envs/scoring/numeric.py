@@ -187,8 +187,10 @@ def _pow(a, e):
     if not e[1] or Fraction(ev).denominator != 1 or abs(ev) > _MAX_EXP:
         raise _Fail  # non-integer or huge exponents: math-verify decides
     k = int(ev)
-    if a[0] == 0 and k < 0:
-        raise _Fail
+    if a[0] == 0:
+        if k <= 0:
+            raise _Fail  # 0^0 and 0^-k: leave to math-verify
+        return (Fraction(0), True) if a[1] else (0.0, False)
     if a[1]:
         if a[0] != 0 and abs(math.log10(abs(float(a[0])) or 1e-300)) * abs(k) > 60:
             raise _Fail
