@@ -28,7 +28,9 @@ CODE_FILENAME = "<code>"
 
 def _apply_limits(limits):
     for name, value in limits.items():
-        resource.setrlimit(getattr(resource, name), (value, value))
+        # CPU: SIGXCPU (a visible cause of death) at the soft limit, SIGKILL one second later.
+        hard = value + 1 if name == "RLIMIT_CPU" else value
+        resource.setrlimit(getattr(resource, name), (value, hard))
 
 
 def _null_stdin():

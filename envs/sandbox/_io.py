@@ -119,15 +119,24 @@ async def kill_tree(proc: asyncio.subprocess.Process, uid: int | None = None, gr
 
 
 def kill_uid(uid: int) -> int:
-    """SIGKILL every process owned by ``uid`` (a uid reserved for one sandbox slot). Returns the count."""
+    """SIGKILL every live (non-zombie) process owned by ``uid`` (a uid reserved for one sandbox slot).
+    Returns how many were found."""
     n = 0
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            if os.stat(f"/proc/{name}").st_uid == uid:
+            if os.stat(f"/proc/{name}").st_uid == uid and _alive(int(name)):
                 os.kill(int(name), signal.SIGKILL)
                 n += 1
         except OSError:
             continue
     return n
+
+
+async def clear_uid(uid: int, grace_s: float = 3.0) -> None:
+    """Kill the processes of a slot's ``uid`` until none is alive (at most ``grace_s``), so the slot is
+    handed back empty: nothing outlives its call and RLIMIT_NPROC starts from zero for the next one."""
+    deadline = time.monotonic() + grace_s
+    while kill_uid(uid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)

@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from ._io import OutputCapture, kill_tree, kill_uid, looks_like_oom, normalize_status
+from ._io import OutputCapture, clear_uid, kill_tree, looks_like_oom, normalize_status
 from .config import ExecLimits, ExecResult, SandboxConfig
 
 DRIVER_SOURCE = Path(__file__).with_name("_driver.py").read_text()
@@ -110,6 +110,7 @@ class LocalSandbox:
                 argv += ["--ro-bind", str(host), str(host)]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--size", tmp_bytes, "--tmpfs", "/tmp", "--size", tmp_bytes, "--tmpfs", "/dev/shm"]
+        argv += ["--remount-ro", "/"]  # the sandbox's own root tmpfs: only /tmp and /dev/shm stay writable
         argv += ["--chdir", "/tmp", "--clearenv", "--setenv", "PATH", _PATH, "--setenv", "HOME", "/tmp"]
         argv += ["--setenv", "LANG", "C.UTF-8", "--"]
         return argv
@@ -129,7 +130,9 @@ class LocalSandbox:
             drop += ["--bounding-set=-all", "--no-new-privs", "--"]
         else:
             drop = []
-        lines.append('exec ' + " ".join(drop + env) + ' "$@"')
+        # The unprivileged shell stays as the namespace's init and waits for Python, so a death by signal
+        # comes back as status 128 + N (unshare itself cannot re-raise it here).
+        lines.append("exec " + " ".join(drop + env) + ' /bin/sh -c \'"$@"; exit $?\' sandbox-init "$@"')
         argv = ["unshare"]
         if os.geteuid() != 0:
             argv += ["--user", "--map-root-user"]
@@ -142,10 +145,13 @@ class LocalSandbox:
     ) -> tuple[list[str], dict, str | None]:
         """(argv, extra Popen kwargs, temporary working dir to delete afterwards)."""
         py = self._python_argv(limits, mode, ctl_fd, uid)
+        # The launcher itself gets a minimal environment too: bwrap's PID-1 process inside the sandbox
+        # keeps the environment it was started with, readable through /proc/1/environ.
+        launcher_env = {"PATH": _PATH, "LANG": "C.UTF-8"}
         if self.kind == "bwrap":
-            return self._bwrap_argv(limits) + py, _popen_user_kwargs(uid), None
+            return self._bwrap_argv(limits) + py, {"env": launcher_env, **_popen_user_kwargs(uid)}, None
         if self.kind == "unshare":
-            return self._unshare_argv(limits, uid) + py, {}, None
+            return self._unshare_argv(limits, uid) + py, {"env": launcher_env}, None
         # subprocess: `timeout` stands between us and the code, so os.getppid() is not the host process.
         workdir = tempfile.mkdtemp(prefix="sandbox-")
         if uid is not None:
@@ -161,8 +167,8 @@ class LocalSandbox:
         return uid if self.kind == "subprocess" else None
 
     async def _cleanup_slot(self, uid: int | None, workdir: str | None) -> None:
-        if self._kill_uid(uid) is not None:
-            kill_uid(uid)
+        if uid is not None:
+            await clear_uid(uid)
         if workdir is not None:
             await asyncio.to_thread(shutil.rmtree, workdir, True)
 
