@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,35 +14,42 @@ from stare_verl.cpu.tiny import build_tiny_model, build_toy_dataset  # noqa: F40
 REPO = Path(__file__).resolve().parents[1]
 
 
-def ray_processes() -> list[int]:
-    """PIDs of Ray processes (raylet, gcs_server, workers) started by this user."""
-    try:
-        out = subprocess.run(
-            ["ps", "-u", str(os.getuid()), "-o", "pid=,args="], capture_output=True, text=True
-        )
-    except OSError:
-        return []
+RUN_TAG_ENV = "STARE_CPU_TEST_RUN"
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """PIDs of live processes whose environment has ``STARE_CPU_TEST_RUN=<tag>``.
+
+    A test starts ``main_ppo`` with a unique tag; every process it spawns (Ray's gcs_server, raylet,
+    workers, actors) inherits it, so leftovers are found without touching anyone else's processes.
+    """
+    needle = f"{RUN_TAG_ENV}={tag}".encode()
     pids = []
-    for line in out.stdout.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if re.search(r"(raylet|gcs_server|ray::|default_worker\.py|dashboard\.py|log_monitor\.py)", args):
-            pids.append(int(pid))
-    return [p for p in pids if p != os.getpid()]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env and _alive(int(entry)):
+            pids.append(int(entry))
+    return pids
 
 
-def kill_new_ray_processes(before: set[int], timeout: float = 10.0) -> list[int]:
-    """Terminate Ray processes that were not running before (by PID); return those still alive after."""
-    new = [p for p in ray_processes() if p not in before]
+def kill_processes(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """SIGTERM, then SIGKILL, the given PIDs; return those still alive afterwards."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in new:
+        for pid in pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.time() + timeout / 2
-        while time.time() < deadline and any(_alive(p) for p in new):
+        while time.time() < deadline and any(_alive(p) for p in pids):
             time.sleep(0.2)
-    return [p for p in new if _alive(p)]
+    return [p for p in pids if _alive(p)]
 
 
 def _alive(pid: int) -> bool:

@@ -9,26 +9,28 @@ Three runs of a tiny local Qwen2 on the toy "letter a" task (rewards vary within
 - ``async_tool``: ``colocate_async`` with verl's ``tool_agent`` loop and a tool config, 2 ranks with
   one replica each (two servers behind verl's load balancer).
 
-Each run writes verl's ``file`` logger JSONL, which the assertions parse; every Ray process a run
-started must be gone afterwards.
+Each run writes verl's ``file`` logger JSONL, which the assertions parse; every process a run
+started (found by an environment tag) must be gone afterwards.
 """
 
 from __future__ import annotations
 
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from cpu_fixtures import (
     REPO,
+    RUN_TAG_ENV,
     build_tiny_model,
     build_toy_dataset,
     cpu_env,
-    kill_new_ray_processes,
+    kill_processes,
     main_ppo_cmd,
-    ray_processes,
     read_metrics,
+    tagged_processes,
 )
 
 RUN_TIMEOUT_S = 420
@@ -73,11 +75,18 @@ _results: dict[str, dict] = {}
 
 def run_main_ppo(name: str, assets) -> dict:
     """Run main_ppo once per name (cached for the module); return metrics by step and leftovers."""
-    if name in _results:
-        return _results[name]
+    if name not in _results:
+        _results[name] = _run(name, assets)
+    res = _results[name]
+    if res["error"]:
+        pytest.fail(res["error"])
+    return res
+
+
+def _run(name: str, assets) -> dict:
     root, model, train, val = assets
     metrics_path = root / f"{name}.jsonl"
-    before = set(ray_processes())
+    tag = f"{name}-{uuid.uuid4().hex}"
     cmd = main_ppo_cmd(
         "tiny_grpo",
         [
@@ -90,7 +99,9 @@ def run_main_ppo(name: str, assets) -> dict:
             *RUNS[name],
         ],
     )
-    env = cpu_env({"VERL_FILE_LOGGER_PATH": str(metrics_path), "STARE_VERL_REPO": str(REPO)})
+    env = cpu_env(
+        {"VERL_FILE_LOGGER_PATH": str(metrics_path), "STARE_VERL_REPO": str(REPO), RUN_TAG_ENV: tag}
+    )
     log_path = root / f"{name}.log"
     t0 = time.time()
     with open(log_path, "w") as log:
@@ -104,15 +115,16 @@ def run_main_ppo(name: str, assets) -> dict:
     wall = time.time() - t0
     # Ray's own shutdown should leave nothing; give it a moment, then kill (and report) what is left.
     deadline = time.time() + 15
-    while time.time() < deadline and [p for p in ray_processes() if p not in before]:
+    while time.time() < deadline and tagged_processes(tag):
         time.sleep(0.5)
-    leaked = [p for p in ray_processes() if p not in before]
-    still_alive = kill_new_ray_processes(before)
-    tail = Path(log_path).read_text()[-4000:]
-    assert rc == 0, f"main_ppo ({name}) exited with {rc} after {wall:.0f}s; log tail:\n{tail}"
-    by_step = {rec["step"]: rec["data"] for rec in read_metrics(metrics_path)}
-    _results[name] = {"metrics": by_step, "leaked": leaked, "still_alive": still_alive, "wall": wall}
-    return _results[name]
+    leaked = tagged_processes(tag)
+    still_alive = kill_processes(leaked)
+    error = None
+    if rc != 0:  # remembered, so the other tests of this run fail fast instead of rerunning it
+        tail = Path(log_path).read_text()[-4000:]
+        error = f"main_ppo ({name}) exited with {rc} after {wall:.0f}s; log tail:\n{tail}"
+    by_step = {} if error else {rec["step"]: rec["data"] for rec in read_metrics(metrics_path)}
+    return {"metrics": by_step, "leaked": leaked, "still_alive": still_alive, "wall": wall, "error": error}
 
 
 def test_stare_sync_two_ranks_end_to_end(assets):
@@ -177,5 +189,5 @@ def test_colocate_async_with_tool_agent(assets):
 @pytest.mark.parametrize("name", list(RUNS))
 def test_no_ray_process_leaks(assets, name):
     res = run_main_ppo(name, assets)
-    assert res["leaked"] == [], f"{name}: Ray processes left after main_ppo exited: {res['leaked']}"
+    assert res["leaked"] == [], f"{name}: processes left after main_ppo exited: {res['leaked']}"
     assert res["still_alive"] == []
