@@ -21,6 +21,7 @@ import os
 import resource
 import signal
 import sys
+import time
 import traceback
 
 CODE_FILENAME = "<code>"
@@ -106,6 +107,34 @@ def _reap():
             return
 
 
+def _others_alive():
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (1, me):
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _kill_others():
+    # Every process of the namespace but its init and ourselves dies before the call returns.
+    for _ in range(400):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        _reap()
+        if not _others_alive():
+            return
+        time.sleep(0.005)
+
+
 def main_session(limits, ctl_fd, in_pidns):
     ctl_in = os.fdopen(os.dup(0), "rb")
     _null_stdin()
@@ -129,11 +158,7 @@ def main_session(limits, ctl_fd, in_pidns):
         status, error = _run(request["code"], glb)
         _flush()
         if in_pidns:
-            try:
-                os.kill(-1, signal.SIGKILL)  # every process of the namespace but init and ourselves
-            except OSError:
-                pass
-            _reap()
+            _kill_others()
         nonce = request["nonce"].encode()
         os.write(out_fd, nonce)
         os.write(err_fd, nonce)

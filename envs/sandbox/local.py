@@ -429,6 +429,9 @@ class PythonSession:
             reply = None
         finally:
             if reply is None:  # deadline, flood, crash, garbage on the control pipe: start over next time
+                if not timed_out and not flooded:  # crashed: let it report its own status first
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(proc.wait(), timeout=1.0)
                 await self.close()
         duration = time.monotonic() - t0
         stdout, stderr = out.text(), err.text()
