@@ -80,6 +80,14 @@ def typical_responses(n: int, seed: int = 0) -> list[tuple[str, str, bool]]:
     return out
 
 
+def _clear_caches() -> None:
+    from envs.scoring import normalize, numeric, reflection
+
+    normalize._normalize_cached.cache_clear()
+    numeric.evaluate.cache_clear()
+    reflection._FORM_CACHE.clear()
+
+
 def _ours(resp: str, gt: str) -> bool:
     return bool(compute_score("bench", resp, gt)["acc"])
 
@@ -146,14 +154,13 @@ def main() -> int:
         verl_ok = False
         print(f"(verl scorers unavailable: {err})")
 
-    # what our fast paths decide on this corpus
-    methods = Counter(compute_score("bench", r, g)["verify_method"] for r, g, _ in data)
-
     print(f"== Throughput: {args.n} typical responses, single process")
     print(f"{'scorer':24s} {'resp/s':>10s} {'acc vs label':>13s} {'n':>6s}")
     for name, fn in scorers.items():
+        _clear_caches()  # cold: no memoised normalisation / evaluation from earlier passes
         rate, acc, n = throughput(fn, data)
         print(f"{name:24s} {rate:10.0f} {acc:13.3f} {n:6d}")
+    methods = Counter(compute_score("bench", r, g)["verify_method"] for r, g, _ in data)
     print("ours, decided by: " + ", ".join(f"{k} {v}" for k, v in methods.most_common()))
 
     rows = [json.loads(line) for line in (ROOT / "bench" / "data" / "labelled_answers.jsonl").read_text().splitlines()]
@@ -161,6 +168,7 @@ def main() -> int:
             if r["category"] in ("symbolic", "interval", "tuple")]
     print(f"\n== Slow path: {len(slow)} labelled symbolic/interval/tuple answers (math-verify needed), single process")
     for name in ("ours (envs.reward)", "plain math-verify"):
+        _clear_caches()
         rate, acc, n = throughput(scorers[name], slow)
         print(f"{name:24s} {rate:10.0f} resp/s {acc:13.3f} {n:6d}")
     if verl_ok:

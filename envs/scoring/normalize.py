@@ -20,6 +20,7 @@ The rules are applied to both the prediction and the ground truth.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 __all__ = ["normalize_answer", "strip_wrappers"]
 
@@ -90,6 +91,11 @@ def _drop_space(m: re.Match) -> str:
     return cmd + " " if cmd and m.group(2).isalpha() else cmd
 
 
+@lru_cache(maxsize=65536)
+def _normalize_cached(s: str) -> str:
+    return _normalize(s)
+
+
 def normalize_answer(ans: str | None) -> str:
     """Canonical string for an extracted answer (see the module docstring for the rules).
 
@@ -100,7 +106,10 @@ def normalize_answer(ans: str | None) -> str:
     """
     if ans is None:
         return ""
-    s = str(ans)
+    return _normalize_cached(str(ans))
+
+
+def _normalize(s: str) -> str:
     if len(s) > _MAX_LEN:
         return s.strip()
     s = strip_wrappers(s)

@@ -24,6 +24,7 @@ import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 __all__ = ["NumValue", "evaluate", "numeric_equal"]
 
@@ -232,6 +233,7 @@ def _root(a, n):
     return (float(x) ** (1.0 / k), False)
 
 
+@lru_cache(maxsize=65536)
 def evaluate(text: str) -> NumValue | None:
     """Value of a normalised numeric answer, or None when it is outside the supported subset.
 

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 __all__ = ["REFLECTION_PATTERNS", "count_reflections"]
 
@@ -23,9 +24,20 @@ REFLECTION_PATTERNS: dict[str, str] = {
     "reconsider": r"re-?(?:consider|think|examine|evaluate)(?:s|ed|ing)?",
 }
 
-_COMBINED = re.compile(
-    r"\b(?:" + "|".join(f"(?P<{k}>{p})" for k, p in REFLECTION_PATTERNS.items()) + r")\b", re.IGNORECASE
-)
+_WORD_RE = re.compile(r"[a-z]+(?:-[a-z]+)*")
+_FORMS: dict[str, re.Pattern] = {k: re.compile(p) for k, p in REFLECTION_PATTERNS.items()}
+_FORM_CACHE: dict[str, str | None] = {}
+
+
+def _category(word: str) -> str | None:
+    """The pattern a (lower-case) word fully matches, or None (memoised: the vocabulary is small)."""
+    hit = _FORM_CACHE.get(word, 0)
+    if hit != 0:
+        return hit
+    cat = next((k for k, rx in _FORMS.items() if rx.fullmatch(word)), None)
+    if len(_FORM_CACHE) < 200_000:
+        _FORM_CACHE[word] = cat
+    return cat
 
 
 def count_reflections(text: str) -> dict[str, int]:
@@ -34,11 +46,14 @@ def count_reflections(text: str) -> dict[str, int]:
     Args:
         text: any string (typically the whole model-generated response).
     Returns:
-        dict with one int per key of ``REFLECTION_PATTERNS`` and ``"total"``. Linear time.
+        dict with one int per key of ``REFLECTION_PATTERNS`` and ``"total"``. Linear time: the text's
+        words are counted once (``collections.Counter``) and each distinct word is classified once.
     """
     counts = dict.fromkeys(REFLECTION_PATTERNS, 0)
     if text:
-        for m in _COMBINED.finditer(text):
-            counts[m.lastgroup] += 1
+        for word, n in Counter(_WORD_RE.findall(text.lower())).items():
+            cat = _category(word)
+            if cat is not None:
+                counts[cat] += n
     counts["total"] = sum(counts.values())
     return counts
