@@ -175,6 +175,8 @@ def _response_length(extra_info: Mapping) -> int | None:
     mask = extra_info.get("response_mask")
     if mask is not None and not isinstance(mask, (str, bytes)):
         try:
+            if hasattr(mask, "sum"):  # numpy array / torch tensor
+                return int(mask.sum())
             return int(sum(int(v) for v in mask))
         except (TypeError, ValueError):
             return None

@@ -246,3 +246,16 @@ def test_reflection_counts():
     assert c["alternatively"] == 1 and c["hmm"] == 1 and c["but"] == 1 and c["reconsider"] == 1
     assert c["total"] == 8
     assert count_reflections("")["total"] == 0
+
+
+def test_a_worker_that_cannot_start_gives_an_undecided_verdict_not_a_crash():
+    broken = MathVerifyPool(max_workers=1, worker_command=[sys.executable, "-c", "import sys; sys.exit(3)"])
+    try:
+        t0 = time.perf_counter()
+        v = answers_equal("(1,2)", "[1,2]", timeout_s=5.0, pool=broken)
+        assert (v.equal, v.method) == (None, "error")
+        assert time.perf_counter() - t0 < 5.0 and not broken._all
+        # fast paths never need a worker
+        assert answers_equal(r"\dfrac{1}{2}", "0.5", pool=broken).equal is True
+    finally:
+        broken.close()

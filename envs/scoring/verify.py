@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import select
 import subprocess
@@ -30,6 +31,8 @@ from envs.scoring.normalize import normalize_answer, strip_wrappers
 from envs.scoring.numeric import evaluate, numeric_equal
 
 __all__ = ["MathVerifyPool", "Verdict", "answers_equal", "get_pool", "prewarm"]
+
+logger = logging.getLogger(__name__)
 
 _PKG_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the ``envs`` package
 
@@ -210,12 +213,15 @@ class MathVerifyPool:
             if not w.ready:
                 if not w.wait_ready(min(deadline, w.started + self.startup_timeout_s)):
                     starting = time.monotonic() < w.started + self.startup_timeout_s
+                    if not starting:
+                        logger.warning("math-verify worker not ready after %.0f s; killed", self.startup_timeout_s)
                     self._release(w, dead=not starting)
                     return Verdict(None, "timeout" if starting else "error")
             remaining = deadline - time.monotonic()
             inner = max(1, int(remaining / 3))
             reply = w.ask({"pairs": [list(p) for p in pairs], "parse_timeout": inner, "verify_timeout": inner}, deadline)
-        except (EOFError, OSError, ValueError):
+        except (EOFError, OSError, ValueError) as err:
+            logger.warning("math-verify worker failed (%s: %s); it is replaced on the next call", type(err).__name__, err)
             self._release(w, dead=True)
             return Verdict(None, "error")
         if reply is None:
