@@ -35,6 +35,10 @@ loop's ``extra_fields`` into ``extra_info``, so an agent loop can provide them):
     stop_reason / finish_reason   str: "length" / "max_tokens" mean truncated; "stop", "eos",
                       "completed", "end_turn", "tool_calls" mean not truncated
 
+verl's ``naive`` manager passes none of these; ``envs.reward_manager.MathRewardManager`` (the naive
+manager plus ``response_length``/``hit_eos``/``max_response_length`` from the batch) does. Do not also
+enable verl's ``dapo`` manager overlong buffer: it would penalise twice, and counts tool tokens.
+
 Truncation: ``hit_eos`` decides when given, else the stop reason, else a known length that reached
 ``max_response_length``. A truncated response is scored as having no answer (acc False, base
 ``incorrect_score``) whatever it holds.
