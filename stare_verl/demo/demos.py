@@ -1,0 +1,363 @@
+"""Tool-use problems and demonstrations for the CPU default run, and the RL parquet of the same task.
+
+Problems are real reasoning-gym questions (``basic_arithmetic`` with +, -, * only; ``chain_sum``;
+``products``), mixed evenly, as in the calibration (``shared/specs/cpu-demo-calibration.md``). Each carries
+its generator's ``metadata["expression"]``, which is valid Python, and its ground-truth answer.
+
+A demonstration is one hermes-style episode::
+
+    user:       <question>
+    assistant:  <tool_call>{"name": "code_interpreter", "arguments": {"code": "print(<expression>)"}}</tool_call>
+    tool:       <what the project's sandbox printed for that code>
+    assistant:  \\boxed{<the printed value>}
+
+The tool text is produced by really running the code in the project's sandbox (``envs.sandbox``); many
+``print`` lines are run per sandboxed program (one line per demonstration) to keep this fast, which prints
+exactly what each ``print(<expression>)`` prints alone. A demonstration is kept only if the printed value is
+the generator's answer.
+
+Splits are disjoint by construction: each split draws from its own reasoning-gym seed (``seed`` plus a
+per-split offset), and questions already used by an earlier split are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CODE_INTERPRETER_SCHEMA",
+    "DATA_SOURCE_PREFIX",
+    "SPLIT_SEED_OFFSET",
+    "TASKS",
+    "TOOL_NAME",
+    "Demo",
+    "DemoError",
+    "Problem",
+    "build_demos",
+    "format_observation",
+    "heldout_problems",
+    "problem_row",
+    "run_prints",
+    "sample_problems",
+    "split_problems",
+    "tool_call_text",
+    "write_rl_parquet",
+]
+
+TOOL_NAME = "code_interpreter"
+DATA_SOURCE_PREFIX = "demo_tool"
+
+# OpenAI function schema of the Python tool (the shape verl's tool config carries under ``tool_schema``).
+CODE_INTERPRETER_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "Run Python code in a sandbox and return what it prints.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "Python source to run."}},
+            "required": ["code"],
+        },
+    },
+}
+
+# reasoning-gym generator name -> its config (calibrated task mix; '/' is left out: float output like 3.0).
+TASKS: dict[str, dict[str, Any]] = {
+    "basic_arithmetic": {
+        "min_terms": 2,
+        "max_terms": 4,
+        "min_digits": 1,
+        "max_digits": 3,
+        "operators": ("+", "-", "*"),
+    },
+    "chain_sum": {"min_terms": 2, "max_terms": 5},
+    "products": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 4},
+}
+
+# Each split draws from its own seed: sft_train, heldout (the validation set, before and after RL), rl_train.
+SPLIT_SEED_OFFSET = {"sft_train": 0, "heldout": 1_000_003, "rl_train": 2_000_006}
+
+_PRINTS_PER_PROGRAM = 256
+
+
+class DemoError(RuntimeError):
+    """The sandbox failed, or printed something other than one line per expression."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reasoning-gym question with a Python expression that computes its answer.
+
+    Attributes:
+        task: generator name (a key of :data:`TASKS`).
+        question: the question text as the generator wrote it.
+        answer: ground-truth answer (str, an integer for these tasks).
+        expression: ``metadata["expression"]``, valid Python.
+        index: position within the generator's dataset (under the split's seed).
+    """
+
+    task: str
+    question: str
+    answer: str
+    expression: str
+    index: int
+
+    @property
+    def data_source(self) -> str:
+        """``demo_tool/<task>``: verl groups validation metrics by this."""
+        return f"{DATA_SOURCE_PREFIX}/{self.task}"
+
+    @property
+    def code(self) -> str:
+        """The program a correct demonstration runs."""
+        return f"print({self.expression})"
+
+
+def tool_call_text(code: str, name: str = TOOL_NAME) -> str:
+    """The hermes text of one tool call, exactly as the chat template renders it."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": {"code": code}}) + "</tool_call>"
+
+
+@dataclass(frozen=True)
+class Demo:
+    """A problem and the real tool output of its demonstration's code."""
+
+    problem: Problem
+    tool_output: str
+
+    def prompt(self) -> list[dict[str, str]]:
+        """The chat messages the model is prompted with (the tool list comes from ``tools=``)."""
+        return [{"role": "user", "content": self.problem.question}]
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The whole episode as chat messages (prompt, tool call, tool turn, boxed answer)."""
+        call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": self.problem.code}}}
+        return [
+            *self.prompt(),
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": self.tool_output},
+            {"role": "assistant", "content": f"\\boxed{{{self.tool_output}}}"},
+        ]
+
+    def assistant_texts(self) -> list[str]:
+        """The text of the two model turns (without ``<|im_end|>``), as the model must generate them."""
+        return [tool_call_text(self.problem.code), f"\\boxed{{{self.tool_output}}}"]
+
+
+def _task_sizes(n: int) -> list[int]:
+    k = len(TASKS)
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+def sample_problems(n: int, seed: int, exclude: Iterable[str] = ()) -> list[Problem]:
+    """``n`` distinct problems, the tasks of :data:`TASKS` mixed evenly and shuffled under ``seed``.
+
+    Questions in ``exclude`` (and repeats) are skipped; the generators are asked for more until ``n`` are
+    found. Raises ValueError for ``n < 0`` and DemoError if the generators cannot supply ``n`` distinct
+    questions.
+    """
+    import reasoning_gym
+
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    seen = {" ".join(q.split()) for q in exclude}
+    out: list[Problem] = []
+    for (task, cfg), want in zip(TASKS.items(), _task_sizes(n), strict=True):
+        if want == 0:
+            continue
+        size = max(2 * want, 16)
+        got: list[Problem] = []
+        for _attempt in range(4):
+            ds = reasoning_gym.create_dataset(task, seed=seed, size=size, **cfg)
+            got = []
+            taken = set(seen)
+            for j in range(size):
+                entry = ds[j]
+                key = " ".join(entry["question"].split())
+                if key in taken:
+                    continue
+                taken.add(key)
+                got.append(Problem(task, entry["question"], str(entry["answer"]).strip(),
+                                   str(entry["metadata"]["expression"]), j))
+                if len(got) == want:
+                    break
+            if len(got) == want:
+                break
+            size *= 4
+        if len(got) < want:
+            raise DemoError(f"{task}: only {len(got)} distinct questions for {want} (seed {seed})")
+        seen.update(" ".join(p.question.split()) for p in got)
+        out.extend(got)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def split_problems(n_train: int, n_heldout: int, seed: int, n_rl: int = 0) -> dict[str, list[Problem]]:
+    """The disjoint splits ``heldout``, ``sft_train`` and (if ``n_rl``) ``rl_train`` under one data seed.
+
+    The held-out split is drawn first (it only depends on ``seed`` and ``n_heldout``, so the same validation
+    questions serve before and after RL); training splits exclude its questions and each other's.
+    """
+    heldout = heldout_problems(n_heldout, seed)
+    used = [p.question for p in heldout]
+    train = sample_problems(n_train, seed + SPLIT_SEED_OFFSET["sft_train"], exclude=used)
+    out = {"heldout": heldout, "sft_train": train}
+    if n_rl:
+        used += [p.question for p in train]
+        out["rl_train"] = sample_problems(n_rl, seed + SPLIT_SEED_OFFSET["rl_train"], exclude=used)
+    return out
+
+
+def heldout_problems(n: int, seed: int) -> list[Problem]:
+    """The held-out (validation) problems of data seed ``seed``."""
+    return sample_problems(n, seed + SPLIT_SEED_OFFSET["heldout"])
+
+
+def format_observation(result) -> str:
+    """The tool text the model sees for one sandbox result (``envs.sandbox.ExecResult``).
+
+    Successful runs give the printed output without its trailing newline; failures give the last lines of
+    the error (or a timeout / sandbox-failure note). Used for demonstrations and by the evaluation loop.
+    """
+    if result.sandbox_error:
+        return f"Error: sandbox failure: {result.sandbox_error}"
+    if result.timed_out:
+        return "Error: timed out"
+    if result.exit_code == 0:
+        return result.stdout.rstrip("\n")
+    err = [line for line in (result.stderr or "").strip().splitlines() if line.strip()]
+    tail = "\n".join(err[-3:]) if err else f"exit status {result.exit_code}"
+    out = result.stdout.rstrip("\n")
+    return (out + "\n" if out else "") + tail
+
+
+async def _run_prints_async(expressions: Sequence[str], sandbox=None) -> list[str]:
+    from envs.sandbox import ExecLimits, run_code
+
+    chunks = [expressions[i : i + _PRINTS_PER_PROGRAM] for i in range(0, len(expressions), _PRINTS_PER_PROGRAM)]
+    limits = ExecLimits(timeout_s=30.0, cpu_s=30, max_output_bytes=1 << 20)
+
+    async def one(chunk: Sequence[str]) -> list[str]:
+        code = "\n".join(f"print({e})" for e in chunk) + "\n"
+        res = await run_code(code, limits, sandbox=sandbox)
+        if not res.ok or res.truncated:
+            raise DemoError(f"sandbox run failed: exit {res.exit_code}, timed_out {res.timed_out}, "
+                            f"error {res.sandbox_error!r}, stderr {res.stderr[-300:]!r}")
+        lines = res.stdout.split("\n")
+        if lines[-1] != "" or len(lines) - 1 != len(chunk):
+            raise DemoError(f"expected {len(chunk)} printed lines, got {len(lines) - 1}")
+        return lines[:-1]
+
+    outs = await asyncio.gather(*(one(c) for c in chunks))
+    return [line for chunk in outs for line in chunk]
+
+
+def run_prints(expressions: Sequence[str], sandbox=None) -> list[str]:
+    """Run ``print(e)`` for every expression in the project's sandbox; returns each printed line.
+
+    Args:
+        expressions: Python expressions whose value prints on one line.
+        sandbox: an ``envs.sandbox`` backend (the process-wide default one if None).
+    Raises:
+        DemoError: the sandbox failed or the output is not one line per expression.
+    """
+    if not expressions:
+        return []
+    return asyncio.run(_run_prints_async(list(expressions), sandbox))
+
+
+def build_demos(problems: Sequence[Problem], sandbox=None) -> tuple[list[Demo], list[Problem]]:
+    """Demonstrations for ``problems`` with their real tool outputs.
+
+    Returns:
+        ``(demos, rejected)``: a problem is rejected when the printed value differs from its ground truth
+        (then its demonstration would teach a wrong answer).
+    Raises:
+        DemoError: from :func:`run_prints`.
+    """
+    outputs = run_prints([p.expression for p in problems], sandbox)
+    demos, rejected = [], []
+    for p, out in zip(problems, outputs, strict=True):
+        if out.strip() == p.answer:
+            demos.append(Demo(p, out))
+        else:
+            rejected.append(p)
+    return demos, rejected
+
+
+def problem_row(p: Problem, split: str, index: int, agent_name: str = "tool_agent") -> dict[str, Any]:
+    """One verl RLHF row (``RLHFDataset`` schema) for problem ``p``.
+
+    ``prompt`` is the user question alone (the tools come from the tool config through ``tools=``, exactly as
+    in SFT); ``reward_model.ground_truth`` the answer; ``extra_info`` carries ``tools_kwargs`` for the
+    ``code_interpreter`` tool, the task, the expression and ``family: tool_use`` (read by
+    ``envs.reward.compute_score``); ``agent_name`` selects the agent loop.
+    """
+    return {
+        "data_source": p.data_source,
+        "prompt": [{"role": "user", "content": p.question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": p.answer},
+        "extra_info": {
+            "split": split,
+            "index": int(index),
+            "family": "tool_use",
+            "task": p.task,
+            "question": p.question,
+            "expression": p.expression,
+            "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"ground_truth": p.answer}}},
+        },
+        "agent_name": agent_name,
+    }
+
+
+def write_rl_parquet(
+    out_dir: str | Path,
+    n_train: int = 1024,
+    n_val: int = 128,
+    seed: int = 0,
+    agent_name: str = "tool_agent",
+    n_sft_train: int = 0,
+) -> dict[str, Path]:
+    """Write ``train.parquet`` (RL problems) and ``val.parquet`` (the held-out problems) for verl.
+
+    Args:
+        out_dir: folder for the two files (created).
+        n_train: RL training problems (split ``rl_train``; disjoint from the held-out set, and from the
+            first ``n_sft_train`` SFT problems of the same data seed).
+        n_val: held-out problems; the same questions :func:`stare_verl.demo.evaluate.evaluate_checkpoint`
+            uses for ``n_val`` problems and this ``seed``.
+        seed: data seed (use the SFT configuration's ``data_seed`` to keep RL and SFT splits disjoint).
+        agent_name: verl agent loop per row (``tool_agent`` is verl's built-in; pass the project's own loop).
+        n_sft_train: size of the SFT training split to exclude from RL training (0: do not exclude).
+    Returns:
+        ``{"train": path, "val": path}``.
+    Raises:
+        ValueError: ``n_train`` or ``n_val`` below 1.
+    """
+    from envs.datasets import write_parquet
+
+    if n_train < 1 or n_val < 1:
+        raise ValueError(f"n_train and n_val must be >= 1, got {n_train}, {n_val}")
+    val = heldout_problems(n_val, seed)
+    used = [p.question for p in val]
+    if n_sft_train:
+        used += [p.question for p in sample_problems(n_sft_train, seed + SPLIT_SEED_OFFSET["sft_train"], used)]
+    train = sample_problems(n_train, seed + SPLIT_SEED_OFFSET["rl_train"], exclude=used)
+    out = Path(out_dir)
+    return {
+        "train": write_parquet([problem_row(p, "train", i, agent_name) for i, p in enumerate(train)],
+                               out / "train.parquet"),
+        "val": write_parquet([problem_row(p, "test", i, agent_name) for i, p in enumerate(val)], out / "val.parquet"),
+    }
+
+
+def problems_to_json(problems: Sequence[Problem]) -> list[dict[str, Any]]:
+    """Plain dicts (for reports and caches)."""
+    return [asdict(p) for p in problems]

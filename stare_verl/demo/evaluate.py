@@ -1,0 +1,416 @@
+"""Held-out evaluation of a checkpoint on the CPU tool-use task: multi-turn, the real sandbox, our scorer.
+
+Each held-out problem is one episode, token-in / token-out like verl's ``ToolAgentLoop``:
+
+1. the prompt ids come from verl's Continuous Token builder (``model_type`` qwen2) over the question with
+   ``tools=[code_interpreter]``;
+2. the model generates until ``<|im_end|>`` (or the per-episode token budget); verl's hermes parser extracts
+   ``<tool_call>`` blocks; each call runs in the project's sandbox (``envs.sandbox``) and its observation is
+   appended through the Continuous Token builder (response_mask 0), exactly as verl's agent loop appends
+   tool messages;
+3. the episode ends on a turn without a tool call, at ``max_assistant_turns`` or at the length budget;
+4. only the model-generated text (mask 1) is scored with ``envs.reward.compute_score`` (family tool_use), so
+   output printed by the tool earns nothing by itself.
+
+This is a small loop of our own over verl's pieces (builder, parser) rather than the project's agent loop
+(issue 5), which drives verl's server-manager interface inside verl's worker machinery; the steps above are
+the same. Generation is batched: all episodes run concurrently against the ``hf`` backend's
+continuous-batching :class:`stare_verl.cpu.hf_server.GenerationEngine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import statistics
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stare_verl.demo.demos import (
+    CODE_INTERPRETER_SCHEMA,
+    TOOL_NAME,
+    Problem,
+    format_observation,
+    heldout_problems,
+)
+
+__all__ = [
+    "EpisodeResult",
+    "EvalReport",
+    "GenerateFn",
+    "engine_generate_fn",
+    "evaluate_checkpoint",
+    "evaluate_model",
+    "run_episodes",
+]
+
+# (prompt_ids, temperature, max_tokens, seed) -> generated ids (EOS included when the model stopped).
+_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+GenerateFn = Callable[[list[int], float, int, int], Awaitable[list[int]]]
+
+
+@dataclass
+class EpisodeResult:
+    """One evaluated episode.
+
+    Attributes:
+        task, data_source, ground_truth: of the problem.
+        response_ids: every token after the prompt (model and tool tokens); ``response_mask`` 1 for model
+            tokens, 0 for tool/template tokens (same length).
+        model_text: the model-generated text only (mask 1, special tokens dropped): what is scored.
+        assistant_turns, tool_calls, tool_errors: counts (a tool error is a call that was not run
+            successfully: unknown tool, bad arguments, malformed JSON, failing code, timeout).
+        malformed_calls: ``<tool_call>`` blocks verl's hermes parser could not read (each answered with an
+            error observation, and counted in ``tool_calls`` and ``tool_errors``).
+        truncated: the token budget ended the episode.
+        score, acc: from ``envs.reward.compute_score``.
+    """
+
+    task: str
+    data_source: str
+    ground_truth: str
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    model_text: str = ""
+    assistant_turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    malformed_calls: int = 0
+    truncated: bool = False
+    score: float = 0.0
+    acc: bool = False
+
+
+@dataclass
+class EvalReport:
+    """Aggregate of one evaluation (one temperature).
+
+    Attributes:
+        n: episodes; accuracy: share with ``acc``; mean_score; mean_turns: assistant turns per episode;
+        mean_tool_calls; tool_error_rate: tool errors per call (0 without calls); truncated_rate;
+        malformed_call_rate: unreadable tool calls per call;
+        mean_response_tokens: model tokens per episode; per_task: accuracy per task; temperature;
+        wall_s: seconds.
+    """
+
+    n: int
+    temperature: float
+    accuracy: float
+    mean_score: float
+    mean_turns: float
+    mean_tool_calls: float
+    tool_error_rate: float
+    truncated_rate: float
+    malformed_call_rate: float
+    mean_response_tokens: float
+    per_task: dict[str, float]
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready)."""
+        return asdict(self)
+
+
+def _report(results: Sequence[EpisodeResult], temperature: float, wall_s: float) -> EvalReport:
+    if not results:
+        raise ValueError("no episodes to report")
+    calls = sum(r.tool_calls for r in results)
+    tasks = sorted({r.task for r in results})
+    return EvalReport(
+        n=len(results),
+        temperature=float(temperature),
+        accuracy=statistics.fmean(float(r.acc) for r in results),
+        mean_score=statistics.fmean(r.score for r in results),
+        mean_turns=statistics.fmean(r.assistant_turns for r in results),
+        mean_tool_calls=calls / len(results),
+        tool_error_rate=(sum(r.tool_errors for r in results) / calls) if calls else 0.0,
+        truncated_rate=statistics.fmean(float(r.truncated) for r in results),
+        malformed_call_rate=(sum(r.malformed_calls for r in results) / calls) if calls else 0.0,
+        mean_response_tokens=statistics.fmean(sum(r.response_mask) for r in results),
+        per_task={t: statistics.fmean(float(r.acc) for r in results if r.task == t) for t in tasks},
+        wall_s=wall_s,
+    )
+
+
+class _Episode:
+    """State and tool handling of one episode (shared pieces are passed in)."""
+
+    def __init__(self, problem: Problem, tokenizer, builder, parser, sandbox, limits, max_tool_chars: int):
+        self.p = problem
+        self.tok = tokenizer
+        self.builder = builder
+        self.parser = parser
+        self.sandbox = sandbox
+        self.limits = limits
+        self.max_tool_chars = max_tool_chars
+        self.messages: list[dict[str, Any]] = [{"role": "user", "content": problem.question}]
+        self.result = EpisodeResult(problem.task, problem.data_source, problem.answer)
+
+    async def call_tool(self, call) -> str:
+        """Run one parsed tool call; return the observation text (errors are observations too)."""
+        from envs.sandbox import run_code
+
+        self.result.tool_calls += 1
+        if call.name != TOOL_NAME:
+            self.result.tool_errors += 1
+            return f"Error: unknown tool {call.name!r}; the available tool is {TOOL_NAME!r}."
+        try:
+            args = json.loads(call.arguments)
+            code = args["code"]
+            if not isinstance(code, str):
+                raise TypeError("code must be a string")
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            self.result.tool_errors += 1
+            return f"Error: invalid arguments for {TOOL_NAME}: {err}"
+        res = await run_code(code, self.limits, sandbox=self.sandbox)
+        if not res.ok:
+            self.result.tool_errors += 1
+        text = format_observation(res)
+        return text[-self.max_tool_chars :] if len(text) > self.max_tool_chars else text
+
+
+async def _run_episode(
+    ep: _Episode,
+    generate: GenerateFn,
+    temperature: float,
+    seed: int,
+    max_assistant_turns: int,
+    max_response_tokens: int,
+) -> EpisodeResult:
+    tools = [CODE_INTERPRETER_SCHEMA]
+    r = ep.result
+    ids = list(ep.builder.build_initial_tokens(ep.messages, tools=tools))
+    n_prompt = len(ids)
+    eos = ep.tok.eos_token_id
+    while True:
+        budget = max_response_tokens - (len(ids) - n_prompt)
+        if budget <= 0:
+            r.truncated = True
+            break
+        out = [int(t) for t in await generate(ids, temperature, budget, seed + 7919 * r.assistant_turns)]
+        ids.extend(out)
+        r.response_mask.extend([1] * len(out))
+        r.assistant_turns += 1
+        stopped = bool(out) and out[-1] == eos
+        if not stopped:
+            r.truncated = True
+            break
+        content, calls = await ep.parser.extract_tool_calls(out, None)
+        blocks = _TOOL_BLOCK.findall(ep.tok.decode(out))
+        malformed = max(0, len(blocks) - len(calls))
+        if not (calls or malformed) or r.assistant_turns >= max_assistant_turns:
+            break
+        prev = list(ep.messages)
+        ep.messages.append({"role": "assistant", "content": content})
+        observations = list(await asyncio.gather(*(ep.call_tool(c) for c in calls)))
+        r.malformed_calls += malformed
+        r.tool_calls += malformed
+        r.tool_errors += malformed
+        observations += ["Error: the tool call is not valid JSON of the form "
+                         '{"name": ..., "arguments": {...}}.'] * malformed
+        ep.messages.extend({"role": "tool", "content": o} for o in observations)
+        merged = ep.builder.merge_context_tokens(prev + [ep.messages[len(prev)]], ep.messages, ids, tools=tools)
+        added = len(merged.token_ids) - len(ids)
+        ids = list(merged.token_ids)
+        r.response_mask.extend([0] * added)
+        if len(ids) - n_prompt >= max_response_tokens:
+            r.truncated = True
+            break
+    r.response_ids = ids[n_prompt:]
+    model_ids = [t for t, m in zip(r.response_ids, r.response_mask, strict=True) if m]
+    r.model_text = ep.tok.decode(model_ids, skip_special_tokens=True)
+    return r
+
+
+async def run_episodes(
+    problems: Sequence[Problem],
+    generate: GenerateFn,
+    tokenizer,
+    *,
+    temperature: float = 0.0,
+    seed: int = 0,
+    max_assistant_turns: int = 3,
+    max_response_tokens: int = 128,
+    max_tool_response_chars: int = 256,
+    tool_timeout_s: float = 5.0,
+    sandbox=None,
+) -> list[EpisodeResult]:
+    """Run and score one episode per problem, all concurrently.
+
+    Args:
+        problems: held-out problems.
+        generate: the policy (see :data:`GenerateFn`); must return the EOS id last when the model stopped.
+        tokenizer: the run's tokenizer (chat template, eos).
+        temperature: sampling temperature passed to ``generate`` (0 = greedy).
+        seed: base seed of the episodes (episode ``i`` uses ``seed + i``).
+        max_assistant_turns: most model turns per episode.
+        max_response_tokens: token budget after the prompt (model and tool tokens), like verl's
+            ``rollout.response_length``.
+        max_tool_response_chars: observation text is cut to its last this many characters (verl's
+            ``multi_turn.max_tool_response_length``).
+        tool_timeout_s: wall-clock limit of one tool call.
+        sandbox: an ``envs.sandbox`` backend (the process-wide default if None).
+    Returns:
+        one :class:`EpisodeResult` per problem, in order.
+    """
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
+    parser = ToolParser.get_tool_parser("hermes", tokenizer)
+    with _quiet_parser():
+        results = await _run_all(problems, generate, tokenizer, builder, parser, sandbox, temperature, seed,
+                                 max_assistant_turns, max_response_tokens, max_tool_response_chars, tool_timeout_s)
+    return results
+
+
+@contextlib.contextmanager
+def _quiet_parser():
+    """verl's hermes parser logs every unreadable call at ERROR; here they are counted instead."""
+    from verl.experimental.agent_loop import tool_parser
+
+    log = logging.getLogger(tool_parser.__file__)
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+async def _run_all(problems, generate, tokenizer, builder, parser, sandbox, temperature, seed,
+                   max_assistant_turns, max_response_tokens, max_tool_response_chars, tool_timeout_s):
+    from envs.reward import compute_score
+    from envs.sandbox import ExecLimits
+
+    limits = ExecLimits(timeout_s=tool_timeout_s, cpu_s=max(1, int(tool_timeout_s)))
+    episodes = [_Episode(p, tokenizer, builder, parser, sandbox, limits, max_tool_response_chars) for p in problems]
+    results = await asyncio.gather(
+        *(
+            _run_episode(ep, generate, temperature, seed + i, max_assistant_turns, max_response_tokens)
+            for i, ep in enumerate(episodes)
+        )
+    )
+    for r in results:
+        s = await asyncio.to_thread(
+            compute_score,
+            data_source=r.data_source,
+            solution_str=r.model_text,
+            ground_truth=r.ground_truth,
+            extra_info={"family": "tool_use", "hit_eos": not r.truncated},
+        )
+        r.score = float(s["score"]) if isinstance(s, dict) else float(s)
+        r.acc = bool(s["acc"]) if isinstance(s, dict) else r.score > 0
+    return list(results)
+
+
+def engine_generate_fn(engine) -> GenerateFn:
+    """A :data:`GenerateFn` over a :class:`stare_verl.cpu.hf_server.GenerationEngine` (batched)."""
+    from stare_verl.cpu.hf_server import SamplingParams
+
+    async def generate(prompt_ids: list[int], temperature: float, max_tokens: int, seed: int) -> list[int]:
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+        result = await asyncio.wrap_future(engine.submit(prompt_ids, params))
+        return result.token_ids
+
+    return generate
+
+
+def evaluate_model(
+    model,
+    tokenizer,
+    problems: Sequence[Problem],
+    temperatures: Sequence[float] = (0.0, 1.0),
+    *,
+    seed: int = 0,
+    max_batch_size: int = 64,
+    **episode_kwargs: Any,
+) -> dict[float, tuple[EvalReport, list[EpisodeResult]]]:
+    """Evaluate an in-memory causal LM (left in the mode it was in; weights untouched).
+
+    Args:
+        model: a transformers causal LM (CPU).
+        tokenizer: its tokenizer.
+        problems: the held-out problems.
+        temperatures: one evaluation per temperature (0 = greedy).
+        seed: sampling seed (episode ``i`` at a temperature uses ``seed + i``).
+        max_batch_size: most sequences decoded together.
+        **episode_kwargs: passed to :func:`run_episodes` (max_assistant_turns, max_response_tokens, ...).
+    Returns:
+        ``{temperature: (report, episodes)}``.
+    """
+    import time
+
+    from stare_verl.cpu.hf_server import GenerationEngine
+
+    if not problems:
+        raise ValueError("no problems to evaluate")
+    max_len = int(getattr(model.config, "max_position_embeddings", 1024))
+    eos = sorted({int(tokenizer.eos_token_id)} | {int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))})
+    engine = GenerationEngine(model, eos, max_model_len=max_len, max_batch_size=max_batch_size, seed=seed,
+                              pad_token_id=int(tokenizer.pad_token_id or 0))
+    out: dict[float, tuple[EvalReport, list[EpisodeResult]]] = {}
+    try:
+        gen = engine_generate_fn(engine)
+        for t in temperatures:
+            t0 = time.perf_counter()
+            episodes = asyncio.run(run_episodes(problems, gen, tokenizer, temperature=float(t), seed=seed,
+                                                **episode_kwargs))
+            out[float(t)] = (_report(episodes, float(t), time.perf_counter() - t0), episodes)
+    finally:
+        engine.shutdown()
+    return out
+
+
+def evaluate_checkpoint(
+    path: str | Path,
+    n: int = 200,
+    data_seed: int = 0,
+    temperatures: Sequence[float] = (0.0, 1.0),
+    seed: int = 0,
+    **episode_kwargs: Any,
+) -> dict[float, EvalReport]:
+    """Held-out accuracy of the checkpoint at ``path`` (model and tokenizer in one directory).
+
+    Args:
+        path: a directory saved by :func:`stare_verl.demo.sft.ensure_sft_checkpoint` (or an RL checkpoint
+            exported with ``save_pretrained`` next to the same tokenizer).
+        n: held-out problems (the first ``n`` of :func:`stare_verl.demo.demos.heldout_problems` for
+            ``data_seed``: the RL val parquet uses the same questions).
+        data_seed: data seed of the SFT configuration.
+        temperatures, seed, episode_kwargs: see :func:`evaluate_model`.
+    Returns:
+        ``{temperature: EvalReport}``.
+    """
+    from stare_verl.cpu.hf_server import load_model
+    from stare_verl.demo.tokenizer import load_tokenizer
+
+    model = load_model(str(path))
+    tokenizer = load_tokenizer(path)
+    res = evaluate_model(model, tokenizer, heldout_problems(n, data_seed), temperatures, seed=seed, **episode_kwargs)
+    return {t: rep for t, (rep, _) in res.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stare_verl.demo.evaluate CKPT [--n N] [--data-seed S]``: print the held-out reports."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("checkpoint")
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--data-seed", type=int, default=0)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    args = ap.parse_args(argv)
+    for t, rep in evaluate_checkpoint(args.checkpoint, args.n, args.data_seed, args.temperatures).items():
+        print(f"T={t}: " + json.dumps(rep.to_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

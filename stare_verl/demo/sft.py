@@ -1,0 +1,447 @@
+"""Cold-start SFT of the tiny tool-use model, cached by its configuration.
+
+Pipeline (:func:`ensure_sft_checkpoint`): problems and demonstrations (real sandbox output,
+``stare_verl.demo.demos``) -> tokenizer trained on the rendered demonstrations -> tiny Qwen2 model ->
+supervised fine-tuning with ``transformers.Trainer`` (AdamW, tqdm progress bar) on an assistant-only loss ->
+held-out evaluation (greedy and T = 1.0, multi-turn with the real tool) -> one directory with model,
+tokenizer, ``sft_config.json`` and ``sft_report.json``, under ``<cache_dir>/sft-<hash>`` where the hash covers
+the whole configuration and the library versions. A later call with the same configuration returns that
+directory without training.
+
+Why not verl's SFT trainer: ``verl.trainer.sft_trainer`` needs a torch.distributed process group and verl's
+FSDP engine, which verl 0.9.1 registers for cuda/npu devices only; on this CPU it would need the CPU backend's
+patches and a torchrun launch for a 0.84 M-parameter model. ``make sft-tooluse`` uses verl's trainer on GPU.
+
+Token layout (built with verl's Continuous Token builder, as the agent loop builds it at RL time)::
+
+    prompt (mask 0) | tool call + <|im_end|> (1) | "\\n" + tool turn + "<|im_start|>assistant\\n" (0) | \\boxed{..} + <|im_end|> (1)
+
+Loss: mean token cross-entropy over mask-1 tokens only (labels -100 elsewhere).
+
+Defaults follow the calibration (``shared/specs/cpu-demo-calibration.md``): batch 32, AdamW lr 2e-3, 1000
+steps; held-out greedy accuracy >= 0.5 is the check before RL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stare_verl.demo.demos import CODE_INTERPRETER_SCHEMA, Demo, build_demos, split_problems
+from stare_verl.demo.model import TinyModelConfig, build_model, save_model
+from stare_verl.demo.tokenizer import build_tokenizer, load_tokenizer
+
+__all__ = [
+    "DEFAULT_CACHE_DIR",
+    "FORMAT_VERSION",
+    "SFTConfig",
+    "config_hash",
+    "encode_demo",
+    "ensure_sft_checkpoint",
+    "read_report",
+    "render_demo",
+    "train_sft",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CACHE_DIR = "runs/cache"
+# Bump when the data format, tokenizer recipe or training code changes in a way the config does not show.
+FORMAT_VERSION = 1
+CONFIG_FILE = "sft_config.json"
+REPORT_FILE = "sft_report.json"
+
+# Fields that do not change the checkpoint (left out of the cache key).
+_NOT_IN_KEY = {"cache_dir", "eval_every", "eval_every_n", "num_threads", "progress", "eval_temperatures"}
+
+
+class SFTConfig(BaseModel):
+    """Everything that determines the cold-start SFT checkpoint (and a few run-only knobs).
+
+    Data: ``data_seed`` (reasoning-gym seeds of all splits), ``n_train`` demonstrations, ``n_heldout``
+    held-out problems (evaluated after SFT; the RL val set of the same seed). Tokenizer: ``vocab_size``.
+    Model: ``model`` (architecture), ``init_seed``. Training: ``steps``, ``batch_size``, ``lr`` (AdamW),
+    ``weight_decay``, ``warmup_steps`` (then constant lr), ``max_grad_norm``, ``train_seed`` (data order).
+
+    Run-only (not in the cache key): ``cache_dir`` (default ``$STARE_CACHE_DIR`` or ``runs/cache``),
+    ``num_threads`` (torch threads), ``progress`` (tqdm bar), ``eval_every`` (0 = off; else greedy held-out
+    accuracy on ``eval_every_n`` problems every that many steps, to measure when the model learns),
+    ``eval_temperatures`` (of the final held-out evaluation).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data_seed: int = 0
+    n_train: int = Field(4096, ge=1)
+    n_heldout: int = Field(200, ge=1)
+    vocab_size: int = Field(384, ge=265)
+    model: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    init_seed: int = 0
+    train_seed: int = 0
+    steps: int = Field(1000, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_steps: int = Field(20, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    max_response_tokens: int = Field(128, ge=8, description="episode token budget of the held-out evaluation")
+
+    cache_dir: str | None = None
+    num_threads: int | None = Field(None, ge=1)
+    progress: bool = True
+    eval_every: int = Field(0, ge=0)
+    eval_every_n: int = Field(64, ge=1)
+    eval_temperatures: tuple[float, ...] = (0.0, 1.0)
+
+    def resolved_cache_dir(self) -> Path:
+        """``cache_dir``, else ``$STARE_CACHE_DIR``, else ``runs/cache`` (relative to the working directory)."""
+        return Path(self.cache_dir or os.environ.get("STARE_CACHE_DIR") or DEFAULT_CACHE_DIR)
+
+
+def _versions() -> dict[str, str]:
+    import reasoning_gym
+    import tokenizers
+    import torch
+    import transformers
+
+    return {
+        "format": str(FORMAT_VERSION),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "reasoning_gym": getattr(reasoning_gym, "__version__", "unknown"),
+    }
+
+
+def key_config(cfg: SFTConfig) -> dict[str, Any]:
+    """The part of the configuration (plus library versions) that the cache key hashes."""
+    return {"config": cfg.model_dump(mode="json", exclude=_NOT_IN_KEY), "versions": _versions()}
+
+
+def config_hash(cfg: SFTConfig) -> str:
+    """16 hex digits of sha256 over :func:`key_config` (sorted-key JSON)."""
+    blob = json.dumps(key_config(cfg), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def render_demo(demo: Demo) -> str:
+    """The whole demonstration as chat-template text (the tokenizer's training corpus)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from stare_verl.demo.tokenizer import CHAT_TEMPLATE
+
+    rendered = render_jinja_template([demo.messages()], tools=[CODE_INTERPRETER_SCHEMA], chat_template=CHAT_TEMPLATE)
+    return rendered[0][0] if isinstance(rendered, tuple) else rendered[0]
+
+
+def encode_demo(demo: Demo, tokenizer, builder=None) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of one demonstration, built the way verl's agent loop builds an episode.
+
+    Args:
+        demo: the demonstration.
+        tokenizer: the run's tokenizer.
+        builder: a verl Continuous Token builder for it (made with ``hf_model_type="qwen2"`` if None).
+    Returns:
+        ``(input_ids, loss_mask)``, equal lengths; ``loss_mask[i]`` is 1 exactly for tokens the model
+        generates (the two assistant turns, each with its ``<|im_end|>``), 0 for prompt, tool and template
+        tokens.
+    """
+    if builder is None:
+        from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+        builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
+    tools = [CODE_INTERPRETER_SCHEMA]
+    msgs = demo.messages()
+    prompt, call_msg, tool_msg = msgs[:1], msgs[1], msgs[2]
+    ids = list(builder.build_initial_tokens(prompt, tools=tools))
+    mask = [0] * len(ids)
+    eos = int(tokenizer.eos_token_id)
+    call_text, answer_text = demo.assistant_texts()
+    turn = tokenizer.encode(call_text, add_special_tokens=False) + [eos]
+    ids += turn
+    mask += [1] * len(turn)
+    merged = builder.merge_context_tokens(prompt + [call_msg], prompt + [call_msg, tool_msg], ids, tools=tools)
+    mask += [0] * (len(merged.token_ids) - len(ids))
+    ids = list(merged.token_ids)
+    turn = tokenizer.encode(answer_text, add_special_tokens=False) + [eos]
+    ids += turn
+    mask += [1] * len(turn)
+    return ids, mask
+
+
+class _Features:
+    """A map-style dataset of encoded demonstrations (torch ``Dataset`` protocol)."""
+
+    def __init__(self, rows: list[tuple[list[int], list[int]]]):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, list[int]]:
+        ids, mask = self.rows[i]
+        return {"input_ids": ids, "loss_mask": mask}
+
+
+def _collate(pad_id: int):
+    import torch
+
+    def collate(batch: list[dict[str, list[int]]]) -> dict[str, Any]:
+        width = max(len(b["input_ids"]) for b in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        att = torch.zeros((len(batch), width), dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        for i, b in enumerate(batch):
+            n = len(b["input_ids"])
+            row = torch.tensor(b["input_ids"], dtype=torch.long)
+            ids[i, :n] = row
+            att[i, :n] = 1
+            keep = torch.tensor(b["loss_mask"], dtype=torch.bool)
+            labels[i, :n] = torch.where(keep, row, torch.full_like(row, -100))
+        return {"input_ids": ids, "attention_mask": att, "labels": labels}
+
+    return collate
+
+
+def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any]):
+    from transformers import TrainerCallback
+
+    class Recorder(TrainerCallback):
+        """Keeps the logged losses and, with ``eval_every``, greedy held-out accuracy along the way."""
+
+        def __init__(self):
+            self.t0 = time.perf_counter()
+            self.eval_s = 0.0
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                history["loss"].append((int(state.global_step), float(logs["loss"])))
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            step = int(state.global_step)
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and model is not None:
+                from stare_verl.demo.evaluate import evaluate_model
+
+                t = time.perf_counter()
+                was_training = model.training
+                model.eval()
+                res = evaluate_model(model, tokenizer, heldout[: cfg.eval_every_n], (0.0,),
+                                     max_response_tokens=cfg.max_response_tokens)
+                model.train(was_training)
+                self.eval_s += time.perf_counter() - t
+                acc = res[0.0][0].accuracy
+                train_s = time.perf_counter() - self.t0 - self.eval_s
+                history["evals"].append({"step": step, "greedy_acc": acc, "train_s": round(train_s, 1)})
+                print(f"[sft] step {step}: greedy held-out accuracy {acc:.3f} ({cfg.eval_every_n} problems, "
+                      f"{train_s:.0f} s of training)", file=sys.stderr, flush=True)
+
+    return Recorder()
+
+
+def train_sft(cfg: SFTConfig, out_dir: str | Path) -> dict[str, Any]:
+    """Run the whole cold-start SFT into ``out_dir`` (model, tokenizer, config, report); returns the report.
+
+    Report keys: ``hash``, ``n_demos``, ``rejected_demos``, ``steps``, ``train_s``, ``steps_per_s``,
+    ``loss`` (list of ``[step, loss]``), ``first_loss``, ``final_loss``, ``evals`` (with ``eval_every``),
+    ``heldout`` (``{"T=0.0": EvalReport dict, "T=1.0": ...}``), ``data_s``, ``eval_s``.
+
+    Raises:
+        stare_verl.demo.demos.DemoError: the sandbox could not produce the demonstrations.
+    """
+    import torch
+    from transformers import Trainer, TrainingArguments
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    from stare_verl.demo.evaluate import evaluate_model
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    t0 = time.perf_counter()
+    splits = split_problems(cfg.n_train, cfg.n_heldout, cfg.data_seed)
+    demos, rejected = build_demos(splits["sft_train"])
+    if not demos:
+        raise RuntimeError("no demonstration survived the check against the ground truth")
+    tokenizer = build_tokenizer([render_demo(d) for d in demos], out, vocab_size=cfg.vocab_size)
+    builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
+    features = _Features([encode_demo(d, tokenizer, builder) for d in demos])
+    data_s = time.perf_counter() - t0
+    model = build_model(tokenizer, cfg.model, seed=cfg.init_seed)
+    history: dict[str, Any] = {"loss": [], "evals": []}
+    recorder = _make_callback(cfg, tokenizer, splits["heldout"], history)
+    args = TrainingArguments(
+        output_dir=str(out / "trainer"),
+        max_steps=cfg.steps,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=cfg.warmup_steps,
+        max_grad_norm=cfg.max_grad_norm,
+        optim="adamw_torch",
+        logging_steps=max(1, min(25, cfg.steps // 10)),
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=cfg.train_seed,
+        data_seed=cfg.train_seed,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=not cfg.progress,
+    )
+    trainer = Trainer(
+        model=model, args=args, train_dataset=features, data_collator=_collate(tokenizer.pad_token_id),
+        callbacks=[recorder],
+    )
+    t1 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t1 - recorder.eval_s
+    shutil.rmtree(out / "trainer", ignore_errors=True)
+    model.eval()
+    save_model(model, tokenizer, out)
+    t2 = time.perf_counter()
+    res = evaluate_model(model, tokenizer, splits["heldout"], cfg.eval_temperatures, seed=cfg.data_seed,
+                         max_response_tokens=cfg.max_response_tokens)
+    losses = history["loss"]
+    report = {
+        "hash": config_hash(cfg),
+        "n_demos": len(demos),
+        "rejected_demos": len(rejected),
+        "demo_tokens_mean": sum(len(r[0]) for r in features.rows) / len(features),
+        "model_tokens_mean": sum(sum(r[1]) for r in features.rows) / len(features),
+        "n_params": int(sum(p.numel() for p in model.parameters())),
+        "steps": cfg.steps,
+        "train_s": round(train_s, 2),
+        "steps_per_s": round(cfg.steps / train_s, 3) if train_s > 0 else None,
+        "data_s": round(data_s, 2),
+        "eval_s": round(time.perf_counter() - t2, 2),
+        "loss": losses,
+        "first_loss": losses[0][1] if losses else None,
+        "final_loss": losses[-1][1] if losses else None,
+        "evals": history["evals"],
+        "heldout": {f"T={t}": rep.to_dict() for t, (rep, _) in res.items()},
+        "torch_threads": torch.get_num_threads(),
+    }
+    (out / CONFIG_FILE).write_text(json.dumps({**key_config(cfg), "hash": config_hash(cfg)}, indent=1))
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _complete(path: Path, digest: str) -> bool:
+    try:
+        saved = json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return saved.get("hash") == digest and (path / REPORT_FILE).is_file() and (path / "config.json").is_file()
+
+
+def ensure_sft_checkpoint(cfg: SFTConfig | None = None, *, force: bool = False) -> Path:
+    """The directory of the cold-start SFT checkpoint for ``cfg``: reused from the cache, or trained now.
+
+    The directory ``<cache_dir>/sft-<config_hash(cfg)>`` holds the model (``save_pretrained``), the tokenizer
+    (same directory: pass it as both model and tokenizer path), ``sft_config.json`` and ``sft_report.json``
+    (see :func:`train_sft`; :func:`read_report` reads it). Training writes to a temporary sibling directory
+    that is renamed into place at the end, so an interrupted run never leaves a half-written checkpoint that
+    later runs would reuse; when two runs race, the first to finish wins and the other's copy is discarded.
+
+    Args:
+        cfg: the configuration (defaults: the calibrated one).
+        force: train again even if a cached checkpoint exists (it is replaced).
+    Returns:
+        the checkpoint directory (``pathlib.Path``).
+    Raises:
+        stare_verl.demo.demos.DemoError: the sandbox could not produce the demonstrations.
+    """
+    cfg = cfg or SFTConfig()
+    digest = config_hash(cfg)
+    root = cfg.resolved_cache_dir()
+    final = root / f"sft-{digest}"
+    if not force and _complete(final, digest):
+        logger.info("cold-start SFT: cache hit %s", final)
+        print(f"[sft] cache hit: {final}", file=sys.stderr, flush=True)
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".sft-{digest}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[sft] cache miss: training {final} ({cfg.steps} steps)", file=sys.stderr, flush=True)
+    try:
+        train_sft(cfg, tmp)
+        if final.exists():
+            if force or not _complete(final, digest):
+                shutil.rmtree(final)
+            else:  # another run finished first
+                return final
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def read_report(path: str | Path) -> dict[str, Any]:
+    """The ``sft_report.json`` of a checkpoint directory (held-out accuracy under ``heldout``)."""
+    return json.loads((Path(path) / REPORT_FILE).read_text())
+
+
+def load_checkpoint(path: str | Path):
+    """``(model, tokenizer)`` of a checkpoint directory (CPU, float32, eval mode)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype="float32")
+    model.eval()
+    return model, load_tokenizer(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stare_verl.demo.sft --out DIR [--steps N] ...``: train (or reuse) and print held-out accuracy.
+
+    ``--out`` is the cache directory; the checkpoint lands in ``DIR/sft-<hash>``. Exit status 0, or 2 with
+    ``--min-accuracy A`` when the greedy held-out accuracy is below ``A``.
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Cold-start SFT of the tiny tool-use model (cached by config).")
+    ap.add_argument("--out", default=None, help="cache directory (default $STARE_CACHE_DIR or runs/cache)")
+    ap.add_argument("--steps", type=int, default=SFTConfig().steps)
+    ap.add_argument("--n-train", type=int, default=SFTConfig().n_train)
+    ap.add_argument("--n-heldout", type=int, default=SFTConfig().n_heldout)
+    ap.add_argument("--lr", type=float, default=SFTConfig().lr)
+    ap.add_argument("--batch-size", type=int, default=SFTConfig().batch_size)
+    ap.add_argument("--data-seed", type=int, default=0)
+    ap.add_argument("--init-seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=0, help="greedy held-out check every N steps (0: off)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--force", action="store_true", help="retrain even if cached")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--min-accuracy", type=float, default=None)
+    a = ap.parse_args(argv)
+    cfg = SFTConfig(
+        cache_dir=a.out, steps=a.steps, n_train=a.n_train, n_heldout=a.n_heldout, lr=a.lr, batch_size=a.batch_size,
+        data_seed=a.data_seed, init_seed=a.init_seed, eval_every=a.eval_every, num_threads=a.threads,
+        progress=not a.no_progress,
+    )
+    path = ensure_sft_checkpoint(cfg, force=a.force)
+    rep = read_report(path)
+    print(f"checkpoint: {path}")
+    print(f"steps {rep['steps']}, {rep['steps_per_s']} steps/s, loss {rep['first_loss']} -> {rep['final_loss']}")
+    for key, r in rep["heldout"].items():
+        print(f"held-out {key}: accuracy {r['accuracy']:.3f} (n {r['n']}), mean turns {r['mean_turns']:.2f}, "
+              f"tool calls {r['mean_tool_calls']:.2f}, tool errors/call {r['tool_error_rate']:.3f}")
+    greedy = rep["heldout"].get("T=0.0", {}).get("accuracy")
+    if a.min_accuracy is not None and (greedy is None or greedy < a.min_accuracy):
+        print(f"greedy held-out accuracy {greedy} is below --min-accuracy {a.min_accuracy}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""Tool-use problems and demonstrations: real sandbox output, scoring 1.0, disjoint splits, RL parquet."""
+
+import pandas as pd
+import pytest
+
+from envs.reward import compute_score
+from stare_verl.demo import demos as D
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return D.split_problems(n_train=60, n_heldout=30, seed=3, n_rl=30)
+
+
+@pytest.fixture(scope="module")
+def built(splits):
+    return D.build_demos(splits["sft_train"])
+
+
+def test_task_mix_and_no_division(splits):
+    train = splits["sft_train"]
+    assert {p.task for p in train} == set(D.TASKS)
+    assert sorted(sum(p.task == t for p in train) for t in D.TASKS) == [20, 20, 20]
+    assert all("/" not in p.expression for p in train)
+    assert len({p.question for p in train}) == len(train)
+
+
+def test_demo_tool_outputs_are_the_real_values(built):
+    demos, rejected = built
+    assert len(demos) == 60 and rejected == []
+    for d in demos:
+        # independent check: the expression evaluated here, and the generator's own answer
+        assert d.tool_output == str(eval(d.problem.expression, {"__builtins__": {}}))  # noqa: S307 - generated locally
+        assert d.tool_output == d.problem.answer
+        assert d.problem.code == f"print({d.problem.expression})"
+
+
+def test_demo_answers_score_one(built):
+    demos, _ = built
+    for d in demos:
+        model_text = "".join(d.assistant_texts())  # what the model generates (tool text excluded)
+        s = compute_score(d.problem.data_source, model_text, d.problem.answer, {"family": "tool_use"})
+        assert s["score"] == 1.0 and s["acc"] is True, (model_text, d.problem.answer)
+        wrong = d.assistant_texts()[0] + f"\\boxed{{{int(d.problem.answer) + 1}}}"
+        assert compute_score(d.problem.data_source, wrong, d.problem.answer, {"family": "tool_use"})["score"] == 0.0
+
+
+def test_demo_messages_shape(built):
+    d = built[0][0]
+    msgs = d.messages()
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
+    assert msgs[1]["tool_calls"][0]["function"] == {"name": "code_interpreter",
+                                                     "arguments": {"code": d.problem.code}}
+    assert msgs[2]["content"] == d.tool_output
+    assert msgs[3]["content"] == f"\\boxed{{{d.tool_output}}}"
+
+
+def test_splits_are_disjoint_and_deterministic(splits):
+    qs = {k: {p.question for p in v} for k, v in splits.items()}
+    assert not qs["heldout"] & qs["sft_train"]
+    assert not qs["heldout"] & qs["rl_train"]
+    assert not qs["sft_train"] & qs["rl_train"]
+    again = D.split_problems(n_train=60, n_heldout=30, seed=3, n_rl=30)
+    assert again == splits
+    assert D.heldout_problems(30, 3) == splits["heldout"]
+    assert D.heldout_problems(30, 4) != splits["heldout"]
+
+
+def test_failed_code_observation_is_the_error_tail():
+    from envs.sandbox import ExecResult
+
+    ok = ExecResult(stdout="42\n", exit_code=0)
+    assert D.format_observation(ok) == "42"
+    bad = ExecResult(stderr="Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero\n",
+                     exit_code=1)
+    assert D.format_observation(bad).endswith("ZeroDivisionError: division by zero")
+    assert D.format_observation(ExecResult(timed_out=True)) == "Error: timed out"
+
+
+def test_sample_problems_rejects_negative():
+    with pytest.raises(ValueError):
+        D.sample_problems(-1, seed=0)
+
+
+def test_rl_parquet_schema_and_splits(tmp_path, splits):
+    paths = D.write_rl_parquet(tmp_path, n_train=30, n_val=30, seed=3, agent_name="stare_tool_agent",
+                               n_sft_train=60)
+    train, val = pd.read_parquet(paths["train"]), pd.read_parquet(paths["val"])
+    assert len(train) == 30 and len(val) == 30
+    for df in (train, val):
+        assert set(df.columns) == {"data_source", "prompt", "ability", "reward_model", "extra_info", "agent_name"}
+        row = df.iloc[0]
+        assert row["agent_name"] == "stare_tool_agent"
+        assert row["data_source"].startswith("demo_tool/")
+        assert list(row["prompt"])[0]["role"] == "user"
+        assert row["reward_model"]["style"] == "rule"
+        assert row["extra_info"]["family"] == "tool_use"
+        assert "code_interpreter" in row["extra_info"]["tools_kwargs"]
+    val_q = [list(p)[0]["content"] for p in val["prompt"]]
+    assert val_q == [p.question for p in splits["heldout"]]
+    train_q = {list(p)[0]["content"] for p in train["prompt"]}
+    assert not train_q & set(val_q)
+    assert not train_q & {p.question for p in splits["sft_train"]}
+    assert list(val["reward_model"].map(lambda r: r["ground_truth"])) == [p.answer for p in splits["heldout"]]
+
+
+def test_rl_parquet_loads_in_verl_rlhf_dataset(tmp_path):
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from stare_verl.demo.sft import render_demo
+    from stare_verl.demo.tokenizer import build_tokenizer
+
+    ds, _ = D.build_demos(D.sample_problems(12, seed=1))
+    tok = build_tokenizer([render_demo(d) for d in ds], tmp_path / "tok")
+    paths = D.write_rl_parquet(tmp_path, n_train=6, n_val=3, seed=1)
+    cfg = OmegaConf.create({"max_prompt_length": 256, "return_raw_chat": True, "filter_overlong_prompts": False,
+                            "cache_dir": str(tmp_path / "cache")})
+    data = RLHFDataset(data_files=[str(paths["train"])], tokenizer=tok, config=cfg)
+    assert len(data) == 6
+    item = data[0]
+    assert item["raw_prompt"][0]["role"] == "user"
+    assert item["agent_name"] == "tool_agent"
+    assert item["tools_kwargs"]["code_interpreter"]["create_kwargs"]["ground_truth"] == item["reward_model"][
+        "ground_truth"]

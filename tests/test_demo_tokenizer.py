@@ -1,0 +1,109 @@
+"""The demo tokenizer: digits one per token, special/tool tokens whole, and a chat template verl can use."""
+
+import pytest
+
+from stare_verl.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems
+from stare_verl.demo.sft import render_demo
+from stare_verl.demo.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, load_tokenizer
+
+TOOLS = [CODE_INTERPRETER_SCHEMA]
+
+
+@pytest.fixture(scope="module")
+def demos():
+    ds, rejected = build_demos(sample_problems(30, seed=5))
+    assert len(ds) == 30 and not rejected
+    return ds
+
+
+@pytest.fixture(scope="module")
+def tok(demos, tmp_path_factory):
+    return build_tokenizer([render_demo(d) for d in demos], tmp_path_factory.mktemp("tok"), vocab_size=384)
+
+
+def test_vocab_size_and_ids(tok):
+    assert len(tok) == 384
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert tok.eos_token_id != tok.pad_token_id
+
+
+def test_digits_are_one_token_each_and_round_trip(tok):
+    ids = tok.encode("9876543210", add_special_tokens=False)
+    assert [tok.decode([i]) for i in ids] == list("9876543210")
+    for text in ["-68244 + 1617 * 3", "\\boxed{-128}", "print(( -4 - -29 * 77 ))", "x = 10**12\nprint(x)"]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == text
+        digit_tokens = [tok.decode([i]) for i in ids if any(c.isdigit() for c in tok.decode([i]))]
+        assert all(len(t) == 1 for t in digit_tokens), digit_tokens
+
+
+def test_special_and_tool_tokens_are_single_ids(tok):
+    for t in SPECIAL_TOKENS + ADDED_TOKENS:
+        ids = tok.encode(t, add_special_tokens=False)
+        assert len(ids) == 1, t
+        assert tok.decode(ids) == t
+    text = '<|im_start|>assistant\n<tool_call>{"name": "code_interpreter"}</tool_call><|im_end|>'
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    # tool tags are not "special": skip_special_tokens keeps them (as Qwen2.5's tokenizer does)
+    assert tok.decode(ids, skip_special_tokens=True) == 'assistant\n<tool_call>{"name": "code_interpreter"}</tool_call>'
+
+
+def test_saved_tokenizer_loads_identically(tok, tmp_path):
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    text = "Calculate 12 * 34.<|im_end|>"
+    assert again.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    assert again.chat_template == tok.chat_template
+
+
+def test_chat_template_renders_tools_tool_call_and_tool_turn(tok):
+    msgs = [
+        {"role": "user", "content": "What is 6 * 7?"},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "function": {"name": "code_interpreter",
+                                                           "arguments": {"code": "print(6 * 7)"}}}]},
+        {"role": "tool", "content": "42"},
+        {"role": "assistant", "content": "\\boxed{42}"},
+    ]
+    text = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False)
+    assert text == (
+        "<|im_start|>system\n# Tools\n<tools>\ncode_interpreter\n</tools><|im_end|>\n"
+        "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(6 * 7)"}}'
+        "</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n\\boxed{42}<|im_end|>\n"
+    )
+    # no tools: no tool block; a system message stays; generation prompt appended
+    plain = tok.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
+                                    tokenize=False, add_generation_prompt=True)
+    assert plain == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_verl_continuous_token_builder_appends_tool_observation(tok):
+    """verl's agent loop gets observation ids by rendering tool messages with this template."""
+    from verl.utils.tokenizer.continuous_token import QwenContinuousTokenBuilder
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    builder = create_continuous_token_builder(tok, hf_model_type="qwen2")
+    assert isinstance(builder, QwenContinuousTokenBuilder)
+    prompt = [{"role": "user", "content": "What is 6 * 7?"}]
+    ids = list(builder.build_initial_tokens(prompt, tools=TOOLS))
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    call = '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
+    ids += tok.encode(call, add_special_tokens=False) + [tok.eos_token_id]
+    assistant = {"role": "assistant", "content": ""}
+    tool = {"role": "tool", "content": "42"}
+    merged = builder.merge_context_tokens(prompt + [assistant], prompt + [assistant, tool], ids, tools=TOOLS)
+    appended = merged.token_ids[len(ids):]
+    assert tok.decode(appended) == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n" \
+        "<|im_start|>assistant\n"
+    assert merged.token_ids[: len(ids)] == ids  # the model's ids are never re-tokenised
+
+
+def test_too_small_vocab_and_empty_corpus_raise():
+    with pytest.raises(ValueError, match="vocab_size"):
+        build_tokenizer(["abc"], vocab_size=200)
+    with pytest.raises(ValueError, match="empty"):
+        build_tokenizer(["<|im_end|>"])
