@@ -81,8 +81,9 @@ def typical_responses(n: int, seed: int = 0) -> list[tuple[str, str, bool]]:
 
 
 def _clear_caches() -> None:
-    from envs.scoring import normalize, numeric, reflection
+    from envs.scoring import clear_verdict_cache, normalize, numeric, reflection
 
+    clear_verdict_cache()
     normalize._normalize_cached.cache_clear()
     numeric.evaluate.cache_clear()
     reflection._FORM_CACHE.clear()

@@ -24,7 +24,8 @@ Options (``RewardOptions``; later sources override earlier ones: defaults <- fam
     overlong_buffer_len      DAPO soft overlong buffer in tokens (None or 0: no penalty)
     overlong_penalty_factor  DAPO penalty factor (default 1.0)
     correct_score / incorrect_score   base reward (defaults 1.0 / 0.0)
-    timeout_s                hard wall-clock limit of one call's math-verify step, seconds (default 5)
+    timeout_s                hard wall-clock limit of one call's math-verify check, seconds (default 5);
+                             waiting for a free checker process is bounded separately (max(30, 10x))
 
 Per-response keys read from ``extra_info`` (all optional; verl's naive/dapo managers merge an agent
 loop's ``extra_fields`` into ``extra_info``, so an agent loop can provide them):

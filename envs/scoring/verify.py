@@ -5,8 +5,9 @@
 1. normalised strings are equal (``normalize_answer``) -> equal;
 2. both sides are plain numbers/fractions/radicals (``numeric.evaluate``) -> compared exactly;
 3. otherwise math-verify (``parse`` + ``verify``, its own time limits) decides, in a worker process from
-   a small pool (``MathVerifyPool``). The caller's deadline is a hard wall-clock limit: a worker that does
-   not answer in time is killed (SIGKILL) and replaced on demand. This holds in any thread, where
+   a small pool (``MathVerifyPool``); definite verdicts are remembered per (gold, pred) pair, since the
+   samples of a group often repeat an answer. The caller's limit is a hard wall-clock limit on the
+   check: a worker that does not answer in time is killed (SIGKILL) and replaced on demand. This holds in any thread, where
    math-verify's own ``signal.alarm`` limits cannot work, and even when the time goes into C code that
    no signal interrupts.
 
@@ -24,13 +25,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 from envs.scoring.normalize import normalize_answer, strip_wrappers
 from envs.scoring.numeric import evaluate, numeric_equal
 
-__all__ = ["MathVerifyPool", "Verdict", "answers_equal", "get_pool", "prewarm"]
+__all__ = ["MathVerifyPool", "Verdict", "answers_equal", "clear_verdict_cache", "get_pool", "prewarm"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,9 +120,8 @@ class _Worker:
 class MathVerifyPool:
     """A pool of math-verify worker processes with a hard per-call wall-clock limit.
 
-    Thread-safe; workers start lazily (startup, i.e. importing sympy, takes ~1 s and is not charged to
-    a call's limit beyond that call: a call that times out while its worker starts leaves the worker
-    starting for later calls). After ``os.fork`` the child starts its own workers.
+    Thread-safe; workers start lazily (startup, i.e. importing sympy, takes ~1 s and counts as queueing,
+    not against a check's limit). After ``os.fork`` the child starts its own workers.
 
     Args:
         max_workers: cap on concurrent workers (default env ``STARE_MATH_VERIFY_WORKERS`` or
@@ -192,33 +193,41 @@ class MathVerifyPool:
                 ok = False
         return ok
 
-    def equivalent(self, pairs: list[tuple[str, str]], timeout_s: float) -> Verdict:
+    def equivalent(
+        self, pairs: list[tuple[str, str]], timeout_s: float, queue_timeout_s: float | None = None
+    ) -> Verdict:
         """math-verify's verdict on whether, for any ``(gold, pred)`` pair, pred equals gold.
 
         Args:
             pairs: candidate ``(gold, pred)`` LaTeX strings (no ``$``), tried in order.
-            timeout_s: hard wall-clock limit in seconds for this call (waiting for a free worker
-                included).
+            timeout_s: hard wall-clock limit in seconds for the check itself, counted from the moment a
+                ready worker takes it; the worker is killed when it is exceeded.
+            queue_timeout_s: bound on waiting for a free, ready worker (default ``max(30, 10 *
+                timeout_s)``), so that a burst of calls from many threads queues instead of timing out.
+                A call never takes longer than ``queue_timeout_s + timeout_s``.
         Returns:
             Verdict with method ``"math_verify"``, ``"timeout"`` or ``"error"``. Never raises.
         """
-        deadline = time.monotonic() + max(0.0, timeout_s)
+        timeout_s = max(0.0, timeout_s)
+        if queue_timeout_s is None:
+            queue_timeout_s = max(30.0, 10.0 * timeout_s)
+        qdeadline = time.monotonic() + queue_timeout_s
         try:
-            w = self._acquire(deadline)
+            w = self._acquire(qdeadline)
         except OSError:
             return _inline_verify(pairs, timeout_s)
         if w is None:
             return Verdict(None, "timeout")
         try:
             if not w.ready:
-                if not w.wait_ready(min(deadline, w.started + self.startup_timeout_s)):
+                if not w.wait_ready(min(qdeadline, w.started + self.startup_timeout_s)):
                     starting = time.monotonic() < w.started + self.startup_timeout_s
                     if not starting:
                         logger.warning("math-verify worker not ready after %.0f s; killed", self.startup_timeout_s)
                     self._release(w, dead=not starting)
                     return Verdict(None, "timeout" if starting else "error")
-            remaining = deadline - time.monotonic()
-            inner = max(1, int(remaining / 3))
+            deadline = time.monotonic() + timeout_s
+            inner = max(1, int(timeout_s / 3))
             reply = w.ask({"pairs": [list(p) for p in pairs], "parse_timeout": inner, "verify_timeout": inner}, deadline)
         except (EOFError, OSError, ValueError) as err:
             logger.warning("math-verify worker failed (%s: %s); it is replaced on the next call", type(err).__name__, err)
@@ -263,6 +272,17 @@ def _inline_verify(pairs: list[tuple[str, str]], timeout_s: float) -> Verdict:
         return Verdict(None, "error")
 
 
+_VERDICTS: OrderedDict[tuple, Verdict] = OrderedDict()  # math-verify verdicts of identical answer pairs
+_VERDICTS_LOCK = threading.Lock()
+_VERDICTS_MAX = 65536
+
+
+def clear_verdict_cache() -> None:
+    """Forget remembered math-verify verdicts (benchmarks, tests)."""
+    with _VERDICTS_LOCK:
+        _VERDICTS.clear()
+
+
 _POOL: MathVerifyPool | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -292,8 +312,9 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
     Args:
         pred: extracted answer (box content), None when there was none.
         gold: ground-truth answer (plain or LaTeX; a ``\\boxed{}`` wrapper is removed).
-        timeout_s: hard wall-clock limit for the math-verify step (the fast paths are bounded by input
-            size and take microseconds).
+        timeout_s: hard wall-clock limit of the math-verify check (see ``MathVerifyPool.equivalent``;
+            waiting for a free worker is bounded separately); the fast paths are bounded by input size
+            and take microseconds.
         pool: worker pool (default: the process-wide one).
     Returns:
         Verdict. Never raises.
@@ -321,7 +342,19 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
         raw = (_clean(strip_wrappers(str(gold))), _clean(strip_wrappers(str(pred))))
         if raw != pairs[0] and all(raw):
             pairs.append(raw)
-        return (pool or get_pool()).equivalent(pairs, timeout_s)
+        key = tuple(pairs)
+        with _VERDICTS_LOCK:
+            hit = _VERDICTS.get(key)
+            if hit is not None:
+                _VERDICTS.move_to_end(key)
+                return hit
+        v = (pool or get_pool()).equivalent(pairs, timeout_s)
+        if v.equal is not None:  # only definite verdicts are remembered (never timeouts or errors)
+            with _VERDICTS_LOCK:
+                _VERDICTS[key] = v
+                if len(_VERDICTS) > _VERDICTS_MAX:
+                    _VERDICTS.popitem(last=False)
+        return v
     except Exception:  # noqa: BLE001 - a scorer must never crash a training run
         return Verdict(None, "error")
 
