@@ -60,6 +60,7 @@ Errors: never raises for any response or ground truth (bad ones score ``incorrec
 ValueError only for invalid options (a configuration error, reported on the first call).
 """
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -163,6 +164,15 @@ def overlong_penalty(
     return float(max(-factor, min(0.0, pen)))
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logging.getLogger(__name__).warning(msg)
+
+
 def _as_int(x: Any) -> int | None:
     try:
         if x is None or isinstance(x, bool):
@@ -263,6 +273,14 @@ def compute_score(
     text = solution_str if isinstance(solution_str, str) else ("" if solution_str is None else str(solution_str))
 
     length = _response_length(info)
+    if length is None and opts.overlong_buffer_len:
+        _warn_once(
+            "no_length",
+            "envs.reward.compute_score: overlong_buffer_len is set but extra_info has no response_length / "
+            "response_mask, so no overlong penalty is applied. Use envs.reward_manager.MathRewardManager "
+            "(reward.reward_manager: {source: importlib, name: MathRewardManager, module: {path: "
+            "pkg://envs.reward_manager}}) or an agent loop that reports response_length.",
+        )
     truncated = _is_truncated(info, length, opts)
     penalty = overlong_penalty(length, opts.max_response_length, opts.overlong_buffer_len, opts.overlong_penalty_factor)
 

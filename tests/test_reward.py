@@ -93,6 +93,17 @@ def test_truncated_response_scores_zero_even_with_partial_box():
     assert r["score"] == pytest.approx(-1.0)
 
 
+def test_overlong_without_token_counts_warns_once(caplog):
+    import envs.reward as reward
+
+    reward._WARNED.discard("no_length")
+    with caplog.at_level("WARNING", logger="envs.reward"):
+        r = compute_score("x", r"\boxed{1}", "1", max_response_length=1000, overlong_buffer_len=200)
+        compute_score("x", r"\boxed{1}", "1", max_response_length=1000, overlong_buffer_len=200)
+    assert r["overlong_penalty"] == 0.0 and r["response_length"] == -1
+    assert sum("MathRewardManager" in m for m in caplog.messages) == 1
+
+
 def test_truncation_sources():
     assert compute_score("x", r"\boxed{1}", "1", {"stop_reason": "length"})["truncated"] is True
     assert compute_score("x", r"\boxed{1}", "1", {"finish_reason": "stop"})["truncated"] is False
@@ -349,9 +360,9 @@ def test_math_reward_manager_loads_the_way_verl_loads_it(verl_reward):
     from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
     from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
-    path = str(Path(__file__).resolve().parents[1] / "envs" / "reward_manager.py")
-    cfg = OmegaConf.create(
-        {"reward": {"reward_manager": {"source": "importlib", "name": "MathRewardManager", "module": {"path": path}}}}
-    )
-    cls = resolve_reward_manager_cls(cfg)
-    assert cls.__name__ == "MathRewardManager" and issubclass(cls, RewardManagerBase)
+    for path in (str(Path(__file__).resolve().parents[1] / "envs" / "reward_manager.py"), "pkg://envs.reward_manager"):
+        cfg = OmegaConf.create(
+            {"reward": {"reward_manager": {"source": "importlib", "name": "MathRewardManager", "module": {"path": path}}}}
+        )
+        cls = resolve_reward_manager_cls(cfg)
+        assert cls.__name__ == "MathRewardManager" and issubclass(cls, RewardManagerBase)
