@@ -44,8 +44,8 @@ class SandboxUnavailable(RuntimeError):
 class _UidPool:
     """Unprivileged uids, one per live slot; empty (None handed out) unless the host runs as root."""
 
-    def __init__(self, base: int, size: int):
-        self.enabled = os.geteuid() == 0
+    def __init__(self, base: int, size: int, enabled: bool):
+        self.enabled = enabled and os.geteuid() == 0
         start = base + (os.getpid() % 1000) * 8192  # distinct ranges for processes sharing a node
         self._free = list(range(start, start + size)) if self.enabled else []
 
@@ -69,20 +69,24 @@ class LocalSandbox:
     Args:
         kind: ``"bwrap"``, ``"unshare"`` or ``"subprocess"``.
         config: the validated :class:`SandboxConfig`.
+        separate_uids: when the host runs as root, run each slot under its own unprivileged uid.
 
     Use :meth:`run` for a cold call (fresh interpreter) and :meth:`run_in_session` for calls that share
     globals under a key (one long-lived sandboxed interpreter per key, at most ``config.max_sessions``;
     the least recently used is closed when a new one is needed).
     """
 
-    def __init__(self, kind: str, config: SandboxConfig):
+    def __init__(self, kind: str, config: SandboxConfig, separate_uids: bool = True):
         if kind not in ("bwrap", "unshare", "subprocess"):
             raise ValueError(f"unknown local backend {kind!r}")
         self.kind = kind
         self.name = kind
         self.config = config
         self.network_isolated = kind != "subprocess"
-        self._uids = _UidPool(config.uid_base, config.max_concurrency + config.max_sessions)
+        # separate_uids=False (or a non-root host): the launcher runs under our own uid; bwrap still maps
+        # the code to uid 65534 in its user namespace, but RLIMIT_NPROC is then not applied.
+        self._uids = _UidPool(config.uid_base, config.max_concurrency + config.max_sessions, separate_uids)
+        self.separate_uids = self._uids.enabled
         self._sem: asyncio.Semaphore | None = None
         self._sem_loop: asyncio.AbstractEventLoop | None = None
         self._sessions: OrderedDict[str, PythonSession] = OrderedDict()

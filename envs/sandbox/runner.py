@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 
@@ -16,7 +17,7 @@ Sandbox = LocalSandbox | RemoteSandbox
 _PROBE_TIMEOUT_S = 20
 
 
-def probe_backend(kind: str, config: SandboxConfig | None = None) -> str | None:
+def probe_backend(kind: str, config: SandboxConfig | None = None, separate_uids: bool = True) -> str | None:
     """Run ``print(1+1)`` through backend ``kind`` synchronously; return None if it works, else why not.
 
     Used once at start-up; takes tens of milliseconds when the backend works.
@@ -25,7 +26,7 @@ def probe_backend(kind: str, config: SandboxConfig | None = None) -> str | None:
     tool = {"bwrap": "bwrap", "unshare": "unshare", "subprocess": "timeout"}[kind]
     if shutil.which(tool) is None:
         return f"{tool} not found on PATH"
-    sandbox = LocalSandbox(kind, config)
+    sandbox = LocalSandbox(kind, config, separate_uids=separate_uids)
     uid = sandbox._uids.take()
     argv, kwargs, workdir = sandbox._launch_spec(config.limits, "cold", uid)
     try:
@@ -39,6 +40,18 @@ def probe_backend(kind: str, config: SandboxConfig | None = None) -> str | None:
     if proc.returncode != 0 or proc.stdout != b"2\n":
         return f"{kind} probe failed (status {proc.returncode}): {proc.stderr.decode('utf-8', 'replace')[-300:]}"
     return None
+
+
+def _working_local(kind: str, config: SandboxConfig) -> tuple[LocalSandbox | None, str]:
+    reason = probe_backend(kind, config)
+    if reason is None:
+        return LocalSandbox(kind, config), ""
+    if os.geteuid() == 0:  # e.g. unprivileged user namespaces disabled: launch as root, code still unprivileged
+        if probe_backend(kind, config, separate_uids=False) is None:
+            logger.warning("sandbox: %s works only without separate uids (RLIMIT_NPROC not applied): %s",
+                           kind, reason)
+            return LocalSandbox(kind, config, separate_uids=False), ""
+    return None, reason
 
 
 def make_sandbox(config: SandboxConfig | dict | None = None) -> Sandbox:
@@ -61,11 +74,11 @@ def make_sandbox(config: SandboxConfig | dict | None = None) -> Sandbox:
         candidates.append("subprocess")
     reasons = []
     for kind in candidates:
-        reason = probe_backend(kind, config)
-        if reason is None:
+        sandbox, reason = _working_local(kind, config)
+        if sandbox is not None:
             if kind == "subprocess":
                 logger.warning("sandbox: using the subprocess backend: code is NOT network-isolated")
-            return LocalSandbox(kind, config)
+            return sandbox
         reasons.append(reason)
         logger.warning("sandbox: %s", reason)
     hint = "" if config.allow_unsafe else " (the unisolated subprocess backend needs allow_unsafe=true)"
