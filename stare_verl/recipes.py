@@ -41,7 +41,7 @@ def validate_recipe(cfg: DictConfig) -> StareConfig | None:
 
     Checks verl's ``validate_config``, the rollout section as ``RolloutConfig``, the algorithm section as
     ``AlgoConfig`` (without ``stare``), ``algorithm.stare`` with pydantic, that the estimator and trainer
-    mode are registered and that the custom reward function and tool config load.
+    mode are registered and that the reward manager, custom reward function and tool config load.
 
     Returns:
         The parsed STARE config, or None when the recipe does not use the ``stare`` estimator.
@@ -63,6 +63,9 @@ def validate_recipe(cfg: DictConfig) -> StareConfig | None:
     omega_conf_to_dataclass(OmegaConf.create(algo))
     get_adv_estimator_fn(cfg.algorithm.adv_estimator)
     get_trainer_cls(cfg.trainer.v1.trainer_mode)
+    from verl.trainer.ppo.reward import resolve_reward_manager_cls
+
+    resolve_reward_manager_cls(cfg)
     fn = cfg.reward.get("custom_reward_function") or {}
     if fn.get("path"):
         load_extern_object(fn.path, fn.name)
