@@ -22,7 +22,9 @@ selection and output assembly it reuses):
   (including the newline a Qwen template puts after ``<|im_end|>``, with response_mask 0).
 - Stops on a final answer (a turn without any tool call), at ``max_assistant_turns`` /
   ``max_user_turns``, or at the length limit; ``extra_fields["termination"]`` says which.
-- Tool calls run with a loop-side deadline (``tool_timeout_s``) on top of the tool's own limits.
+- Tool calls run with a loop-side deadline (``tool_timeout_s``) on top of the tool's own limits; at the
+  end of the trajectory every tool with ``release_trajectory(request_id)`` (``code_interpreter``'s
+  persistent sessions keyed by trajectory) is called, so sessions do not outlive their rollout.
 - The reward gets only model-generated text: ``extra_fields["model_response_text"]`` is decoded from the
   response_mask == 1 tokens with tool-call blocks removed. verl's naive/limited/remote reward managers
   merge an agent loop's ``extra_fields`` into ``extra_info``; ``envs.tool_use.compute_score`` scores
@@ -189,7 +191,9 @@ def _parse_one(raw: str, tools: dict[str, OpenAIFunctionToolSchema | None]) -> P
             ),
         )
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return ParsedCall(raw, error='Error: a tool call must be a JSON object with a "name"; nothing was run.')
+        return ParsedCall(
+            raw, error='Error: a tool call must be a JSON object with a "name"; nothing was run.'
+        )
     name = obj["name"]
     if name not in tools:
         avail = ", ".join(sorted(tools)) or "none"
@@ -202,7 +206,9 @@ def _parse_one(raw: str, tools: dict[str, OpenAIFunctionToolSchema | None]) -> P
             pass
     if not isinstance(args, dict):
         return ParsedCall(
-            raw, name=name, error=f'Error: "arguments" of tool \'{name}\' must be a JSON object; nothing was run.'
+            raw,
+            name=name,
+            error=f"Error: \"arguments\" of tool '{name}' must be a JSON object; nothing was run.",
         )
     err = _check_arguments(name, args, tools[name])
     return ParsedCall(raw, name=name, arguments=args if err is None else None, error=err)
@@ -233,7 +239,9 @@ def parse_tool_calls(
         if end == -1:
             raw = visible[start + len(TOOL_CALL_START) :]
             calls.append(
-                ParsedCall(raw, error=f"Error: the tool call was not closed with {TOOL_CALL_END}; nothing was run.")
+                ParsedCall(
+                    raw, error=f"Error: the tool call was not closed with {TOOL_CALL_END}; nothing was run."
+                )
             )
             break
         calls.append(_parse_one(visible[start + len(TOOL_CALL_START) : end], tools))
@@ -343,7 +351,10 @@ class StareToolAgentLoop(ToolAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         """Run one trajectory (verl's ``AgentLoopBase.run`` contract) and add the fields listed in the
         module docstring to ``extra_fields``."""
-        output = await super().run(sampling_params, **kwargs)
+        try:
+            output = await super().run(sampling_params, **kwargs)
+        finally:
+            await self._release_trajectory()
         st: EpisodeStats = self._agent_data.stare_stats
         mask = list(output.response_mask)
         output.extra_fields.update(
@@ -365,7 +376,23 @@ class StareToolAgentLoop(ToolAgentLoop):
         )
         return output
 
-    async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
+    async def _release_trajectory(self) -> None:
+        """Close per-trajectory tool state (tools with ``release_trajectory(request_id)``, e.g. a persistent
+        ``code_interpreter`` session keyed by trajectory); errors are logged, never raised."""
+        if self._agent_data is None:
+            return
+        for name, tool in self.tools.items():
+            release = getattr(tool, "release_trajectory", None)
+            if release is None:
+                continue
+            try:
+                await release(self._agent_data.request_id)
+            except Exception:  # noqa: BLE001 - cleanup must not fail the rollout
+                logger.exception("release_trajectory of tool %s failed", name)
+
+    async def _handle_pending_state(
+        self, agent_data: AgentData, sampling_params: dict[str, Any]
+    ) -> AgentState:
         agent_data.stare_stats = EpisodeStats()
         self._agent_data = agent_data
         return await super()._handle_pending_state(agent_data, sampling_params)
@@ -437,7 +464,9 @@ class StareToolAgentLoop(ToolAgentLoop):
 
         if self._turn_cut(turn_ids, params["max_tokens"], output.stop_reason, stop_ids):
             st.hit_eos = False
-            return self._terminate(agent_data, "aborted" if output.stop_reason in ("aborted", "abort") else "length")
+            return self._terminate(
+                agent_data, "aborted" if output.stop_reason in ("aborted", "abort") else "length"
+            )
 
         active = getattr(agent_data, "_active_tools", self.tools)
         text = await self.loop.run_in_executor(

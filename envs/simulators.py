@@ -49,7 +49,7 @@ CHAT_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
     "{{- '# Tools\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools>\\nCall a tool as <tool_call>{\"name\": <name>, \"arguments\": <json>}</tool_call>"
+    '{{- \'\\n</tools>\\nCall a tool as <tool_call>{"name": <name>, "arguments": <json>}</tool_call>'
     "<|im_end|>\\n' }}"
     "{%- elif messages[0]['role'] == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
@@ -183,7 +183,9 @@ class ScriptedTurn:
         """The ids the server returns for this turn (before ``max_tokens``/stop handling)."""
         if (self.text is None) == (self.ids is None):
             raise ScriptError("a ScriptedTurn needs exactly one of text or ids")
-        ids = list(self.ids) if self.ids is not None else tokenizer.encode(self.text, add_special_tokens=False)
+        ids = (
+            list(self.ids) if self.ids is not None else tokenizer.encode(self.text, add_special_tokens=False)
+        )
         if self.eos:
             ids.append(int(tokenizer.eos_token_id))
         return ids
@@ -309,7 +311,9 @@ class ScriptedLLMServer(LLMServerClient):
         if self.stop_reason_style == "vllm":
             stop_reason = "completed"
         else:
-            stop_reason = "length" if cut or (ids == full and not episode.turn(session.turns_done).eos) else "stop"
+            stop_reason = (
+                "length" if cut or (ids == full and not episode.turn(session.turns_done).eos) else "stop"
+            )
         self.calls.append(
             GenerateCall(
                 request_id=str(request_id),

@@ -91,7 +91,8 @@ def to_tool_use_row(row: Mapping[str, Any], create_kwargs: Mapping[str, Any] | N
     Args:
         row: an ``envs.datasets`` row (``prompt``, ``reward_model``, ``extra_info``, ...).
         create_kwargs: passed to the tool's ``create`` for this row (``tools_kwargs[tool]["create_kwargs"]``);
-            default ``{"timeout_s": None}`` (the tool's own default).
+            default ``{"data_source": <row data_source>}`` (informational: ``code_interpreter`` takes no
+            per-row options; parquet cannot store an empty struct).
 
     Returns:
         a new row (the input is not changed).
@@ -107,7 +108,9 @@ def to_tool_use_row(row: Mapping[str, Any], create_kwargs: Mapping[str, Any] | N
     out["agent_name"] = AGENT_NAME
     info = dict(out.get("extra_info") or {})
     info["family"] = "tool_use"
-    kwargs = dict(create_kwargs) if create_kwargs is not None else {"timeout_s": None}
+    kwargs = (
+        dict(create_kwargs) if create_kwargs is not None else {"data_source": str(out.get("data_source", ""))}
+    )
     info["tools_kwargs"] = {TOOL_NAME: {"create_kwargs": kwargs}}
     info["need_tools_kwargs"] = True
     out["extra_info"] = info
@@ -160,7 +163,12 @@ def build_offline_tool_use(
             seen.add(key)
             expr = str((entry.get("metadata") or {}).get("expression") or "")
             row = make_row(
-                q, a, f"rg/{task}", len(report.rows), split, family="tool_use",
+                q,
+                a,
+                f"rg/{task}",
+                len(report.rows),
+                split,
+                family="tool_use",
                 extra={"task": task, "expression": expr, "source_id": f"{task}/{seed}/{j}"},
             )
             report.rows.append(to_tool_use_row(row))
@@ -274,11 +282,15 @@ def main(argv: list[str] | None = None) -> int:
             )
             for split, rep in (("train", train), ("test", test)):
                 path = write_parquet(rep.rows, out / f"tool_use_offline_{split}.parquet")
-                print(f"{split}: {len(rep.rows)} rows -> {path} (bad {len(rep.bad)}, duplicates {rep.duplicates})")
+                print(
+                    f"{split}: {len(rep.rows)} rows -> {path} (bad {len(rep.bad)}, duplicates {rep.duplicates})"
+                )
         else:
             rep = build_tool_use_hub(args.name, split=args.split, from_file=args.from_file, limit=args.limit)
             path = write_parquet(rep.rows, out / f"tool_use_{args.name}.parquet")
-            print(f"{args.name}: {len(rep.rows)} rows -> {path} (bad {len(rep.bad)}, duplicates {rep.duplicates})")
+            print(
+                f"{args.name}: {len(rep.rows)} rows -> {path} (bad {len(rep.bad)}, duplicates {rep.duplicates})"
+            )
     except Exception as err:  # noqa: BLE001 - CLI: one clear line, non-zero status
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return 1

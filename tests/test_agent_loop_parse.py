@@ -73,10 +73,22 @@ def test_missing_brace_is_an_error_observation():
 @pytest.mark.parametrize(
     "body, expected",
     [
-        ('{"name": "python", "arguments": {"code": "1"}}', "Error: unknown tool 'python'. Available tools: code_interpreter."),
-        ('{"name": "code_interpreter", "arguments": {}}', "Error: tool 'code_interpreter' needs the argument(s) code"),
-        ('{"name": "code_interpreter", "arguments": {"code": 5}}', "Error: argument 'code' of tool 'code_interpreter' must be a JSON string"),
-        ('{"name": "code_interpreter", "arguments": [1]}', "Error: \"arguments\" of tool 'code_interpreter' must be a JSON object"),
+        (
+            '{"name": "python", "arguments": {"code": "1"}}',
+            "Error: unknown tool 'python'. Available tools: code_interpreter.",
+        ),
+        (
+            '{"name": "code_interpreter", "arguments": {}}',
+            "Error: tool 'code_interpreter' needs the argument(s) code",
+        ),
+        (
+            '{"name": "code_interpreter", "arguments": {"code": 5}}',
+            "Error: argument 'code' of tool 'code_interpreter' must be a JSON string",
+        ),
+        (
+            '{"name": "code_interpreter", "arguments": [1]}',
+            "Error: \"arguments\" of tool 'code_interpreter' must be a JSON object",
+        ),
         ('{"arguments": {"code": "1"}}', 'Error: a tool call must be a JSON object with a "name"'),
         ('["code_interpreter"]', 'Error: a tool call must be a JSON object with a "name"'),
     ],
@@ -88,10 +100,14 @@ def test_malformed_calls_get_readable_errors(body, expected):
 
 
 def test_unclosed_call_is_one_malformed_call_and_valid_union_types():
-    _, calls = parse_tool_calls('ok <tool_call>{"name": "code_interpreter", "arguments": {"code": "pri', TOOLS)
+    _, calls = parse_tool_calls(
+        'ok <tool_call>{"name": "code_interpreter", "arguments": {"code": "pri', TOOLS
+    )
     assert len(calls) == 1 and calls[0].error.startswith("Error: the tool call was not closed")
     # a stringified arguments object and an optional union-typed argument are accepted
-    body = json.dumps({"name": "code_interpreter", "arguments": json.dumps({"code": "print(7)", "timeout": None})})
+    body = json.dumps(
+        {"name": "code_interpreter", "arguments": json.dumps({"code": "print(7)", "timeout": None})}
+    )
     _, calls = parse_tool_calls(f"<tool_call>{body}</tool_call>", TOOLS)
     assert calls[0].ok and calls[0].arguments == {"code": "print(7)", "timeout": None}
     assert json.loads(calls[0].function_call().arguments) == {"code": "print(7)", "timeout": None}
