@@ -150,3 +150,33 @@ def test_format_observation_cases():
     assert format_observation(warn) == "1\nc\nd\nUserWarning: w"
     restarted = ExecResult(stdout="ok\n", exit_code=0, session_restarted=True)
     assert format_observation(restarted).startswith("[session restarted")
+
+
+def test_verl_tool_agent_loop_call_path_with_trajectory_sessions():
+    # ToolAgentLoop._call_tool is verl's real per-call path: parse JSON arguments, create, execute with
+    # agent_data=..., release, truncate to max_tool_response_length. Driven here without a model server.
+    import json
+
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+    from verl.experimental.agent_loop.tool_parser import FunctionCall
+
+    (tool,) = initialize_tools_from_config(str(YAML))
+    tool.cfg = tool.cfg.model_copy(update={"persistent_session": True, "session_key": "trajectory"})
+    loop = SimpleNamespace(tools={tool.name: tool}, max_tool_response_length=256, tool_response_truncate_side="right")
+    agent_data = SimpleNamespace(request_id="traj-1")
+
+    def call(code: str):
+        fc = FunctionCall(name="code_interpreter", arguments=json.dumps({"code": code}))
+        return ToolAgentLoop._call_tool(loop, fc, {}, agent_data)
+
+    async def go():
+        first = await call("```python\nacc = [1, 2]\nprint(len(acc))\n```")
+        second = await call("acc.append(3); print(sum(acc))")
+        flood = await call("print('w' * 5000)")
+        await tool.release_trajectory("traj-1")
+        return first, second, flood
+
+    first, second, flood = asyncio.run(go())
+    assert first[0].text == "2" and second[0].text == "6" and second[1] == 0.0
+    assert len(flood[0].text) <= 256 + len("...(truncated)") and flood[0].text.endswith("...(truncated)")
+    assert tool.sandbox.session_keys == []

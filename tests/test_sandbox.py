@@ -247,7 +247,8 @@ print('spawned')
 def test_killing_the_parent_or_everything_does_not_harm_the_host(kind):
     sb = sandbox(kind)
     r = run(sb, "import os\ntry:\n    os.kill(os.getppid(), 9)\nexcept OSError as e:\n    print(e)\nprint('alive')")
-    assert r.exit_code in (0, 137)  # inside a PID namespace the parent is the sandbox's own init
+    # Inside the PID namespace the parent is the namespace's init, which ignores signals from inside.
+    assert r.exit_code == 0 and r.stdout.endswith("alive\n")
     r = run(sb, "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass\nprint('done')")
     assert r.exit_code is not None and not r.timed_out
     assert run(sb, "print('still fine')").stdout == "still fine\n"  # and so is this process

@@ -170,3 +170,10 @@ def test_remote_config_needs_a_url():
         SandboxConfig.model_validate({"backend": "remote"})
     with pytest.raises(ValidationError):
         SandboxConfig.model_validate({"backend": "remote", "remote": {"url": "not a url"}})
+
+
+def test_remote_has_no_sessions(server):
+    sb = _remote(server.url)
+    assert sb.session_keys == []
+    with pytest.raises(NotImplementedError):
+        asyncio.run(sb.run_in_session("k", "print(1)"))

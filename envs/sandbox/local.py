@@ -123,7 +123,11 @@ class LocalSandbox:
         return argv
 
     def _unshare_argv(self, limits: ExecLimits, uid: int | None) -> list[str]:
-        hide = [p for p in (*self.config.hide_paths, _PROJECT_ROOT, os.getcwd()) if p not in ("/", "/usr")]
+        system = ("/usr", "/bin", "/sbin", "/lib", "/etc", "/proc", "/dev", "/sys", "/tmp")
+        hide = [
+            p for p in (*self.config.hide_paths, _PROJECT_ROOT, os.getcwd())
+            if p != "/" and not any(p == d or p.startswith(d + "/") for d in system)
+        ]
         tmp_kb = limits.tmp_size_mb << 10
         lines = ["set -e"]
         for path in dict.fromkeys(hide):

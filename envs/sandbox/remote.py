@@ -100,6 +100,17 @@ class RemoteSandbox:
             duration_s=duration, backend=self.name,
         )
 
+    async def run_in_session(self, key: str, code: str, limits: ExecLimits | None = None) -> ExecResult:
+        """Not available: SandboxFusion runs every request in a fresh process. Raises NotImplementedError."""
+        raise NotImplementedError("persistent sessions need a local backend (bwrap, unshare, subprocess)")
+
+    async def close_session(self, key: str) -> None:
+        """No-op (no sessions on the remote backend)."""
+
+    @property
+    def session_keys(self) -> list[str]:
+        return []
+
     async def aclose(self) -> None:
         """Close the HTTP client."""
         if self._client is not None:
