@@ -120,3 +120,18 @@ def test_least_recently_used_session_is_evicted_and_close_kills_it(kind):
     assert sorted(keys) == ["a", "c"] and pid.strip().isdigit()
     assert not os.path.exists(f"/proc/{proc_pid}") or open(f"/proc/{proc_pid}/stat").read().split()[2] in "ZX"
     assert after == ["c"] and sb.session_keys == []
+
+
+@pytest.mark.parametrize("kind", KINDS[:1])
+def test_idle_sessions_are_closed(kind):
+    sb = LocalSandbox(kind, SandboxConfig(session_idle_s=0.3))
+
+    async def go():
+        await sb.run_in_session("old", "a = 1")
+        await asyncio.sleep(0.5)
+        await sb.run_in_session("new", "b = 1")
+        keys = sb.session_keys
+        await sb.aclose()
+        return keys
+
+    assert asyncio.run(go()) == ["new"]

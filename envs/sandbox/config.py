@@ -78,6 +78,9 @@ class SandboxConfig(BaseModel):
     limits: ExecLimits = Field(default_factory=ExecLimits)
     max_concurrency: int = Field(8, ge=1, le=1024, description="sandboxed calls running at once")
     max_sessions: int = Field(64, ge=1, le=4096, description="live persistent sessions; the idlest is evicted")
+    session_idle_s: float = Field(
+        900.0, gt=0, description="a session unused this long is closed (its trajectory is assumed finished)"
+    )
     python: str = Field("/usr/bin/python3", description="interpreter inside the sandbox (absolute path)")
     ro_binds: tuple[str, ...] = Field(
         ("/usr", "/etc/alternatives", "/etc/ssl/certs", "/etc/localtime"),

@@ -76,7 +76,8 @@ class LocalSandbox:
 
     Use :meth:`run` for a cold call (fresh interpreter) and :meth:`run_in_session` for calls that share
     globals under a key (one long-lived sandboxed interpreter per key, at most ``config.max_sessions``;
-    the least recently used is closed when a new one is needed).
+    the least recently used is closed when a new one is needed, and any unused for
+    ``config.session_idle_s`` is closed). Sessions belong to the event loop that started them.
     """
 
     def __init__(self, kind: str, config: SandboxConfig, separate_uids: bool = True):
@@ -274,6 +275,10 @@ class LocalSandbox:
     async def run_in_session(self, key: str, code: str, limits: ExecLimits | None = None) -> ExecResult:
         """Run ``code`` in the persistent interpreter of ``key`` (started on first use; restarted cleanly
         after a timeout or crash, which ``ExecResult.session_restarted`` reports on the next call)."""
+        now = time.monotonic()
+        for old_key, old in list(self._sessions.items()):
+            if old_key != key and now - old.last_used > self.config.session_idle_s and not old.busy:
+                await self.close_session(old_key)
         session = self._sessions.get(key)
         if session is None:
             while len(self._sessions) >= self.config.max_sessions:
@@ -318,6 +323,11 @@ class PythonSession:
         self._workdir: str | None = None
         self._lock = asyncio.Lock()
         self.started_once = False
+        self.last_used = time.monotonic()
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
 
     @property
     def alive(self) -> bool:
@@ -369,6 +379,7 @@ class PythonSession:
         if len(code.encode("utf-8", "surrogateescape")) > limits.max_code_bytes:
             return ExecResult(backend=name, sandbox_error="code is above max_code_bytes")
         async with self._lock:
+            self.last_used = time.monotonic()
             restarted = False
             if not self.alive:
                 restarted = self.started_once  # an earlier interpreter (and its globals) was lost
@@ -384,6 +395,7 @@ class PythonSession:
             async with self.sandbox._semaphore():
                 result = await self._call(code, limits, name)
             result.session_restarted = restarted
+            self.last_used = time.monotonic()
             return result
 
     async def _call(self, code: str, limits: ExecLimits, name: str) -> ExecResult:
