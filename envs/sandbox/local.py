@@ -281,11 +281,15 @@ class LocalSandbox:
                 await self.close_session(old_key)
         session = self._sessions.get(key)
         if session is None:
-            while len(self._sessions) >= self.config.max_sessions:
-                _, oldest = self._sessions.popitem(last=False)
-                await oldest.close()
-            session = PythonSession(self, self.config.limits)
-            self._sessions[key] = session
+            # Registered before any await, so concurrent calls with the same key share it.
+            session = self._sessions[key] = PythonSession(self, self.config.limits)
+            evicted = []
+            while len(self._sessions) > self.config.max_sessions:
+                idle = [k for k, s in self._sessions.items() if k != key and not s.busy]
+                victim = idle[0] if idle else next(k for k in self._sessions if k != key)
+                evicted.append(self._sessions.pop(victim))
+            for old in evicted:
+                await old.close()
         self._sessions.move_to_end(key)
         return await session.run(code, limits)
 
