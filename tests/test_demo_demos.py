@@ -66,15 +66,38 @@ def test_splits_are_disjoint_and_deterministic(splits):
     assert D.heldout_problems(30, 4) != splits["heldout"]
 
 
-def test_failed_code_observation_is_the_error_tail():
+def test_schema_and_observations_are_the_tools_own():
     from envs.sandbox import ExecResult
+    from envs.tools.code_interpreter import CODE_INTERPRETER_SCHEMA
 
-    ok = ExecResult(stdout="42\n", exit_code=0)
-    assert D.format_observation(ok) == "42"
+    assert D.CODE_INTERPRETER_SCHEMA == CODE_INTERPRETER_SCHEMA.model_dump(exclude_unset=True, exclude_none=True)
+    assert D.format_observation(ExecResult(stdout="42\n", exit_code=0)) == "42"
     bad = ExecResult(stderr="Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero\n",
                      exit_code=1)
     assert D.format_observation(bad).endswith("ZeroDivisionError: division by zero")
-    assert D.format_observation(ExecResult(timed_out=True)) == "Error: timed out"
+
+
+def test_demo_tool_output_equals_running_the_tool(built):
+    """The batched sandbox run gives what the code_interpreter tool returns for the demo's code alone."""
+    import asyncio
+
+    from envs.tools.code_interpreter import CodeInterpreterTool
+
+    async def run(codes):
+        tool = CodeInterpreterTool({"type": "native"})
+        try:
+            out = []
+            for code in codes:
+                iid, _ = await tool.create()
+                resp, _, _ = await tool.execute(iid, {"code": code})
+                await tool.release(iid)
+                out.append(resp.text)
+            return out
+        finally:
+            await tool.aclose()
+
+    demos = built[0][:4]
+    assert asyncio.run(run([d.problem.code for d in demos])) == [d.tool_output for d in demos]
 
 
 def test_sample_problems_rejects_negative():
@@ -91,7 +114,8 @@ def test_rl_parquet_schema_and_splits(tmp_path, splits):
         assert set(df.columns) == {"data_source", "prompt", "ability", "reward_model", "extra_info", "agent_name"}
         row = df.iloc[0]
         assert row["agent_name"] == "stare_tool_agent"
-        assert row["data_source"].startswith("demo_tool/")
+        assert row["data_source"].startswith("rg/")
+        assert row["extra_info"]["need_tools_kwargs"]
         assert list(row["prompt"])[0]["role"] == "user"
         assert row["reward_model"]["style"] == "rule"
         assert row["extra_info"]["family"] == "tool_use"
@@ -120,6 +144,5 @@ def test_rl_parquet_loads_in_verl_rlhf_dataset(tmp_path):
     assert len(data) == 6
     item = data[0]
     assert item["raw_prompt"][0]["role"] == "user"
-    assert item["agent_name"] == "tool_agent"
-    assert item["tools_kwargs"]["code_interpreter"]["create_kwargs"]["ground_truth"] == item["reward_model"][
-        "ground_truth"]
+    assert item["agent_name"] == "stare_tool_agent"
+    assert item["tools_kwargs"]["code_interpreter"]["create_kwargs"]["data_source"] == item["data_source"]

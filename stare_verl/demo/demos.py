@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "AGENT_NAME",
     "CODE_INTERPRETER_SCHEMA",
     "DATA_SOURCE_PREFIX",
     "SPLIT_SEED_OFFSET",
@@ -51,17 +52,23 @@ __all__ = [
 ]
 
 TOOL_NAME = "code_interpreter"
-DATA_SOURCE_PREFIX = "demo_tool"
+AGENT_NAME = "stare_tool_agent"  # envs.agent_loop.AGENT_NAME (not imported: that module imports verl)
+DATA_SOURCE_PREFIX = "rg"  # as envs.tool_use's offline rows
 
-# OpenAI function schema of the Python tool (the shape verl's tool config carries under ``tool_schema``).
+# The ``code_interpreter`` tool's OpenAI schema as verl's agent loop passes it to the chat template
+# (``envs.tools.code_interpreter.CODE_INTERPRETER_SCHEMA.model_dump(exclude_unset=True, exclude_none=True)``;
+# a test checks they agree). The demo chat template renders only the tool's name.
 CODE_INTERPRETER_SCHEMA: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": TOOL_NAME,
-        "description": "Run Python code in a sandbox and return what it prints.",
+        "description": (
+            "Run a Python 3 program in a fresh sandbox (no network, no input, limited time and memory) "
+            "and return what it prints. Use print() to see results."
+        ),
         "parameters": {
             "type": "object",
-            "properties": {"code": {"type": "string", "description": "Python source to run."}},
+            "properties": {"code": {"type": "string", "description": "The Python code to run."}},
             "required": ["code"],
         },
     },
@@ -110,7 +117,7 @@ class Problem:
 
     @property
     def data_source(self) -> str:
-        """``demo_tool/<task>``: verl groups validation metrics by this."""
+        """``rg/<task>``: verl groups validation metrics by this."""
         return f"{DATA_SOURCE_PREFIX}/{self.task}"
 
     @property
@@ -220,21 +227,11 @@ def heldout_problems(n: int, seed: int) -> list[Problem]:
 
 
 def format_observation(result) -> str:
-    """The tool text the model sees for one sandbox result (``envs.sandbox.ExecResult``).
+    """The tool text the model sees for one sandbox result: ``envs.tools.code_interpreter.format_observation``
+    (the ``code_interpreter`` tool's own formatting: stdout without its trailing newline, or the error tail)."""
+    from envs.tools.code_interpreter import format_observation as tool_format
 
-    Successful runs give the printed output without its trailing newline; failures give the last lines of
-    the error (or a timeout / sandbox-failure note). Used for demonstrations and by the evaluation loop.
-    """
-    if result.sandbox_error:
-        return f"Error: sandbox failure: {result.sandbox_error}"
-    if result.timed_out:
-        return "Error: timed out"
-    if result.exit_code == 0:
-        return result.stdout.rstrip("\n")
-    err = [line for line in (result.stderr or "").strip().splitlines() if line.strip()]
-    tail = "\n".join(err[-3:]) if err else f"exit status {result.exit_code}"
-    out = result.stdout.rstrip("\n")
-    return (out + "\n" if out else "") + tail
+    return tool_format(result)
 
 
 async def _run_prints_async(expressions: Sequence[str], sandbox=None) -> list[str]:
@@ -281,9 +278,13 @@ def build_demos(problems: Sequence[Problem], sandbox=None) -> tuple[list[Demo], 
     Raises:
         DemoError: from :func:`run_prints`.
     """
+    from envs.sandbox import ExecResult
+
     outputs = run_prints([p.expression for p in problems], sandbox)
     demos, rejected = [], []
-    for p, out in zip(problems, outputs, strict=True):
+    for p, line in zip(problems, outputs, strict=True):
+        # what the tool shows for ``print(<expression>)`` run alone: one line of stdout, exit status 0
+        out = format_observation(ExecResult(stdout=line + "\n", exit_code=0))
         if out.strip() == p.answer:
             demos.append(Demo(p, out))
         else:
@@ -291,13 +292,13 @@ def build_demos(problems: Sequence[Problem], sandbox=None) -> tuple[list[Demo], 
     return demos, rejected
 
 
-def problem_row(p: Problem, split: str, index: int, agent_name: str = "tool_agent") -> dict[str, Any]:
+def problem_row(p: Problem, split: str, index: int, agent_name: str = AGENT_NAME) -> dict[str, Any]:
     """One verl RLHF row (``RLHFDataset`` schema) for problem ``p``.
 
-    ``prompt`` is the user question alone (the tools come from the tool config through ``tools=``, exactly as
-    in SFT); ``reward_model.ground_truth`` the answer; ``extra_info`` carries ``tools_kwargs`` for the
-    ``code_interpreter`` tool, the task, the expression and ``family: tool_use`` (read by
-    ``envs.reward.compute_score``); ``agent_name`` selects the agent loop.
+    Like ``envs.tool_use.to_tool_use_row`` (same ``agent_name``, ``tools_kwargs``, ``need_tools_kwargs`` and
+    ``family: tool_use``, read by ``envs.tool_use.compute_score``) except for the prompt: the user question
+    alone, with no system message. The tiny model pays for every prompt token and was fine-tuned on exactly
+    this prompt; the tool list comes from the tool config through the chat template's ``tools=``.
     """
     return {
         "data_source": p.data_source,
@@ -311,7 +312,8 @@ def problem_row(p: Problem, split: str, index: int, agent_name: str = "tool_agen
             "task": p.task,
             "question": p.question,
             "expression": p.expression,
-            "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"ground_truth": p.answer}}},
+            "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"data_source": p.data_source}}},
+            "need_tools_kwargs": True,
         },
         "agent_name": agent_name,
     }
@@ -322,7 +324,7 @@ def write_rl_parquet(
     n_train: int = 1024,
     n_val: int = 128,
     seed: int = 0,
-    agent_name: str = "tool_agent",
+    agent_name: str = AGENT_NAME,
     n_sft_train: int = 0,
 ) -> dict[str, Path]:
     """Write ``train.parquet`` (RL problems) and ``val.parquet`` (the held-out problems) for verl.
@@ -334,7 +336,7 @@ def write_rl_parquet(
         n_val: held-out problems; the same questions :func:`stare_verl.demo.evaluate.evaluate_checkpoint`
             uses for ``n_val`` problems and this ``seed``.
         seed: data seed (use the SFT configuration's ``data_seed`` to keep RL and SFT splits disjoint).
-        agent_name: verl agent loop per row (``tool_agent`` is verl's built-in; pass the project's own loop).
+        agent_name: verl agent loop per row (default the project's ``stare_tool_agent``, ``envs.agent_loop``).
         n_sft_train: size of the SFT training split to exclude from RL training (0: do not exclude).
     Returns:
         ``{"train": path, "val": path}``.

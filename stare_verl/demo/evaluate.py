@@ -4,27 +4,27 @@ Each held-out problem is one episode, token-in / token-out like verl's ``ToolAge
 
 1. the prompt ids come from verl's Continuous Token builder (``model_type`` qwen2) over the question with
    ``tools=[code_interpreter]``;
-2. the model generates until ``<|im_end|>`` (or the per-episode token budget); verl's hermes parser extracts
-   ``<tool_call>`` blocks; each call runs in the project's sandbox (``envs.sandbox``) and its observation is
-   appended through the Continuous Token builder (response_mask 0), exactly as verl's agent loop appends
-   tool messages;
-3. the episode ends on a turn without a tool call, at ``max_assistant_turns`` or at the length budget;
-4. only the model-generated text (mask 1) is scored with ``envs.reward.compute_score`` (family tool_use), so
-   output printed by the tool earns nothing by itself.
+2. the model generates until ``<|im_end|>`` (or the remaining token budget); tool calls are parsed with the
+   project's agent-loop parser (``envs.agent_loop.parse_tool_calls``: hermes, calls inside ``<think>``
+   ignored, malformed calls answered with an error observation); each valid call runs through the real
+   ``code_interpreter`` tool (``envs.tools``, sandboxed: create -> execute -> release) and the observations
+   are appended through the Continuous Token builder (response_mask 0), as verl's agent loop appends them;
+3. the episode ends on a turn without a tool call, at ``max_assistant_turns`` or at the length budget (a turn
+   cut by the budget is never executed);
+4. only the model-generated text (``envs.agent_loop.model_response_text``: mask-1 tokens, tool-call blocks
+   removed) is scored with ``envs.reward.compute_score`` (family tool_use), so output printed by the tool
+   earns nothing by itself.
 
-This is a small loop of our own over verl's pieces (builder, parser) rather than the project's agent loop
-(issue 5), which drives verl's server-manager interface inside verl's worker machinery; the steps above are
-the same. Generation is batched: all episodes run concurrently against the ``hf`` backend's
+This is a small loop of our own over those pieces rather than the project's ``stare_tool_agent`` itself,
+which needs verl's agent-loop worker (Hydra trainer config, server manager, Ray-style reward handles); the
+steps above are the same as that loop's. Generation is batched: all episodes run concurrently against the ``hf`` backend's
 continuous-batching :class:`stare_verl.cpu.hf_server.GenerationEngine`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import logging
-import re
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,7 +35,6 @@ from stare_verl.demo.demos import (
     CODE_INTERPRETER_SCHEMA,
     TOOL_NAME,
     Problem,
-    format_observation,
     heldout_problems,
 )
 
@@ -50,8 +49,6 @@ __all__ = [
 ]
 
 # (prompt_ids, temperature, max_tokens, seed) -> generated ids (EOS included when the model stopped).
-_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
 GenerateFn = Callable[[list[int], float, int, int], Awaitable[list[int]]]
 
 
@@ -66,8 +63,8 @@ class EpisodeResult:
         model_text: the model-generated text only (mask 1, special tokens dropped): what is scored.
         assistant_turns, tool_calls, tool_errors: counts (a tool error is a call that was not run
             successfully: unknown tool, bad arguments, malformed JSON, failing code, timeout).
-        malformed_calls: ``<tool_call>`` blocks verl's hermes parser could not read (each answered with an
-            error observation, and counted in ``tool_calls`` and ``tool_errors``).
+        malformed_calls: unreadable calls (bad JSON, unknown tool, missing argument, unclosed tag), each
+            answered with the agent loop's error observation and counted in ``tool_calls`` and ``tool_errors``.
         truncated: the token budget ended the episode.
         score, acc: from ``envs.reward.compute_score``.
     """
@@ -139,39 +136,36 @@ def _report(results: Sequence[EpisodeResult], temperature: float, wall_s: float)
 
 
 class _Episode:
-    """State and tool handling of one episode (shared pieces are passed in)."""
+    """State of one episode; tool calls go through the shared ``code_interpreter`` tool."""
 
-    def __init__(self, problem: Problem, tokenizer, builder, parser, sandbox, limits, max_tool_chars: int):
+    def __init__(self, problem: Problem, tokenizer, builder, tool, max_tool_chars: int, tool_timeout_s: float):
         self.p = problem
         self.tok = tokenizer
         self.builder = builder
-        self.parser = parser
-        self.sandbox = sandbox
-        self.limits = limits
+        self.tool = tool
         self.max_tool_chars = max_tool_chars
+        self.tool_timeout_s = tool_timeout_s
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": problem.question}]
         self.result = EpisodeResult(problem.task, problem.data_source, problem.answer)
 
     async def call_tool(self, call) -> str:
-        """Run one parsed tool call; return the observation text (errors are observations too)."""
-        from envs.sandbox import run_code
-
+        """Run one parsed call (``envs.agent_loop.ParsedCall``); return the observation (errors included)."""
         self.result.tool_calls += 1
-        if call.name != TOOL_NAME:
+        if not call.ok:
             self.result.tool_errors += 1
-            return f"Error: unknown tool {call.name!r}; the available tool is {TOOL_NAME!r}."
+            self.result.malformed_calls += 1
+            return call.error
+        iid, _ = await self.tool.create()
         try:
-            args = json.loads(call.arguments)
-            code = args["code"]
-            if not isinstance(code, str):
-                raise TypeError("code must be a string")
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            resp, _, metrics = await asyncio.wait_for(self.tool.execute(iid, call.arguments), self.tool_timeout_s + 5)
+        except TimeoutError:
             self.result.tool_errors += 1
-            return f"Error: invalid arguments for {TOOL_NAME}: {err}"
-        res = await run_code(code, self.limits, sandbox=self.sandbox)
-        if not res.ok:
+            return "TimeoutError: the tool did not answer in time."
+        finally:
+            await self.tool.release(iid)
+        if metrics.get("exit_code", 0) != 0 or metrics.get("timed_out"):
             self.result.tool_errors += 1
-        text = format_observation(res)
+        text = resp.text or ""
         return text[-self.max_tool_chars :] if len(text) > self.max_tool_chars else text
 
 
@@ -183,7 +177,10 @@ async def _run_episode(
     max_assistant_turns: int,
     max_response_tokens: int,
 ) -> EpisodeResult:
+    from envs.agent_loop import model_response_text, parse_tool_calls
+
     tools = [CODE_INTERPRETER_SCHEMA]
+    schemas = {TOOL_NAME: ep.tool.tool_schema}
     r = ep.result
     ids = list(ep.builder.build_initial_tokens(ep.messages, tools=tools))
     n_prompt = len(ids)
@@ -197,34 +194,23 @@ async def _run_episode(
         ids.extend(out)
         r.response_mask.extend([1] * len(out))
         r.assistant_turns += 1
-        stopped = bool(out) and out[-1] == eos
-        if not stopped:
+        if not out or out[-1] != eos:  # cut by the budget: never executed
             r.truncated = True
             break
-        content, calls = await ep.parser.extract_tool_calls(out, None)
-        blocks = _TOOL_BLOCK.findall(ep.tok.decode(out))
-        malformed = max(0, len(blocks) - len(calls))
-        if not (calls or malformed) or r.assistant_turns >= max_assistant_turns:
+        content, calls = parse_tool_calls(ep.tok.decode(out, skip_special_tokens=False), schemas)
+        if not calls or r.assistant_turns >= max_assistant_turns:
             break
-        prev = list(ep.messages)
-        ep.messages.append({"role": "assistant", "content": content})
-        observations = list(await asyncio.gather(*(ep.call_tool(c) for c in calls)))
-        r.malformed_calls += malformed
-        r.tool_calls += malformed
-        r.tool_errors += malformed
-        observations += ["Error: the tool call is not valid JSON of the form "
-                         '{"name": ..., "arguments": {...}}.'] * malformed
-        ep.messages.extend({"role": "tool", "content": o} for o in observations)
-        merged = ep.builder.merge_context_tokens(prev + [ep.messages[len(prev)]], ep.messages, ids, tools=tools)
-        added = len(merged.token_ids) - len(ids)
+        prev = ep.messages + [{"role": "assistant", "content": content}]
+        observations = await asyncio.gather(*(ep.call_tool(c) for c in calls))
+        ep.messages = prev + [{"role": "tool", "content": o} for o in observations]
+        merged = ep.builder.merge_context_tokens(prev, ep.messages, ids, tools=tools)
+        r.response_mask.extend([0] * (len(merged.token_ids) - len(ids)))
         ids = list(merged.token_ids)
-        r.response_mask.extend([0] * added)
         if len(ids) - n_prompt >= max_response_tokens:
             r.truncated = True
             break
     r.response_ids = ids[n_prompt:]
-    model_ids = [t for t, m in zip(r.response_ids, r.response_mask, strict=True) if m]
-    r.model_text = ep.tok.decode(model_ids, skip_special_tokens=True)
+    r.model_text = model_response_text(r.response_ids, r.response_mask, ep.tok)
     return r
 
 
@@ -239,7 +225,6 @@ async def run_episodes(
     max_response_tokens: int = 128,
     max_tool_response_chars: int = 256,
     tool_timeout_s: float = 5.0,
-    sandbox=None,
 ) -> list[EpisodeResult]:
     """Run and score one episode per problem, all concurrently.
 
@@ -254,49 +239,30 @@ async def run_episodes(
             ``rollout.response_length``.
         max_tool_response_chars: observation text is cut to its last this many characters (verl's
             ``multi_turn.max_tool_response_length``).
-        tool_timeout_s: wall-clock limit of one tool call.
-        sandbox: an ``envs.sandbox`` backend (the process-wide default if None).
+        tool_timeout_s: wall-clock limit of one tool call (the sandbox's ``timeout_s``).
     Returns:
         one :class:`EpisodeResult` per problem, in order.
+    Raises:
+        envs.sandbox.SandboxUnavailable: no sandbox backend works here.
     """
-    from verl.experimental.agent_loop.tool_parser import ToolParser
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
-    builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
-    parser = ToolParser.get_tool_parser("hermes", tokenizer)
-    with _quiet_parser():
-        results = await _run_all(problems, generate, tokenizer, builder, parser, sandbox, temperature, seed,
-                                 max_assistant_turns, max_response_tokens, max_tool_response_chars, tool_timeout_s)
-    return results
-
-
-@contextlib.contextmanager
-def _quiet_parser():
-    """verl's hermes parser logs every unreadable call at ERROR; here they are counted instead."""
-    from verl.experimental.agent_loop import tool_parser
-
-    log = logging.getLogger(tool_parser.__file__)
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
-async def _run_all(problems, generate, tokenizer, builder, parser, sandbox, temperature, seed,
-                   max_assistant_turns, max_response_tokens, max_tool_response_chars, tool_timeout_s):
     from envs.reward import compute_score
-    from envs.sandbox import ExecLimits
+    from envs.tools.code_interpreter import CodeInterpreterTool
 
-    limits = ExecLimits(timeout_s=tool_timeout_s, cpu_s=max(1, int(tool_timeout_s)))
-    episodes = [_Episode(p, tokenizer, builder, parser, sandbox, limits, max_tool_response_chars) for p in problems]
-    results = await asyncio.gather(
-        *(
-            _run_episode(ep, generate, temperature, seed + i, max_assistant_turns, max_response_tokens)
-            for i, ep in enumerate(episodes)
+    builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
+    tool = CodeInterpreterTool({"type": "native", "sandbox": {"limits": {"timeout_s": tool_timeout_s,
+                                                                          "cpu_s": max(1, int(tool_timeout_s))}}})
+    try:
+        episodes = [_Episode(p, tokenizer, builder, tool, max_tool_response_chars, tool_timeout_s) for p in problems]
+        results = await asyncio.gather(
+            *(
+                _run_episode(ep, generate, temperature, seed + i, max_assistant_turns, max_response_tokens)
+                for i, ep in enumerate(episodes)
+            )
         )
-    )
+    finally:
+        await tool.aclose()
     for r in results:
         s = await asyncio.to_thread(
             compute_score,
@@ -305,8 +271,8 @@ async def _run_all(problems, generate, tokenizer, builder, parser, sandbox, temp
             ground_truth=r.ground_truth,
             extra_info={"family": "tool_use", "hit_eos": not r.truncated},
         )
-        r.score = float(s["score"]) if isinstance(s, dict) else float(s)
-        r.acc = bool(s["acc"]) if isinstance(s, dict) else r.score > 0
+        r.score = float(s["score"])
+        r.acc = bool(s["acc"])
     return list(results)
 
 

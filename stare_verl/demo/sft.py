@@ -254,19 +254,30 @@ def train_sft(cfg: SFTConfig, out_dir: str | Path) -> dict[str, Any]:
     ``loss`` (list of ``[step, loss]``), ``first_loss``, ``final_loss``, ``evals`` (with ``eval_every``),
     ``heldout`` (``{"T=0.0": EvalReport dict, "T=1.0": ...}``), ``data_s``, ``eval_s``.
 
+    ``num_threads`` applies to this call only (torch's thread count is restored afterwards).
+
     Raises:
         stare_verl.demo.demos.DemoError: the sandbox could not produce the demonstrations.
     """
+    import torch
+
+    threads = torch.get_num_threads()
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    try:
+        return _train_sft(cfg, Path(out_dir))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
     import torch
     from transformers import Trainer, TrainingArguments
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
     from stare_verl.demo.evaluate import evaluate_model
 
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
     t0 = time.perf_counter()
     splits = split_problems(cfg.n_train, cfg.n_heldout, cfg.data_seed)
     demos, rejected = build_demos(splits["sft_train"])

@@ -1,0 +1,98 @@
+"""Held-out evaluation loop: scripted policies through the real tool, sandbox and scorer; a real tiny model."""
+
+import asyncio
+
+import pytest
+import torch
+
+from stare_verl.demo.demos import build_demos, sample_problems, tool_call_text
+from stare_verl.demo.evaluate import _report, evaluate_model, run_episodes
+from stare_verl.demo.model import build_model
+from stare_verl.demo.sft import render_demo
+from stare_verl.demo.tokenizer import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    demos, _ = build_demos(sample_problems(9, seed=11))
+    tok = build_tokenizer([render_demo(d) for d in demos], tmp_path_factory.mktemp("tok"))
+    return demos, tok
+
+
+def _scripted(tok, by_question, turns_of):
+    """A GenerateFn answering each problem's turn k with ``turns_of(demo)[k]`` (+ EOS)."""
+    calls = []
+
+    async def generate(prompt_ids, temperature, max_tokens, seed):
+        text = tok.decode(prompt_ids)
+        demo = next(d for q, d in by_question.items() if q in text)
+        k = text.count("<tool_response>")
+        ids = tok.encode(turns_of(demo)[k], add_special_tokens=False) + [tok.eos_token_id]
+        calls.append((demo.problem.question, k, max_tokens))
+        return ids[:max_tokens]
+
+    return generate, calls
+
+
+def test_correct_tool_assisted_policy_scores_one(setup):
+    demos, tok = setup
+    gen, calls = _scripted(tok, {d.problem.question: d for d in demos}, lambda d: d.assistant_texts())
+    res = asyncio.run(run_episodes([d.problem for d in demos], gen, tok))
+    rep = _report(res, 0.0, 0.0)
+    assert rep.accuracy == 1.0 and rep.mean_turns == 2.0 and rep.mean_tool_calls == 1.0
+    assert rep.tool_error_rate == 0.0 and rep.truncated_rate == 0.0
+    for r, d in zip(res, demos, strict=True):
+        assert r.model_text == f"\\boxed{{{d.problem.answer}}}"  # tool call removed, tool text never included
+        obs = tok.decode([t for t, m in zip(r.response_ids, r.response_mask, strict=True) if not m])
+        assert f"<tool_response>\n{d.problem.answer}\n</tool_response>" in obs
+    assert len(calls) == 2 * len(demos)
+
+
+def test_tool_output_earns_no_credit_and_malformed_call_is_answered(setup):
+    demos, tok = setup
+    d = demos[0]
+    wrong = str(int(d.problem.answer) + 1)
+    gen, _ = _scripted(tok, {d.problem.question: d}, lambda d: [tool_call_text(d.problem.code), f"\\boxed{{{wrong}}}"])
+    (r,) = asyncio.run(run_episodes([d.problem], gen, tok))
+    assert r.acc is False and r.score == 0.0 and r.tool_calls == 1
+
+    bad = '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(1)"}</tool_call>'  # brace missing
+    gen, _ = _scripted(tok, {d.problem.question: d}, lambda d: [bad, *d.assistant_texts()])
+    (r,) = asyncio.run(run_episodes([d.problem], gen, tok, max_response_tokens=512))
+    assert r.malformed_calls == 1 and r.tool_calls == 2 and r.tool_errors == 1
+    assert r.assistant_turns == 3 and r.acc is True
+    obs = tok.decode([t for t, m in zip(r.response_ids, r.response_mask, strict=True) if not m])
+    assert "not valid JSON" in obs
+
+
+def test_failing_code_and_length_budget(setup):
+    demos, tok = setup
+    d = demos[1]
+    gen, _ = _scripted(tok, {d.problem.question: d}, lambda d: [tool_call_text("print(1/0)"), "\\boxed{0}"])
+    (r,) = asyncio.run(run_episodes([d.problem], gen, tok))
+    assert r.tool_errors == 1
+    obs = tok.decode([t for t, m in zip(r.response_ids, r.response_mask, strict=True) if not m])
+    assert "ZeroDivisionError" in obs
+
+    gen, calls = _scripted(tok, {d.problem.question: d}, lambda d: d.assistant_texts())
+    (r,) = asyncio.run(run_episodes([d.problem], gen, tok, max_response_tokens=10))
+    assert r.truncated and r.acc is False and r.tool_calls == 0  # a cut call is never executed
+    assert sum(r.response_mask) == 10 and calls[0][2] == 10
+
+
+def test_real_tiny_model_batched(setup):
+    demos, tok = setup
+    model = build_model(tok, seed=0).eval()
+    problems = [d.problem for d in demos[:4]]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a shared 2-core machine: one thread is faster than two competing ones
+    try:
+        out = evaluate_model(model, tok, problems, (0.0, 1.0), max_response_tokens=16)
+        greedy_again = evaluate_model(model, tok, problems, (0.0,), max_response_tokens=16)[0.0][1]
+    finally:
+        torch.set_num_threads(threads)
+    for t in (0.0, 1.0):
+        rep, eps = out[t]
+        assert rep.n == 4 and 0.0 <= rep.accuracy <= 1.0
+        assert all(sum(e.response_mask) <= 16 and e.assistant_turns >= 1 for e in eps)
+    assert [e.response_ids for e in greedy_again] == [e.response_ids for e in out[0.0][1]]

@@ -1,0 +1,112 @@
+"""Cold-start SFT: assistant-only loss mask, cache keyed by configuration, a short run that lowers the loss."""
+
+import json
+
+import pytest
+import torch
+
+from stare_verl.demo import sft as S
+from stare_verl.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems
+from stare_verl.demo.model import TinyModelConfig, build_model
+from stare_verl.demo.tokenizer import build_tokenizer
+
+TINY = dict(n_train=48, n_heldout=3, steps=20, batch_size=8, lr=3e-3, warmup_steps=2, progress=False,
+            eval_temperatures=(0.0,), max_response_tokens=32, num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def demos_tok(tmp_path_factory):
+    demos, _ = build_demos(sample_problems(12, seed=21))
+    tok = build_tokenizer([S.render_demo(d) for d in demos], tmp_path_factory.mktemp("tok"))
+    return demos, tok
+
+
+def test_loss_mask_covers_exactly_the_assistant_tokens(demos_tok):
+    demos, tok = demos_tok
+    for d in demos:
+        ids, mask = S.encode_demo(d, tok)
+        assert len(ids) == len(mask)
+        # the same ids as rendering the whole conversation with the chat template (minus its final newline)
+        full = tok.apply_chat_template(d.messages(), tools=[CODE_INTERPRETER_SCHEMA], tokenize=False)
+        assert tok.decode(ids) == full[: -len("\n")]
+        runs, cur = [], []
+        for t, m in zip(ids, mask, strict=True):
+            if m:
+                cur.append(t)
+            elif cur:
+                runs.append(cur)
+                cur = []
+        runs.append(cur)
+        call, answer = d.assistant_texts()
+        assert [tok.decode(r) for r in runs] == [call + "<|im_end|>", answer + "<|im_end|>"]
+        masked_out = tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+        assert d.problem.question in masked_out and f"<tool_response>\n{d.tool_output}\n</tool_response>" in masked_out
+
+
+def test_collate_pads_and_ignores_non_assistant_tokens(demos_tok):
+    demos, tok = demos_tok
+    rows = [S.encode_demo(d, tok) for d in demos[:3]]
+    batch = S._collate(tok.pad_token_id)([{"input_ids": i, "loss_mask": m} for i, m in rows])
+    width = max(len(i) for i, _ in rows)
+    assert batch["input_ids"].shape == (3, width)
+    for b, (ids, mask) in enumerate(rows):
+        n = len(ids)
+        assert batch["attention_mask"][b].tolist() == [1] * n + [0] * (width - n)
+        expect = [t if m else -100 for t, m in zip(ids, mask, strict=True)] + [-100] * (width - n)
+        assert batch["labels"][b].tolist() == expect
+
+
+def test_model_is_the_calibrated_size_and_deterministic(demos_tok):
+    _, tok = demos_tok
+    a, b, c = build_model(tok, seed=1), build_model(tok, seed=1), build_model(tok, seed=2)
+    n = sum(p.numel() for p in a.parameters())
+    assert 0.80e6 < n < 0.88e6  # ~0.84 M with a 384-token vocabulary, tied embeddings
+    assert a.config.tie_word_embeddings and a.config.num_key_value_heads == 2 and a.config.model_type == "qwen2"
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters(), strict=True))
+    with pytest.raises(ValueError):
+        build_model(tok, TinyModelConfig(hidden_size=130, num_attention_heads=4))
+
+
+def test_config_hash_covers_what_changes_the_checkpoint():
+    base = S.SFTConfig()
+    assert S.config_hash(base) == S.config_hash(S.SFTConfig())
+    for change in ({"lr": 1e-3}, {"steps": 999}, {"data_seed": 1}, {"n_train": 100}, {"batch_size": 16},
+                   {"init_seed": 3}, {"model": TinyModelConfig(num_hidden_layers=2)}, {"vocab_size": 400}):
+        assert S.config_hash(base.model_copy(update=change)) != S.config_hash(base), change
+    for same in ({"cache_dir": "/x"}, {"num_threads": 1}, {"progress": False}, {"eval_every": 50}):
+        assert S.config_hash(base.model_copy(update=same)) == S.config_hash(base), same
+    with pytest.raises(ValueError):
+        S.SFTConfig(steps=0)
+    with pytest.raises(ValueError):
+        S.SFTConfig(unknown=1)
+
+
+def test_tiny_sft_lowers_loss_and_cache_hit_miss(tmp_path, monkeypatch):
+    cfg = S.SFTConfig(cache_dir=str(tmp_path), **TINY)
+    path = S.ensure_sft_checkpoint(cfg)
+    assert path == tmp_path / f"sft-{S.config_hash(cfg)}"
+    rep = S.read_report(path)
+    assert rep["steps"] == 20 and rep["n_demos"] == 48
+    assert rep["final_loss"] < 0.6 * rep["first_loss"], rep["loss"]
+    held = rep["heldout"]["T=0.0"]
+    assert held["n"] == 3 and 0.0 <= held["accuracy"] <= 1.0
+    assert json.loads((path / S.CONFIG_FILE).read_text())["hash"] == S.config_hash(cfg)
+    model, tok = S.load_checkpoint(path)
+    assert model.config.vocab_size == len(tok) == 384
+    assert not list(tmp_path.glob(".sft-*"))  # no temporary directory left behind
+
+    # hit: same configuration (run-only knobs may differ) -> same directory, no training
+    def no_training(*a, **k):
+        raise AssertionError("trained although the checkpoint is cached")
+
+    monkeypatch.setattr(S, "train_sft", no_training)
+    assert S.ensure_sft_checkpoint(cfg.model_copy(update={"progress": True, "num_threads": 2})) == path
+    # miss: another configuration trains (here: reaches the patched trainer)
+    with pytest.raises(AssertionError, match="trained although"):
+        S.ensure_sft_checkpoint(cfg.model_copy(update={"lr": 1e-3}))
+    # an incomplete directory (no report) is not a hit
+    (path / S.REPORT_FILE).unlink()
+    with pytest.raises(AssertionError, match="trained although"):
+        S.ensure_sft_checkpoint(cfg)
+    assert not list(tmp_path.glob(".sft-*"))
