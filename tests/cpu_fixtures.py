@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from stare_verl.cpu.tiny import build_tiny_model, build_toy_dataset  # noqa: F401  (re-exported)
+from stare_verl.cpu.tiny import build_tiny_model, build_tool_calling_model, build_toy_dataset  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 

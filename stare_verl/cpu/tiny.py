@@ -15,6 +15,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+TOOL_CALL_REPLY = '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 
 
@@ -35,6 +36,7 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0, hidden: int = 64
         "user assistant system What is 12 + 7? The answer is 19.",
         "Count the letters a b c d e f g h i j k l m n o p q r s t u v w x y z 0 1 2 3 4 5 6 7 8 9",
         "Say something short. ok yes no maybe aaaa bbbb",
+        TOOL_CALL_REPLY,
     ] * 4
     trainer = trainers.BpeTrainer(
         vocab_size=300, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
@@ -61,6 +63,79 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0, hidden: int = 64
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(out)
     GenerationConfig(eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id).save_pretrained(out)
+    return str(out)
+
+
+def build_tool_calling_model(
+    out_dir: str | os.PathLike,
+    base_dir: str | os.PathLike,
+    reply: str = TOOL_CALL_REPLY,
+    n_prompts: int = 16,
+    max_steps: int = 300,
+    lr: float = 1e-2,
+    target_loss: float = 1e-2,
+    seed: int = 0,
+) -> str:
+    """Fine-tune the tiny model of ``base_dir`` to answer the toy prompts with ``reply`` (a tool call).
+
+    A random model never calls a tool; this one does (for tests of multi-turn tool loops). It is
+    trained (AdamW, ``lr``) on ``"Say something short {i}."`` chat prompts, i < ``n_prompts``, with the
+    reply and the EOS token as target, until the mean token loss is below ``target_loss`` nats (or
+    ``max_steps``); at 1e-2 it emits the whole reply for most samples at temperature 1, on other toy
+    prompts too. Returns ``out_dir`` (str).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out_dir)
+    if (out / "config.json").exists():
+        return str(out)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    target = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"Say something short {i}."}],
+                add_generation_prompt=True,
+                tokenize=False,
+            ),
+            add_special_tokens=False,
+        )
+        for i in range(n_prompts)
+    ]
+    rows = [p + target for p in prompts]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    # loss on the reply tokens only: position t predicts token t + 1
+    loss_mask = torch.zeros(len(rows), width - 1)
+    for i, p in enumerate(prompts):
+        loss_mask[i, len(p) - 1 : len(p) - 1 + len(target)] = 1.0
+    optim = torch.optim.AdamW(model.parameters(), lr=lr)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread avoids oversubscription on a busy machine
+    try:
+        model.train()
+        for _ in range(max_steps):
+            logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            loss = (nll * loss_mask).sum() / loss_mask.sum()
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+            if loss.item() < target_loss:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    generation = Path(base_dir) / "generation_config.json"
+    if generation.exists():
+        (out / "generation_config.json").write_text(generation.read_text())
     return str(out)
 
 
