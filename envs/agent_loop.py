@@ -424,6 +424,7 @@ class StareToolAgentLoop(ToolAgentLoop):
             params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | extra)
         stop_ids = self._stop_ids | set(params.get("stop_token_ids") or [])
 
+        n_prompt = len(agent_data.prompt_ids)
         with simple_timer("generate_sequences", agent_data.metrics):
             output = await self.server_manager.generate(
                 request_id=agent_data.request_id,
@@ -462,7 +463,12 @@ class StareToolAgentLoop(ToolAgentLoop):
         if output.routed_experts is not None:
             agent_data.routed_experts = output.routed_experts
 
-        if self._turn_cut(turn_ids, params["max_tokens"], output.stop_reason, stop_ids):
+        # the server may also stop at its context window (vLLM: max_model_len - prompt; SGLang: one less)
+        limit = params["max_tokens"]
+        max_model_len = self.rollout_config.get("max_model_len")
+        if max_model_len:
+            limit = min(limit, max(1, int(max_model_len) - n_prompt - 1))
+        if self._turn_cut(turn_ids, limit, output.stop_reason, stop_ids):
             st.hit_eos = False
             return self._terminate(
                 agent_data, "aborted" if output.stop_reason in ("aborted", "abort") else "length"

@@ -5,7 +5,8 @@
 pre-written token ids, turn by turn, so verl's real agent-loop code, the tool, the sandbox, the reward and
 the STARE estimator run together in pytest. It behaves like a rollout server where that matters to the loop:
 
-- a request's ``max_tokens`` / ``max_new_tokens`` cuts the scripted ids (as vLLM/SGLang do);
+- a request's ``max_tokens`` / ``max_new_tokens`` cuts the scripted ids (as vLLM/SGLang do), and so does
+  the context window when ``max_model_len`` is given;
 - ``stop_token_ids`` end the turn at the first stop id (kept in the output, as vLLM does for EOS);
 - ``stop_reason`` follows vLLM (``"completed"`` whether stopped or cut; the loop must not rely on it) or
   SGLang (``"stop"`` / ``"length"``), see ``stop_reason_style``;
@@ -239,6 +240,7 @@ class ScriptedLLMServer(LLMServerClient):
         stop_reason_style: ``"vllm"`` (always "completed") or ``"sglang"`` ("stop" / "length").
         logprob: the log-prob reported for every generated token.
         global_steps: reported in ``extra_fields["global_steps"]`` like verl's servers.
+        max_model_len: if given, a turn also stops at ``max_model_len - len(prompt_ids)`` tokens (vLLM).
         config: optional trainer config (kept as ``self.config``; not needed by this class).
 
     Raises (from ``generate``): ScriptError for a request no episode covers.
@@ -252,6 +254,7 @@ class ScriptedLLMServer(LLMServerClient):
         stop_reason_style: str = "vllm",
         logprob: float = -0.5,
         global_steps: int = 1,
+        max_model_len: int | None = None,
         config: Any = None,
     ):
         super().__init__(config, load_balancer_handle=None)
@@ -262,6 +265,7 @@ class ScriptedLLMServer(LLMServerClient):
         self.stop_reason_style = stop_reason_style
         self.logprob = float(logprob)
         self.global_steps = global_steps
+        self.max_model_len = max_model_len
         self.calls: list[GenerateCall] = []
         self._sessions: dict[str, _Session] = {}
         self._taken: set[int] = set()
@@ -305,6 +309,9 @@ class ScriptedLLMServer(LLMServerClient):
                 ids = ids[: j + 1]
                 break
         max_tokens = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
+        if self.max_model_len is not None:  # vLLM: never past the context window
+            room = max(1, self.max_model_len - len(prompt_ids))
+            max_tokens = room if max_tokens is None else min(int(max_tokens), room)
         cut = max_tokens is not None and len(ids) > int(max_tokens)
         if cut:
             ids = ids[: int(max_tokens)]

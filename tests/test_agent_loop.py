@@ -35,7 +35,7 @@ from envs.simulators import (
 from envs.tool_use import to_tool_use_row
 
 REPO = Path(__file__).resolve().parents[1]
-PROMPT_LEN, RESPONSE_LEN, MAX_TURNS = 1024, 320, 3
+PROMPT_LEN, RESPONSE_LEN, MAX_TURNS, MAX_MODEL_LEN = 1024, 320, 3, 1000
 TOOL_TIMEOUT_S = 1.5
 
 
@@ -54,6 +54,10 @@ CASES: dict[str, tuple[str, str]] = {
     "maxturn": ("What is 9 * 9?", "81"),
     "length": ("What is 2 ** 10?", "1024"),
     "split": ("What is 10 + 11?", "21"),
+    "window": (
+        ("What is 3 * 3? " + "Think about it carefully. " * 20).strip(),
+        "9",
+    ),  # a prompt near the window
 }
 GROUP = {
     "correct": 0,
@@ -65,6 +69,7 @@ GROUP = {
     "maxturn": 1,
     "length": 1,
     "split": 1,
+    "window": 1,
 }
 
 
@@ -89,6 +94,7 @@ def _script(tok) -> dict[str, list]:
         "timeout": [_call("while True: pass"), "Too slow. 5 + 5 = \\boxed{10}."],
         "maxturn": [_call("print(9)"), _call("print(9 * 9)"), _call("print(81)")],
         "length": [_call("print(2 ** 10)"), ScriptedTurn(text="Check: " + _call(long_code), eos=False)],
+        "window": [_call("print(3 * 3)"), ScriptedTurn(text="Check: " + _call(long_code), eos=False)],
         "split": [
             ScriptedTurn(ids=he + llo + tok.encode(" " + _call("print(10 + 11)"), add_special_tokens=False)),
             "\\boxed{21}",
@@ -117,6 +123,7 @@ def _compose(model_path: str, tool_config: str):
                 "actor_rollout_ref.rollout.calculate_log_probs=true",
                 f"actor_rollout_ref.rollout.prompt_length={PROMPT_LEN}",
                 f"actor_rollout_ref.rollout.response_length={RESPONSE_LEN}",
+                f"actor_rollout_ref.rollout.max_model_len={MAX_MODEL_LEN}",
                 "actor_rollout_ref.rollout.multi_turn.enable=true",
                 f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={MAX_TURNS}",
                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
@@ -156,7 +163,8 @@ def run(tmp_path_factory):
     batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
     batch.non_tensor_batch["uid"] = np.array([str(GROUP[n]) for n in names], dtype=object)
     scripts = _script(tok)
-    server = ScriptedLLMServer(tok, [ScriptedEpisode(CASES[n][0], scripts[n]) for n in names])
+    episodes = [ScriptedEpisode(CASES[n][0], scripts[n]) for n in names]
+    server = ScriptedLLMServer(tok, episodes, max_model_len=MAX_MODEL_LEN)
     executed: list[str] = []
 
     async def go():
@@ -307,6 +315,20 @@ def test_call_cut_by_length_limit_is_never_executed(run):
     assert len(second.output_ids) == second.sampling_params["max_tokens"]
     assert not any(c and c.startswith("print(1+1") for c in run.executed)
     assert nt["num_tool_calls"] == 1 and bool(nt["truncated"]) is True and r["reward"] == 0.0
+
+
+def test_call_cut_by_the_context_window_is_never_executed(run):
+    """The server stops at max_model_len before the loop's max_tokens: still a cut, still not run."""
+    r = _row(run, "window")
+    first, second = r["calls"]
+    assert (
+        len(second.output_ids)
+        == MAX_MODEL_LEN - len(second.prompt_ids)
+        < second.sampling_params["max_tokens"]
+    )
+    assert r["nt"]["termination"] == "length" and bool(r["nt"]["hit_eos"]) is False
+    assert r["nt"]["num_tool_executed"] == 1 and run.executed.count("print(3 * 3)") == 1
+    assert not any(c and c.startswith("print(1+1") for c in run.executed) and r["reward"] == 0.0
 
 
 def test_split_word_ids_are_kept_token_exact(run):
