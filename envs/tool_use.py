@@ -14,8 +14,13 @@ needs: ``agent_name: stare_tool_agent`` (``envs.agent_loop``) and ``extra_info.t
 Reward: ``compute_score`` (``reward.custom_reward_function: {path: <this file>, name: compute_score}``)
 scores the model-generated text the agent loop hands over in ``extra_info["model_response_text"]``
 (response_mask == 1 tokens only, tool calls removed), so text printed by the tool can never earn credit.
-Use it with verl's default ``naive`` reward manager (it merges the agent loop's ``extra_fields`` into
-``extra_info``; verl's ``dapo`` manager does not, see ``compute_score``).
+Use it with a reward manager that merges the agent loop's ``extra_fields`` into ``extra_info``: verl's
+``naive`` (the default), ``limited``, ``remote``, or ``envs.reward_manager.MathRewardManager`` (a naive
+subclass); verl's ``dapo`` manager does not (``compute_score`` then falls back, see there). Recipe::
+
+    reward:
+      custom_reward_function: {path: pkg://envs.tool_use, name: compute_score,
+                               reward_kwargs: {family: tool_use}}
 
 CLI::
 

@@ -419,3 +419,95 @@ def test_plugin_registers_the_loop_in_a_fresh_process():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
     assert res.stdout.strip().splitlines()[-1] == "envs.agent_loop.StareToolAgentLoop", res.stderr[-2000:]
+
+
+class _HangingTool:
+    """A verl BaseTool whose execute never returns in time, or raises; records its lifecycle."""
+
+    def __init__(self, name: str, mode: str, log: list):
+        from verl.tools.schemas import OpenAIFunctionToolSchema
+
+        self.name, self.mode, self.log = name, mode, log
+        self.tool_schema = OpenAIFunctionToolSchema.model_validate(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": "test tool",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"code": {"type": "string"}},
+                        "required": ["code"],
+                    },
+                },
+            }
+        )
+
+    async def create(self, instance_id=None, **kwargs):
+        self.log.append(("create", self.name))
+        return f"{self.name}-1", None
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        self.log.append(("execute", self.name))
+        if self.mode == "hang":
+            await asyncio.sleep(60)
+        raise RuntimeError("boom")
+
+    async def release(self, instance_id, **kwargs):
+        self.log.append(("release", instance_id))
+
+    async def release_trajectory(self, request_id):
+        self.log.append(("release_trajectory", self.name))
+
+
+def test_loop_deadline_tool_exception_and_trajectory_release(run):
+    """A tool that hangs past tool_timeout_s and one that raises: both become observations, are counted,
+    are released; the episode goes on; per-trajectory state is released at the end."""
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from envs.agent_loop import StareToolAgentLoop
+
+    log: list = []
+    tok = run.tok
+    episode = ScriptedEpisode(
+        "hang test",
+        [
+            tool_call_text("x", name="slow") + tool_call_text("y", name="bad"),
+            "done \\boxed{1}",
+        ],
+    )
+    server = ScriptedLLMServer(tok, [episode])
+    cfg = run.cfg.copy()
+    cfg.actor_rollout_ref.rollout.multi_turn.max_parallel_calls = 2
+
+    async def go():
+        loop = StareToolAgentLoop(
+            trainer_config=DictConfigWrap(cfg),
+            server_manager=server,
+            tokenizer=tok,
+            processor=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(cfg.data),
+            tools=ToolListWrap([_HangingTool("slow", "hang", log), _HangingTool("bad", "raise", log)]),
+            tool_timeout_s=0.3,
+        )
+        msgs = [{"role": "user", "content": "hang test"}]
+        return await asyncio.wait_for(loop.run({"temperature": 1.0}, raw_prompt=msgs, tools_kwargs={}), 30)
+
+    out = asyncio.run(go())
+    ef = out.extra_fields
+    assert (
+        ef["num_tool_calls"],
+        ef["num_tool_timeouts"],
+        ef["num_tool_exceptions"],
+        ef["num_tool_errors"],
+    ) == (2, 1, 1, 2)
+    assert ef["num_tool_executed"] == 0 and ef["termination"] == "answer"
+    assert 0.3 <= ef["tool_time_s"] < 5
+    text = tok.decode(out.response_ids, skip_special_tokens=False)
+    assert "Error: the tool call did not finish within 0.3 s and was stopped." in text
+    assert "Error: tool 'bad' failed: RuntimeError: boom" in text
+    assert ("release", "slow-1") in log and ("release", "bad-1") in log
+    assert log[-2:] == [("release_trajectory", "slow"), ("release_trajectory", "bad")]
+    assert ef["model_response_text"] == "done \\boxed{1}"
