@@ -1,12 +1,13 @@
 """Code run *inside* the sandbox, in front of the model's code.
 
 This file is not imported by the host: its source text is handed to the sandboxed interpreter with
-``python -I -c <source> MODE LIMITS_JSON [CTL_FD PIDNS]``. It must only use the standard library and run
-on any CPython >= 3.8 (the sandbox interpreter is not necessarily the host's).
+``python -I -c <source> MODE LIMITS [CTL_FD PIDNS]`` (LIMITS: ``RLIMIT_X=value,...``). It must only use
+the standard library and run on any CPython >= 3.8 (the sandbox interpreter is not necessarily the host's).
 
 Modes:
 - ``cold``: read the whole program from stdin, point fd 0 at /dev/null, lower the resource limits
-  (soft = hard, so the program cannot raise them again), run the program once and exit with its status.
+  (soft = hard, so the program cannot raise them again; for CPU the hard limit is one second higher so
+  SIGXCPU comes first), run the program once and exit with its status.
 - ``session``: a small REPL server. Requests arrive as JSON lines on the original stdin
   (``{"code": str, "nonce": str}``); the program's stdout/stderr go to fd 1/2 (pipes read by the host),
   followed by the nonce so the host knows where one call's output ends; the reply
@@ -16,13 +17,12 @@ Modes:
 """
 
 import faulthandler
-import json
 import os
 import resource
-import signal
 import sys
-import time
-import traceback
+
+# json, signal, time and traceback are imported where needed: every import here costs start-up time
+# on every cold call.
 
 CODE_FILENAME = "<code>"
 
@@ -46,6 +46,8 @@ def _print_exception(exc):
     while tb is not None and tb.tb_frame.f_code.co_filename != CODE_FILENAME:
         tb = tb.tb_next
     try:
+        import traceback
+
         traceback.print_exception(type(exc), exc, tb)
     except BaseException:  # printing can fail too (closed stderr, limits): the exit code still tells
         pass
@@ -124,6 +126,9 @@ def _others_alive():
 
 def _kill_others():
     # Every process of the namespace but its init and ourselves dies before the call returns.
+    import signal
+    import time
+
     for _ in range(400):
         try:
             os.kill(-1, signal.SIGKILL)
@@ -136,6 +141,8 @@ def _kill_others():
 
 
 def main_session(limits, ctl_fd, in_pidns):
+    import json
+
     ctl_in = os.fdopen(os.dup(0), "rb")
     _null_stdin()
     out_fd, err_fd = os.dup(1), os.dup(2)
@@ -165,8 +172,13 @@ def main_session(limits, ctl_fd, in_pidns):
         os.write(ctl_fd, json.dumps({"exit_code": status, "error": error}).encode() + b"\n")
 
 
+def _parse_limits(text):
+    # "RLIMIT_AS=1073741824,RLIMIT_CPU=10" (no json import on the cold path)
+    return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
+
+
 if __name__ == "__main__":
-    _mode, _limits = sys.argv[1], json.loads(sys.argv[2])
+    _mode, _limits = sys.argv[1], _parse_limits(sys.argv[2])
     if _mode == "cold":
         main_cold(_limits)
     else:

@@ -14,7 +14,8 @@ class ExecLimits(BaseModel):
 
     Units: seconds for times, MiB for sizes, bytes for ``max_output_bytes``. The wall-clock
     ``timeout_s`` is enforced by the host (the whole process tree is killed at the deadline); the others
-    are rlimits set inside the sandbox before the model's code runs (soft = hard, so they cannot be raised).
+    are rlimits set inside the sandbox before the model's code runs (soft = hard, so they cannot be raised;
+    RLIMIT_CPU's hard limit is one second above, so SIGXCPU is the visible cause of death).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

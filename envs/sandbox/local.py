@@ -98,7 +98,8 @@ class LocalSandbox:
     # ------------------------------------------------------------------ command lines
     def _python_argv(self, limits: ExecLimits, mode: str, ctl_fd: int | None, uid: int | None) -> list[str]:
         with_nproc = uid is not None
-        argv = [self.config.python, "-I", "-c", DRIVER_SOURCE, mode, json.dumps(limits.rlimits(with_nproc))]
+        rlimits = ",".join(f"{k}={v}" for k, v in limits.rlimits(with_nproc).items())
+        argv = [self.config.python, "-I", "-c", DRIVER_SOURCE, mode, rlimits]
         if mode == "session":
             argv += [str(ctl_fd), "1" if self.network_isolated else "0"]
         return argv
