@@ -28,7 +28,8 @@ from ._io import OutputCapture, clear_uid, kill_tree, looks_like_oom, normalize_
 from .config import ExecLimits, ExecResult, SandboxConfig
 
 DRIVER_SOURCE = Path(__file__).with_name("_driver.py").read_text()
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+_ROOT = Path(__file__).resolve().parents[2]
+_PROJECT_ROOT = str(_ROOT) if (_ROOT / "pyproject.toml").exists() else "/"  # source checkout: hide it
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _READ_CHUNK = 1 << 16
 # Output beyond this many times max_output_bytes (at least 4 MiB) kills the call: a print loop must not
