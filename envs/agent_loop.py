@@ -55,7 +55,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
-from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+from verl.experimental.agent_loop.tool_agent_loop import (
+    SPEC_DECODE_EXTRA_KEYS,
+    AgentData,
+    AgentState,
+    ToolAgentLoop,
+)
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.profiler import simple_timer
@@ -301,6 +306,28 @@ def model_response_text(response_ids: list[int], response_mask: list[int], token
 
 # ---------------------------------------------------------------------------------------------- loop
 
+# Turn-ending tokens besides the tokenizer's EOS (a base model's tokenizer may name <|endoftext|> as EOS
+# while its chat template ends turns with <|im_end|>).
+_END_TOKENS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "</s>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",
+)
+
+
+def _end_token_ids(tokenizer) -> set[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ids = {int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]) if t is not None}
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: EOS only
+        vocab = {}
+    ids.update(int(vocab[t]) for t in _END_TOKENS if t in vocab)
+    return ids
+
 
 @dataclass
 class EpisodeStats:
@@ -341,9 +368,7 @@ class StareToolAgentLoop(ToolAgentLoop):
         if not tool_timeout_s or float(tool_timeout_s) <= 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
         self.tool_timeout_s = float(tool_timeout_s)
-        eos = self.tokenizer.eos_token_id
-        eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
-        self._stop_ids = {int(t) for t in eos_ids if t is not None} | set(self.tool_parser.stop_token_ids)
+        self._stop_ids = _end_token_ids(self.tokenizer) | set(self.tool_parser.stop_token_ids)
         self._agent_data: AgentData | None = None
 
     # -- trajectory ---------------------------------------------------------------------------------
@@ -443,8 +468,14 @@ class StareToolAgentLoop(ToolAgentLoop):
             agent_data.metrics["num_preempted"] += preempted
         if not agent_data.extra_fields:
             agent_data.extra_fields.update(output.extra_fields)
-        elif output.extra_fields.get("max_global_steps") is not None:
-            agent_data.extra_fields["max_global_steps"] = output.extra_fields["max_global_steps"]
+        else:  # later turns: newest weights version, summed speculative-decoding counters (as verl does)
+            if output.extra_fields.get("max_global_steps") is not None:
+                agent_data.extra_fields["max_global_steps"] = output.extra_fields["max_global_steps"]
+            for key in SPEC_DECODE_EXTRA_KEYS:
+                if key in output.extra_fields and key in agent_data.extra_fields:
+                    agent_data.extra_fields[key] = int(agent_data.extra_fields[key]) + int(
+                        output.extra_fields[key]
+                    )
 
         turn_ids = [int(t) for t in output.token_ids]
         agent_data.assistant_turns += 1
