@@ -106,10 +106,10 @@ def test_sample_problems_rejects_negative():
 
 
 def test_rl_parquet_schema_and_splits(tmp_path, splits):
-    paths = D.write_rl_parquet(tmp_path, n_train=30, n_val=30, seed=3, agent_name="stare_tool_agent",
-                               n_sft_train=60)
+    paths = D.write_rl_parquet(tmp_path, n_train=30, n_val=20, seed=3, agent_name="stare_tool_agent",
+                               n_sft_train=60, n_heldout=30)
     train, val = pd.read_parquet(paths["train"]), pd.read_parquet(paths["val"])
-    assert len(train) == 30 and len(val) == 30
+    assert len(train) == 30 and len(val) == 20
     for df in (train, val):
         assert set(df.columns) == {"data_source", "prompt", "ability", "reward_model", "extra_info", "agent_name"}
         row = df.iloc[0]
@@ -121,11 +121,12 @@ def test_rl_parquet_schema_and_splits(tmp_path, splits):
         assert row["extra_info"]["family"] == "tool_use"
         assert "code_interpreter" in row["extra_info"]["tools_kwargs"]
     val_q = [list(p)[0]["content"] for p in val["prompt"]]
-    assert val_q == [p.question for p in splits["heldout"]]
-    train_q = {list(p)[0]["content"] for p in train["prompt"]}
-    assert not train_q & set(val_q)
-    assert not train_q & {p.question for p in splits["sft_train"]}
-    assert list(val["reward_model"].map(lambda r: r["ground_truth"])) == [p.answer for p in splits["heldout"]]
+    assert val_q == [p.question for p in splits["heldout"][:20]]  # the SFT's held-out set
+    train_q = [list(p)[0]["content"] for p in train["prompt"]]
+    assert train_q == [p.question for p in splits["rl_train"]]  # disjoint from SFT and held-out (see above)
+    assert list(val["reward_model"].map(lambda r: r["ground_truth"])) == [p.answer for p in splits["heldout"][:20]]
+    with pytest.raises(ValueError):
+        D.write_rl_parquet(tmp_path, n_train=5, n_val=40, n_heldout=30)
 
 
 def test_rl_parquet_loads_in_verl_rlhf_dataset(tmp_path):
@@ -137,7 +138,7 @@ def test_rl_parquet_loads_in_verl_rlhf_dataset(tmp_path):
 
     ds, _ = D.build_demos(D.sample_problems(12, seed=1))
     tok = build_tokenizer([render_demo(d) for d in ds], tmp_path / "tok")
-    paths = D.write_rl_parquet(tmp_path, n_train=6, n_val=3, seed=1)
+    paths = D.write_rl_parquet(tmp_path, n_train=6, n_val=3, seed=1, n_sft_train=12, n_heldout=3)
     cfg = OmegaConf.create({"max_prompt_length": 256, "return_raw_chat": True, "filter_overlong_prompts": False,
                             "cache_dir": str(tmp_path / "cache")})
     data = RLHFDataset(data_files=[str(paths["train"])], tokenizer=tok, config=cfg)

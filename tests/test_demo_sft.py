@@ -2,11 +2,13 @@
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 
 from stare_verl.demo import sft as S
-from stare_verl.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems
+from stare_verl.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems, split_problems
+from stare_verl.demo.evaluate import evaluate_checkpoint
 from stare_verl.demo.model import TinyModelConfig, build_model
 from stare_verl.demo.tokenizer import build_tokenizer
 
@@ -95,6 +97,19 @@ def test_tiny_sft_lowers_loss_and_cache_hit_miss(tmp_path, monkeypatch):
     model, tok = S.load_checkpoint(path)
     assert model.config.vocab_size == len(tok) == 384
     assert not list(tmp_path.glob(".sft-*"))  # no temporary directory left behind
+
+    # the held-out set is found again from the checkpoint's sft_config.json; greedy decoding reproduces
+    reps = evaluate_checkpoint(path, temperatures=(0.0,))
+    assert reps[0.0].n == 3
+    assert (reps[0.0].accuracy, reps[0.0].mean_turns) == (held["accuracy"], held["mean_turns"])
+
+    # RL data for this SFT: val = its held-out problems, train disjoint from its demonstrations
+    paths = S.write_rl_data(cfg, tmp_path / "rl", n_train=5)
+    val_q = [list(p)[0]["content"] for p in pd.read_parquet(paths["val"])["prompt"]]
+    train_q = {list(p)[0]["content"] for p in pd.read_parquet(paths["train"])["prompt"]}
+    splits = split_problems(cfg.n_train, cfg.n_heldout, cfg.data_seed)
+    assert val_q == [p.question for p in splits["heldout"]]
+    assert len(train_q) == 5 and not train_q & {p.question for p in splits["sft_train"]} and not train_q & set(val_q)
 
     # hit: same configuration (run-only knobs may differ) -> same directory, no training
     def no_training(*a, **k):

@@ -322,36 +322,39 @@ def problem_row(p: Problem, split: str, index: int, agent_name: str = AGENT_NAME
 def write_rl_parquet(
     out_dir: str | Path,
     n_train: int = 1024,
-    n_val: int = 128,
+    n_val: int | None = None,
     seed: int = 0,
     agent_name: str = AGENT_NAME,
-    n_sft_train: int = 0,
+    n_sft_train: int = 4096,
+    n_heldout: int = 200,
 ) -> dict[str, Path]:
-    """Write ``train.parquet`` (RL problems) and ``val.parquet`` (the held-out problems) for verl.
+    """Write ``train.parquet`` (RL problems) and ``val.parquet`` (held-out problems) for verl's RLHFDataset.
+
+    The splits are drawn exactly as the SFT draws them (:func:`split_problems` with the SFT's ``n_train`` and
+    ``n_heldout`` under the same data seed), so with the SFT configuration's values RL training problems are
+    disjoint from the SFT demonstrations and from the held-out set, and ``val.parquet`` holds the held-out
+    problems the SFT report and :func:`stare_verl.demo.evaluate.evaluate_checkpoint` use.
+    (``stare_verl.demo.sft.write_rl_data`` passes them from an ``SFTConfig``.)
 
     Args:
         out_dir: folder for the two files (created).
-        n_train: RL training problems (split ``rl_train``; disjoint from the held-out set, and from the
-            first ``n_sft_train`` SFT problems of the same data seed).
-        n_val: held-out problems; the same questions :func:`stare_verl.demo.evaluate.evaluate_checkpoint`
-            uses for ``n_val`` problems and this ``seed``.
-        seed: data seed (use the SFT configuration's ``data_seed`` to keep RL and SFT splits disjoint).
+        n_train: RL training problems.
+        n_val: the first ``n_val`` held-out problems (None: all ``n_heldout``).
+        seed: data seed (the SFT configuration's ``data_seed``).
         agent_name: verl agent loop per row (default the project's ``stare_tool_agent``, ``envs.agent_loop``).
-        n_sft_train: size of the SFT training split to exclude from RL training (0: do not exclude).
+        n_sft_train, n_heldout: the SFT configuration's ``n_train`` and ``n_heldout``.
     Returns:
         ``{"train": path, "val": path}``.
     Raises:
-        ValueError: ``n_train`` or ``n_val`` below 1.
+        ValueError: ``n_train``, ``n_val`` or ``n_heldout`` below 1, or ``n_val > n_heldout``.
     """
     from envs.datasets import write_parquet
 
-    if n_train < 1 or n_val < 1:
-        raise ValueError(f"n_train and n_val must be >= 1, got {n_train}, {n_val}")
-    val = heldout_problems(n_val, seed)
-    used = [p.question for p in val]
-    if n_sft_train:
-        used += [p.question for p in sample_problems(n_sft_train, seed + SPLIT_SEED_OFFSET["sft_train"], used)]
-    train = sample_problems(n_train, seed + SPLIT_SEED_OFFSET["rl_train"], exclude=used)
+    n_val = n_heldout if n_val is None else n_val
+    if min(n_train, n_val, n_heldout) < 1 or n_val > n_heldout:
+        raise ValueError(f"need n_train >= 1 and 1 <= n_val <= n_heldout; got {n_train}, {n_val}, {n_heldout}")
+    splits = split_problems(n_sft_train, n_heldout, seed, n_rl=n_train)
+    train, val = splits["rl_train"], splits["heldout"][:n_val]
     out = Path(out_dir)
     return {
         "train": write_parquet([problem_row(p, "train", i, agent_name) for i, p in enumerate(train)],

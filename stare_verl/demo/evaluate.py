@@ -336,44 +336,63 @@ def evaluate_model(
 
 def evaluate_checkpoint(
     path: str | Path,
-    n: int = 200,
-    data_seed: int = 0,
+    n: int | None = None,
+    data_seed: int | None = None,
+    n_heldout: int | None = None,
     temperatures: Sequence[float] = (0.0, 1.0),
     seed: int = 0,
     **episode_kwargs: Any,
 ) -> dict[float, EvalReport]:
     """Held-out accuracy of the checkpoint at ``path`` (model and tokenizer in one directory).
 
+    The problems are the first ``n`` of ``heldout_problems(n_heldout, data_seed)``: the SFT report's set and
+    ``val.parquet`` of ``write_rl_parquet`` for the same values. ``data_seed`` and ``n_heldout`` default to the
+    ``sft_config.json`` in ``path`` (an SFT checkpoint); give them for other checkpoints (e.g. an RL model
+    exported with ``save_pretrained`` next to the same tokenizer).
+
     Args:
-        path: a directory saved by :func:`stare_verl.demo.sft.ensure_sft_checkpoint` (or an RL checkpoint
-            exported with ``save_pretrained`` next to the same tokenizer).
-        n: held-out problems (the first ``n`` of :func:`stare_verl.demo.demos.heldout_problems` for
-            ``data_seed``: the RL val parquet uses the same questions).
-        data_seed: data seed of the SFT configuration.
+        path: checkpoint directory.
+        n: problems to evaluate (None: all ``n_heldout``).
+        data_seed, n_heldout: see above.
         temperatures, seed, episode_kwargs: see :func:`evaluate_model`.
     Returns:
         ``{temperature: EvalReport}``.
+    Raises:
+        ValueError: ``data_seed``/``n_heldout`` neither given nor in ``sft_config.json``.
     """
     from stare_verl.cpu.hf_server import load_model
     from stare_verl.demo.tokenizer import load_tokenizer
 
+    saved: dict[str, Any] = {}
+    cfg_file = Path(path) / "sft_config.json"
+    if cfg_file.is_file():
+        saved = json.loads(cfg_file.read_text()).get("config", {})
+    data_seed = saved.get("data_seed") if data_seed is None else data_seed
+    n_heldout = saved.get("n_heldout") if n_heldout is None else n_heldout
+    if data_seed is None or n_heldout is None:
+        raise ValueError(f"{path} has no sft_config.json: give data_seed and n_heldout")
+    problems = heldout_problems(int(n_heldout), int(data_seed))[: n or None]
     model = load_model(str(path))
     tokenizer = load_tokenizer(path)
-    res = evaluate_model(model, tokenizer, heldout_problems(n, data_seed), temperatures, seed=seed, **episode_kwargs)
+    if "max_response_tokens" not in episode_kwargs and "max_response_tokens" in saved:
+        episode_kwargs["max_response_tokens"] = saved["max_response_tokens"]
+    res = evaluate_model(model, tokenizer, problems, temperatures, seed=seed, **episode_kwargs)
     return {t: rep for t, (rep, _) in res.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m stare_verl.demo.evaluate CKPT [--n N] [--data-seed S]``: print the held-out reports."""
+    """``python -m stare_verl.demo.evaluate CKPT [--n N] [--data-seed S --n-heldout M]``: print the reports."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("checkpoint")
-    ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--data-seed", type=int, default=0)
+    ap.add_argument("--n", type=int, default=None)
+    ap.add_argument("--data-seed", type=int, default=None)
+    ap.add_argument("--n-heldout", type=int, default=None)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     args = ap.parse_args(argv)
-    for t, rep in evaluate_checkpoint(args.checkpoint, args.n, args.data_seed, args.temperatures).items():
+    reports = evaluate_checkpoint(args.checkpoint, args.n, args.data_seed, args.n_heldout, args.temperatures)
+    for t, rep in reports.items():
         print(f"T={t}: " + json.dumps(rep.to_dict()))
     return 0
 

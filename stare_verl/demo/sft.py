@@ -50,6 +50,7 @@ __all__ = [
     "read_report",
     "render_demo",
     "train_sft",
+    "write_rl_data",
 ]
 
 logger = logging.getLogger(__name__)
@@ -396,6 +397,23 @@ def ensure_sft_checkpoint(cfg: SFTConfig | None = None, *, force: bool = False) 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def write_rl_data(
+    cfg: SFTConfig | None, out_dir: str | Path, n_train: int = 1024, n_val: int | None = None,
+    agent_name: str | None = None,
+) -> dict[str, Path]:
+    """RL ``train.parquet`` / ``val.parquet`` for the model SFT-trained with ``cfg``.
+
+    Training problems are disjoint from ``cfg``'s demonstrations and held-out set; ``val.parquet`` holds the
+    first ``n_val`` (default all) of the held-out problems ``cfg``'s SFT report was measured on.
+    See :func:`stare_verl.demo.demos.write_rl_parquet`; ``agent_name`` defaults to ``stare_tool_agent``.
+    """
+    from stare_verl.demo.demos import AGENT_NAME, write_rl_parquet
+
+    cfg = cfg or SFTConfig()
+    return write_rl_parquet(out_dir, n_train=n_train, n_val=n_val, seed=cfg.data_seed,
+                            agent_name=agent_name or AGENT_NAME, n_sft_train=cfg.n_train, n_heldout=cfg.n_heldout)
 
 
 def read_report(path: str | Path) -> dict[str, Any]:
