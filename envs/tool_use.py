@@ -22,10 +22,11 @@ subclass); verl's ``dapo`` manager does not (``compute_score`` then falls back, 
       custom_reward_function: {path: pkg://envs.tool_use, name: compute_score,
                                reward_kwargs: {family: tool_use}}
 
-CLI::
+CLI (files land in ``<out>/tool_use/``, the layout of ``python -m envs.datasets``; a hub file is the
+same rows ``envs.datasets`` writes for ``--family tool_use`` plus ``agent_name``/``tools_kwargs``)::
 
-    python -m envs.tool_use offline --out data/tool_use --n-train 2000 --n-test 200
-    python -m envs.tool_use hub aime2024 --out data/tool_use [--from-file aime24.jsonl]
+    python -m envs.tool_use offline [--out data] [--n-train 2000 --n-test 200]   # rg_arith_{train,test}.parquet
+    python -m envs.tool_use hub aime2024 [--out data] [--from-file aime24.jsonl]  # aime2024_test.parquet
 """
 
 from __future__ import annotations
@@ -267,35 +268,33 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m envs.tool_use", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     off = sub.add_parser("offline", help="reasoning-gym arithmetic (no network)")
-    off.add_argument("--out", required=True)
+    off.add_argument("--out", default="data")
     off.add_argument("--n-train", type=int, default=2000)
     off.add_argument("--n-test", type=int, default=200)
     off.add_argument("--seed", type=int, default=0)
     hub = sub.add_parser("hub", help="a hub math set as tool-use rows")
     hub.add_argument("name")
-    hub.add_argument("--out", required=True)
+    hub.add_argument("--out", default="data")
     hub.add_argument("--split", default=None)
     hub.add_argument("--from-file", default=None)
     hub.add_argument("--limit", type=int, default=None)
     args = p.parse_args(argv)
-    out = Path(args.out)
+    out = Path(args.out) / "tool_use"
     try:
         if args.cmd == "offline":
             train = build_offline_tool_use("train", args.n_train, args.seed)
             test = build_offline_tool_use(
                 "test", args.n_test, args.seed, exclude={r["extra_info"]["question"] for r in train.rows}
             )
-            for split, rep in (("train", train), ("test", test)):
-                path = write_parquet(rep.rows, out / f"tool_use_offline_{split}.parquet")
-                print(
-                    f"{split}: {len(rep.rows)} rows -> {path} (bad {len(rep.bad)}, duplicates {rep.duplicates})"
-                )
+            reports = [("train", train), ("test", test)]
+            named = [(f"rg_arith_{split}", rep) for split, rep in reports]
         else:
             rep = build_tool_use_hub(args.name, split=args.split, from_file=args.from_file, limit=args.limit)
-            path = write_parquet(rep.rows, out / f"tool_use_{args.name}.parquet")
-            print(
-                f"{args.name}: {len(rep.rows)} rows -> {path} (bad {len(rep.bad)}, duplicates {rep.duplicates})"
-            )
+            split = rep.rows[0]["extra_info"]["split"] if rep.rows else args.split
+            named = [(f"{args.name}_{split}", rep)]
+        for stem, rep in named:
+            path = write_parquet(rep.rows, out / f"{stem}.parquet")
+            print(f"{stem}: {len(rep.rows)} rows -> {path} (bad {len(rep.bad)}, duplicates {rep.duplicates})")
     except Exception as err:  # noqa: BLE001 - CLI: one clear line, non-zero status
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return 1

@@ -109,11 +109,13 @@ def test_cli_offline_writes_parquet_that_verl_dataset_reads(tmp_path):
     from envs.simulators import build_tiny_tokenizer
 
     assert main(["offline", "--out", str(tmp_path), "--n-train", "6", "--n-test", "3"]) == 0
-    train = tmp_path / "tool_use_offline_train.parquet"
-    assert (
-        len(pd.read_parquet(train)) == 6
-        and len(pd.read_parquet(tmp_path / "tool_use_offline_test.parquet")) == 3
-    )
+    train = tmp_path / "tool_use" / "rg_arith_train.parquet"
+    assert len(pd.read_parquet(train)) == 6
+    assert len(pd.read_parquet(tmp_path / "tool_use" / "rg_arith_test.parquet")) == 3
+    aime = FIXTURES / "aime2024_sample.jsonl"
+    assert main(["hub", "aime2024", "--out", str(tmp_path), "--from-file", str(aime)]) == 0
+    hub = pd.read_parquet(tmp_path / "tool_use" / "aime2024_test.parquet")
+    assert len(hub) == 2 and set(hub["agent_name"]) == {AGENT_NAME}
     cfg = OmegaConf.create({"max_prompt_length": 2048, "filter_overlong_prompts": False})
     ds = RLHFDataset(data_files=[str(train)], tokenizer=build_tiny_tokenizer(), config=cfg, processor=None)
     item = ds[0]
