@@ -84,7 +84,7 @@ def test_config_hash_covers_what_changes_the_checkpoint():
         S.SFTConfig(unknown=1)
 
 
-def test_tiny_sft_lowers_loss_and_cache_hit_miss(tmp_path, monkeypatch):
+def test_tiny_sft_lowers_loss_and_cache_hit_miss(tmp_path, monkeypatch, capsys):
     cfg = S.SFTConfig(cache_dir=str(tmp_path), **TINY)
     path = S.ensure_sft_checkpoint(cfg)
     assert path == tmp_path / f"sft-{S.config_hash(cfg)}"
@@ -117,6 +117,13 @@ def test_tiny_sft_lowers_loss_and_cache_hit_miss(tmp_path, monkeypatch):
 
     monkeypatch.setattr(S, "train_sft", no_training)
     assert S.ensure_sft_checkpoint(cfg.model_copy(update={"progress": True, "num_threads": 2})) == path
+    # the CLI with the same settings reuses it and prints the held-out accuracy
+    argv = ["--out", str(tmp_path), "--steps", "20", "--n-train", "48", "--n-heldout", "3", "--batch-size", "8",
+            "--lr", "3e-3", "--warmup-steps", "2", "--max-response-tokens", "32", "--threads", "1"]
+    assert S.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"checkpoint: {path}" in printed and f"held-out T=0.0: accuracy {held['accuracy']:.3f} (n 3)" in printed
+    assert S.main(argv + ["--min-accuracy", "1.01"]) == 2
     # miss: another configuration trains (here: reaches the patched trainer)
     with pytest.raises(AssertionError, match="trained although"):
         S.ensure_sft_checkpoint(cfg.model_copy(update={"lr": 1e-3}))

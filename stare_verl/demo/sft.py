@@ -322,7 +322,7 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
     model.eval()
     save_model(model, tokenizer, out)
     t2 = time.perf_counter()
-    res = evaluate_model(model, tokenizer, splits["heldout"], cfg.eval_temperatures, seed=cfg.data_seed,
+    res = evaluate_model(model, tokenizer, splits["heldout"], cfg.eval_temperatures, seed=0,
                          max_response_tokens=cfg.max_response_tokens)
     losses = history["loss"]
     report = {
@@ -380,7 +380,7 @@ def ensure_sft_checkpoint(cfg: SFTConfig | None = None, *, force: bool = False) 
     final = root / f"sft-{digest}"
     if not force and _complete(final, digest):
         logger.info("cold-start SFT: cache hit %s", final)
-        print(f"[sft] cache hit: {final}", file=sys.stderr, flush=True)
+        print(f"[sft] cache hit: {final}; {_summary(read_report(final))}", file=sys.stderr, flush=True)
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".sft-{digest}.tmp-{os.getpid()}"
@@ -396,7 +396,14 @@ def ensure_sft_checkpoint(cfg: SFTConfig | None = None, *, force: bool = False) 
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[sft] saved {final}; {_summary(read_report(final))}", file=sys.stderr, flush=True)
     return final
+
+
+def _summary(rep: dict[str, Any]) -> str:
+    accs = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in rep.get("heldout", {}).items())
+    n = next(iter(rep.get("heldout", {}).values()), {}).get("n", 0)
+    return f"held-out accuracy ({n} problems): {accs}"
 
 
 def write_rl_data(
@@ -445,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-heldout", type=int, default=SFTConfig().n_heldout)
     ap.add_argument("--lr", type=float, default=SFTConfig().lr)
     ap.add_argument("--batch-size", type=int, default=SFTConfig().batch_size)
+    ap.add_argument("--warmup-steps", type=int, default=SFTConfig().warmup_steps)
+    ap.add_argument("--max-response-tokens", type=int, default=SFTConfig().max_response_tokens,
+                    help="episode token budget of the held-out evaluation")
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--init-seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=0, help="greedy held-out check every N steps (0: off)")
@@ -455,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     cfg = SFTConfig(
         cache_dir=a.out, steps=a.steps, n_train=a.n_train, n_heldout=a.n_heldout, lr=a.lr, batch_size=a.batch_size,
+        warmup_steps=a.warmup_steps, max_response_tokens=a.max_response_tokens,
         data_seed=a.data_seed, init_seed=a.init_seed, eval_every=a.eval_every, num_threads=a.threads,
         progress=not a.no_progress,
     )
