@@ -54,8 +54,14 @@ class HFServerOptions(BaseModel):
     """False keeps the initial weights forever (a negative control for weight-sync tests)."""
 
 
+_warned_ignored_keys: set[str] = set()
+
+
 class SamplingParams(BaseModel):
-    """Per-request sampling parameters in vLLM conventions (what verl's agent loop sends)."""
+    """Per-request sampling parameters in vLLM conventions (what verl's agent loop sends).
+
+    Other keys are ignored, with a warning the first time each is seen.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -87,6 +93,10 @@ class SamplingParams(BaseModel):
         params = dict(params or {})
         if "max_tokens" not in params and "max_new_tokens" in params:
             params["max_tokens"] = params.pop("max_new_tokens")
+        ignored = sorted(set(params) - set(cls.model_fields) - _warned_ignored_keys)
+        if ignored:
+            _warned_ignored_keys.update(ignored)
+            logger.warning("hf rollout ignores unsupported sampling parameters %s", ignored)
         return cls(**params)
 
     @property
