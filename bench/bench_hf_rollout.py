@@ -107,6 +107,38 @@ def throughput(model_path: str, n_requests: int, max_tokens: int, repeats: int =
     return asyncio.run(run())
 
 
+def throughput_ray(model_path: str, n_requests: int, max_tokens: int, repeats: int = 3) -> float:
+    """Tokens/s of the server as a Ray actor (what the agent loop calls), best of ``repeats``."""
+    import ray
+    from verl.workers.config import HFModelConfig, RolloutConfig
+
+    from stare_verl.cpu.hf_server import HFGenerationServer
+
+    config = RolloutConfig(
+        name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=max_tokens, max_num_seqs=64
+    )
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        server = (
+            ray.remote(HFGenerationServer)
+            .options(max_concurrency=1000)
+            .remote(config, HFModelConfig(path=model_path))
+        )
+        ray.get(server.launch.remote())
+        prompts = make_prompts(n_requests, 300)
+        params = {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": True}
+        best = 0.0
+        for _ in range(repeats + 1):  # first round warms up
+            t0 = time.perf_counter()
+            outs = ray.get([server.generate.remote(p, dict(params), f"r{i}") for i, p in enumerate(prompts)])
+            dt = time.perf_counter() - t0
+            best = max(best, sum(len(o.token_ids) for o in outs) / dt)
+        ray.get(server.shutdown.remote())
+        return best
+    finally:
+        ray.shutdown()
+
+
 def train_breakdown(model_path: str, workdir: Path) -> dict:
     """Run main_ppo for 2 steps on the CPU backend; return timing_s/* per step and the wall time."""
     from stare_verl.cpu.tiny import build_toy_dataset
@@ -168,6 +200,11 @@ def main() -> None:
             f"hf server, {tp['requests']} concurrent requests x {tp['max_tokens']} tokens (greedy): "
             f"{tp['server_tokens_per_s']:.0f} tok/s; batched model.generate: {tp['generate_tokens_per_s']:.0f} tok/s; "
             f"ratio {tp['ratio']:.2f} (target >= 0.8) {'OK' if tp['ratio'] >= 0.8 else 'BELOW TARGET'}"
+        )
+        ray_tps = throughput_ray(model_path, args.requests, args.max_tokens)
+        print(
+            f"same through Ray (server as a Ray actor, as the agent loop calls it): {ray_tps:.0f} tok/s; "
+            f"ratio to model.generate {ray_tps / tp['generate_tokens_per_s']:.2f}"
         )
         if args.skip_train:
             return
