@@ -151,6 +151,7 @@ class ParsedCall:
 
     @property
     def ok(self) -> bool:
+        """True for a well-formed call of a known tool (it will be run)."""
         return self.error is None
 
     def function_call(self) -> FunctionCall:
@@ -346,6 +347,7 @@ class EpisodeStats:
 
     @property
     def num_tool_errors(self) -> int:
+        """Calls that did not produce a normal tool result: malformed + exceptions + timeouts."""
         return self.num_malformed_calls + self.num_tool_exceptions + self.num_tool_timeouts
 
 
