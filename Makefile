@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stare-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps test bench lint data train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
+.PHONY: install system-deps test bench lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
 
 install: $(STAMP)
 
@@ -34,8 +34,16 @@ test: install system-deps
 bench: install system-deps
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
 
+# Offline reasoning-gym sets for every family (no network).
 data: install
 	$(BIN)/python -m envs.datasets offline --out data
+	$(BIN)/python -m envs.tool_use offline --out data
+
+# The Hugging Face sets the GPU recipes train and validate on (needs network or a local HF cache).
+data-hf: install
+	@set -e; for fam in short_cot long_cot; do for n in dapo_math aime2024 aime2025 math500; do \
+	  $(BIN)/python -m envs.datasets hub $$n --family $$fam --out data; done; done
+	@set -e; for n in dapo_math aime2024 aime2025; do $(BIN)/python -m envs.tool_use hub $$n --out data; done
 
 lint: install
 	$(BIN)/ruff check stare_verl envs tests bench

@@ -23,7 +23,8 @@ def test_gpu_recipe_composes_and_validates(name, monkeypatch):
     stare = validate_recipe(cfg)
     assert cfg.trainer.v1.trainer_mode == "stare_sync"
     assert cfg.actor_rollout_ref.rollout.name == "sglang"
-    assert cfg.reward.custom_reward_function.path == "pkg://envs.reward"
+    reward_module = "pkg://envs.tool_use" if name.startswith("tooluse") else "pkg://envs.reward"
+    assert cfg.reward.custom_reward_function.path == reward_module
     if name.endswith("_grpo"):
         assert (stare.reweight_w, stare.reweight_m) == (1.0, 1.0)
         twin = compose_recipe(name[: -len("_grpo")] + "_stare", resolve=False)
