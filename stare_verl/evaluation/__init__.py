@@ -1,0 +1,14 @@
+"""Evaluation: avg@k and pass@k of a model on the project's datasets (AIME24/25, MATH-500, the tool-use task).
+
+Against any OpenAI-compatible chat-completions server (SGLang, vLLM) with the training scorer, the training
+loop's tool-call handling and the real sandbox; or, without a server, a local checkpoint on CPU.
+
+Modules: ``metrics`` (pass@k estimator, avg@k), ``client`` (async httpx client), ``runner`` (sampling, tool
+loop, JSONL with resume), ``summary`` (table and JSON), ``local`` (CPU checkpoint), ``cli``
+(``python -m stare_verl.evaluation``; :func:`main`).
+"""
+
+from stare_verl.evaluation.cli import main
+from stare_verl.evaluation.metrics import avg_at_k, pass_at_k
+
+__all__ = ["avg_at_k", "main", "pass_at_k"]

@@ -1,0 +1,180 @@
+"""Command line of the evaluation: ``python -m stare_verl.evaluation`` (and ``stare-verl eval``).
+
+Against a server (SGLang / vLLM, OpenAI chat-completions)::
+
+    python -m stare_verl.evaluation --url http://localhost:30000 --model Qwen2.5-7B \\
+        --data data/tool_use/aime2024_test.parquet --k 32 --temperature 1.0 --top-p 0.7 \\
+        --max-tokens 8192 --concurrency 64
+
+Without ``--url``: the newest local checkpoint under ``runs/`` (or ``--checkpoint DIR``) on this CPU, on its
+run's ``val.parquet`` (or ``--data``).
+
+Writes ``--out`` (per-sample JSONL; default under ``runs/eval/``), ``<out stem>.summary.json`` and prints a
+table. Running the same command again resumes: answered samples are not asked again.
+Exit status: 0 done, 1 error (message on stderr), 130 interrupted (what was answered is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["add_arguments", "build_parser", "main", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the evaluation options to ``p`` (for a ``stare-verl eval`` subcommand); returns ``p``."""
+    g = p.add_argument_group("server (omit --url to evaluate a local checkpoint on CPU)")
+    g.add_argument("--url", default=None, help="OpenAI-compatible server, e.g. http://localhost:30000 (/v1 optional)")
+    g.add_argument("--model", default=None, help="served model name (default: the server's only model)")
+    g.add_argument("--api-key", default=None, help="bearer token (default $OPENAI_API_KEY; SGLang/vLLM need none)")
+    g.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
+    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    g.add_argument("--retries", type=int, default=5, help="retries on 5xx/timeouts/connection errors (default 5)")
+    g = p.add_argument_group("local checkpoint")
+    g.add_argument("--checkpoint", default=None, help="HF model folder (default: newest under --runs-dir)")
+    g.add_argument("--runs-dir", default="runs", help="where `make train-tooluse` writes runs (default runs)")
+    g.add_argument("--batch-size", type=int, default=64, help="sequences decoded together on CPU (default 64)")
+    g = p.add_argument_group("data and sampling")
+    g.add_argument("--data", default=None, help="verl parquet built by envs.datasets / envs.tool_use")
+    g.add_argument("--limit", type=int, default=None, help="first N problems only")
+    g.add_argument("--k", type=int, default=32, help="samples per problem (default 32)")
+    g.add_argument("--temperature", type=float, default=1.0, help="default 1.0")
+    g.add_argument("--top-p", type=float, default=0.7, help="default 0.7")
+    g.add_argument("--max-tokens", type=int, default=None,
+                   help="response budget in tokens (tool use: model + tool tokens of all turns); default: server's")
+    g.add_argument("--seed", type=int, default=0, help="base request seed (-1: send none)")
+    g.add_argument("--pass-k", type=int, nargs="+", default=None, help="k of pass@k (default 1,2,4,..,k)")
+    g = p.add_argument_group("tool use")
+    g.add_argument("--tools", choices=["auto", "on", "off"], default="auto",
+                   help="tool loop for tool-use rows (auto), every row (on) or none (off)")
+    g.add_argument("--tool-config", default=None, help="verl tool config YAML (default recipes/tool_use/tool_config.yaml)")
+    g.add_argument("--tool-choice", choices=["omit", "auto", "none"], default="omit",
+                   help="tool_choice sent with tools (vLLM without --enable-auto-tool-choice: none)")
+    g.add_argument("--max-turns", type=int, default=8, help="assistant turns per episode (default 8)")
+    g.add_argument("--max-tool-response-chars", type=int, default=1024, help="observation cut (default 1024)")
+    g.add_argument("--tool-timeout", type=float, default=60.0, help="seconds per tool call (default 60)")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default=None, help="per-sample JSONL (default runs/eval/<model>/<data>_k<k>_....jsonl)")
+    g.add_argument("--summary", default=None, help="summary JSON (default <out stem>.summary.json)")
+    g.add_argument("--overwrite", action="store_true", help="start over instead of resuming --out")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The standalone parser of ``python -m stare_verl.evaluation``."""
+    p = argparse.ArgumentParser(prog="python -m stare_verl.evaluation", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return add_arguments(p)
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_") or "model"
+
+
+def _default_out(base: Path, name: str, data: Path, a: argparse.Namespace) -> Path:
+    stem = data.name.removesuffix(".parquet").removesuffix(".jsonl")
+    return base / _slug(name) / f"{stem}_k{a.k}_t{a.temperature:g}_p{a.top_p:g}.jsonl"
+
+
+async def _api(a: argparse.Namespace, settings, problems, data: Path):
+    from stare_verl.evaluation.client import ChatClient, ClientConfig
+    from stare_verl.evaluation.runner import ResultsFile, load_tools, run_api_eval
+
+    cfg = ClientConfig(url=a.url, model=a.model, max_concurrency=a.concurrency, request_timeout_s=a.request_timeout,
+                       max_retries=a.retries, **({"api_key": a.api_key} if a.api_key else {}))
+    async with ChatClient(cfg) as client:
+        model = await client.check_model()
+        out = Path(a.out) if a.out else _default_out(Path(a.runs_dir) / "eval", model, data, a)
+        results = ResultsFile(out, settings.fingerprint(model, str(data.resolve())), overwrite=a.overwrite)
+        tools = load_tools(a.tool_config) if any(p.tool_use for p in problems) else {}
+        try:
+            print(f"evaluating {model} at {cfg.url} on {data} ({len(problems)} problems x {settings.k}) -> {out}",
+                  file=sys.stderr)
+            records = await run_api_eval(problems, client, settings, results, tools=tools,
+                                         progress=not a.no_progress)
+        finally:
+            results.close()
+            for t in tools.values():
+                close = getattr(t, "aclose", None)
+                if close is not None:
+                    await close()
+        return records, out, {"model": model, "url": cfg.url}
+
+
+def run(a: argparse.Namespace) -> int:
+    """Run an evaluation from parsed arguments (see :func:`add_arguments`); returns the exit status."""
+    from pydantic import ValidationError
+
+    from stare_verl.evaluation.client import EvalClientError
+    from stare_verl.evaluation.local import (
+        LocalCheckpointError,
+        find_latest_checkpoint,
+        find_run_data,
+        run_local_eval,
+    )
+    from stare_verl.evaluation.runner import (
+        DatasetError,
+        EvalSettings,
+        ResultsFile,
+        ResumeMismatch,
+        load_problems,
+    )
+    from stare_verl.evaluation.summary import format_table, summarize, write_summary
+
+    out: Path | None = None
+    try:
+        settings = EvalSettings(k=a.k, temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens,
+                                seed=None if a.seed == -1 else a.seed, max_turns=a.max_turns, tools=a.tools,
+                                tool_choice=a.tool_choice, max_tool_response_chars=a.max_tool_response_chars,
+                                tool_timeout_s=a.tool_timeout)
+        if a.url:
+            if not a.data:
+                raise DatasetError("--data is required with --url (a parquet built by envs.datasets / envs.tool_use)")
+            data = Path(a.data)
+            problems = load_problems(data, a.limit, settings.tools)
+            records, out, meta = asyncio.run(_api(a, settings, problems, data))
+        else:
+            ck = Path(a.checkpoint) if a.checkpoint else find_latest_checkpoint(a.runs_dir)
+            data = Path(a.data) if a.data else find_run_data(ck)
+            problems = load_problems(data, a.limit, settings.tools)
+            if a.out:
+                out = Path(a.out)
+            else:
+                run_dir = next((q for q in ck.resolve().parents if (q / "checkpoints").is_dir()), None)
+                base = (run_dir / "eval") if run_dir else Path(a.runs_dir) / "eval"
+                out = _default_out(base, "local" if run_dir else ck.name, data, a)
+            print(f"evaluating local checkpoint {ck} on {data} ({len(problems)} problems x {settings.k}) -> {out}",
+                  file=sys.stderr)
+            results = ResultsFile(out, settings.fingerprint(f"local:{ck.resolve()}", str(data.resolve())),
+                                  overwrite=a.overwrite)
+            try:
+                records = run_local_eval(ck, problems, settings, results, max_batch_size=a.batch_size,
+                                         progress=not a.no_progress)
+            finally:
+                results.close()
+            meta = {"model": f"local:{ck}"}
+    except KeyboardInterrupt:
+        where = f"; answered samples are kept in {out}: run the same command again to resume" if out else ""
+        print(f"interrupted{where}", file=sys.stderr)
+        return 130
+    except (EvalClientError, DatasetError, ResumeMismatch, LocalCheckpointError, ValidationError,
+            FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    meta.update(data=str(data), **settings.model_dump(exclude={"reward_kwargs"}), results=str(out))
+    summary = summarize(records, a.pass_k, meta)
+    path = Path(a.summary) if a.summary else out.with_name(out.name.removesuffix(".jsonl") + ".summary.json")
+    write_summary(summary, path)
+    print(format_table(summary))
+    print(f"samples: {out}\nsummary: {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse ``argv`` and :func:`run`; returns the exit status."""
+    return run(build_parser().parse_args(argv))

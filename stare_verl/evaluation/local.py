@@ -1,0 +1,218 @@
+"""Evaluate a local checkpoint on this machine (no server): the project's CPU generation code.
+
+Episodes run through ``stare_verl.demo.evaluate.run_episodes`` (the CPU tool-use evaluation loop: verl's
+Continuous Token builder, ``envs.agent_loop.parse_tool_calls``, the real ``code_interpreter`` tool in the
+sandbox, token-in/token-out as in training) over the ``hf`` backend's continuous-batching
+``stare_verl.cpu.hf_server.GenerationEngine``, with the sampling settings of the API path (temperature,
+top_p, k samples per problem). Records, resume and summary are those of the API path (``runner``).
+
+Checkpoint default: the most recently written ``runs/<run>/checkpoints/global_step_N/actor/huggingface``
+(verl's checkpoint layout with ``hf_model`` in ``checkpoint.save_contents``; ``make train-tooluse`` writes it);
+any HF model directory with its tokenizer can be given instead. Data default: the run's ``val.parquet``
+(searched under ``runs/<run>/``).
+
+Scope: the CPU tool-use task (rows with the tool loop); the prompt the loop sees is the row's last user
+message (the demo model is trained on exactly that; a row's system message is not sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from stare_verl.evaluation.runner import (
+    EvalProblem,
+    EvalSettings,
+    ResultsFile,
+    _record,
+    pending_samples,
+    sample_seed,
+    score_sample,
+)
+
+__all__ = ["LocalCheckpointError", "find_latest_checkpoint", "find_run_data", "run_local_eval"]
+
+logger = logging.getLogger(__name__)
+
+_WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
+
+
+class LocalCheckpointError(FileNotFoundError):
+    """No usable local checkpoint (or its data) was found; the message says what to do."""
+
+
+def _has_weights(d: Path) -> bool:
+    return (d / "config.json").is_file() and any(any(d.glob(p)) for p in _WEIGHTS)
+
+
+def find_latest_checkpoint(runs_dir: str | Path = "runs") -> Path:
+    """The newest HF checkpoint under ``runs_dir``: ``<run>/checkpoints/global_step_N/actor/huggingface``
+    (also ``<run>/global_step_N/...``), newest by modification time, then by N.
+
+    Raises:
+        LocalCheckpointError: none exists, or they hold no HF weights (saved without ``hf_model``).
+    """
+    root = Path(runs_dir)
+    found = [*root.glob("*/checkpoints/global_step_*/actor/huggingface"), *root.glob("*/global_step_*/actor/huggingface")]
+    usable = [d for d in found if _has_weights(d)]
+    if not usable:
+        if found:
+            raise LocalCheckpointError(
+                f"{len(found)} checkpoint(s) under {root}/ (e.g. {found[0]}) have no HF weights: train with "
+                "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model], or give "
+                "--checkpoint DIR (a Hugging Face model folder with its tokenizer)"
+            )
+        raise LocalCheckpointError(
+            f"no checkpoint found under {root.resolve()}/ (looked for <run>/checkpoints/global_step_N/actor/"
+            "huggingface): run `make train-tooluse` first, give --checkpoint DIR, or evaluate a served model with "
+            "--url"
+        )
+
+    def step(d: Path) -> int:
+        try:
+            return int(d.parent.parent.name.rsplit("_", 1)[1])
+        except (IndexError, ValueError):
+            return -1
+
+    return max(usable, key=lambda d: (d.stat().st_mtime, step(d)))
+
+
+def find_run_data(checkpoint: str | Path) -> Path:
+    """The ``val.parquet`` of the run a checkpoint belongs to (``runs/<run>/**/val.parquet``).
+
+    Raises:
+        LocalCheckpointError: the checkpoint is not inside a run folder with a ``val.parquet``.
+    """
+    ck = Path(checkpoint).resolve()
+    for parent in ck.parents:
+        if parent.name in ("checkpoints",) or parent.name.startswith("global_step_"):
+            continue
+        hits = sorted(parent.glob("val.parquet")) + sorted(parent.glob("*/val.parquet"))
+        if hits:
+            return hits[0]
+        if (parent / "checkpoints").is_dir():  # the run folder itself: stop here
+            break
+    raise LocalCheckpointError(f"no val.parquet found for checkpoint {checkpoint}; give --data FILE.parquet")
+
+
+def _to_demo_problem(p: EvalProblem):
+    from stare_verl.demo.demos import Problem
+
+    user = [m["content"] for m in p.prompt if m["role"] == "user"][-1]
+    gt = p.ground_truth[0] if isinstance(p.ground_truth, list) else p.ground_truth
+    return Problem(task=str(p.extra_info.get("task") or p.data_source), question=str(user), answer=str(gt),
+                   expression=str(p.extra_info.get("expression") or ""), index=p.index)
+
+
+def run_local_eval(
+    checkpoint: str | Path,
+    problems: Sequence[EvalProblem],
+    settings: EvalSettings,
+    results: ResultsFile,
+    *,
+    max_batch_size: int = 64,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Draw the missing samples of ``problems`` from the checkpoint on CPU and append them to ``results``.
+
+    Samples are generated ``max_batch_size`` at a time (one continuous batch) and written after each chunk.
+    ``settings.max_tokens`` is the episode budget (model + tool tokens; default: the checkpoint's
+    ``sft_config.json`` value, else 128); episode seeds follow ``run_episodes`` (the chunk's base seed + its
+    position in the chunk).
+
+    Returns:
+        every record of ``problems`` (earlier and new), in problem/sample order.
+    Raises:
+        ValueError: a problem is not a tool-use one. LocalCheckpointError: the checkpoint has no weights.
+        envs.sandbox.SandboxUnavailable: no sandbox backend works here.
+    """
+    import json
+
+    from tqdm.auto import tqdm
+
+    from stare_verl.cpu.hf_server import GenerationEngine, SamplingParams, load_model
+    from stare_verl.demo.evaluate import run_episodes
+    from stare_verl.demo.tokenizer import load_tokenizer
+
+    ck = Path(checkpoint)
+    if not _has_weights(ck):
+        raise LocalCheckpointError(f"{ck} is not a Hugging Face model folder with weights (config.json + "
+                                   "*.safetensors)")
+    plain = [p.problem_id for p in problems if not p.tool_use]
+    if plain:
+        raise ValueError(
+            f"local mode evaluates the CPU tool-use task; {len(plain)} row(s) (e.g. {plain[0]}) are not tool-use "
+            "rows. Serve the checkpoint with SGLang/vLLM and pass --url for other tasks."
+        )
+    max_tokens = settings.max_tokens
+    if max_tokens is None:
+        cfg = ck / "sft_config.json"
+        saved = json.loads(cfg.read_text()).get("config", {}) if cfg.is_file() else {}
+        max_tokens = int(saved.get("max_response_tokens", 128))
+
+    done = [r for r in results.load() if r["problem_id"] in {p.problem_id for p in problems}
+            and int(r["sample_index"]) < settings.k]
+    todo = pending_samples(problems, settings.k, done)
+    total = len(problems) * settings.k
+    new: list[dict[str, Any]] = []
+    if todo:
+        model = load_model(str(ck))
+        tok = load_tokenizer(ck)
+        eos = sorted({int(tok.eos_token_id)} | {int(t) for t in [tok.convert_tokens_to_ids("<|endoftext|>")]
+                                                if isinstance(t, int) and t >= 0})
+        engine = GenerationEngine(model, eos, max_model_len=int(getattr(model.config, "max_position_embeddings", 1024)),
+                                  max_batch_size=max_batch_size, seed=settings.seed or 0,
+                                  pad_token_id=int(tok.pad_token_id or 0))
+
+        async def generate(prompt_ids: list[int], temperature: float, max_new: int, seed: int) -> list[int]:
+            params = SamplingParams(temperature=temperature, top_p=settings.top_p, max_tokens=max_new, seed=seed)
+            return (await asyncio.wrap_future(engine.submit(prompt_ids, params))).token_ids
+
+        bar = tqdm(total=total, initial=total - len(todo), desc="eval (local)", unit="sample", disable=not progress)
+        try:
+            for start in range(0, len(todo), max_batch_size):
+                chunk = todo[start : start + max_batch_size]
+                base = sample_seed(settings.seed or 0, chunk[0][0].index, chunk[0][1])
+                episodes = asyncio.run(run_episodes(
+                    [_to_demo_problem(p) for p, _ in chunk], generate, tok, temperature=settings.temperature,
+                    seed=base, max_assistant_turns=settings.max_turns, max_response_tokens=max_tokens,
+                    max_tool_response_chars=settings.max_tool_response_chars, tool_timeout_s=settings.tool_timeout_s,
+                ))
+                for i, ((p, j), r) in enumerate(zip(chunk, episodes, strict=True)):
+                    rec = _episode_record(p, j, base + i, r, settings)
+                    results.append(rec)
+                    new.append(rec)
+                    bar.update(1)
+        finally:
+            bar.close()
+            engine.shutdown()
+    order = {(p.problem_id, j): (p.index, j) for p in problems for j in range(settings.k)}
+    recs = {(r["problem_id"], int(r["sample_index"])): r for r in done + new}
+    return [recs[key] for key in sorted(recs, key=lambda key: order[key])]
+
+
+def _episode_record(p: EvalProblem, j: int, seed: int, r, settings: EvalSettings) -> dict[str, Any]:
+    """A runner record from a ``stare_verl.demo.evaluate.EpisodeResult`` (scored again with the row's info to
+    get the extracted answer and reflection counts)."""
+    tokens = int(sum(r.response_mask))
+    stats = SimpleNamespace(num_tool_calls=r.tool_calls, num_tool_executed=r.tool_calls - r.malformed_calls,
+                            num_malformed_calls=r.malformed_calls, num_tool_errors=r.tool_errors,
+                            num_tool_timeouts=0, tool_time_s=0.0)
+    if r.truncated:
+        termination = "length"
+    elif r.tool_calls and r.assistant_turns >= settings.max_turns and r.assistant_turns <= r.tool_calls:
+        termination = "max_assistant_turns"
+    else:
+        termination = "answer"
+    info = {"hit_eos": not r.truncated, "response_length": tokens, "num_assistant_turns": r.assistant_turns,
+            "num_tool_calls": r.tool_calls, "num_malformed_calls": r.malformed_calls,
+            "num_tool_errors": r.tool_errors}
+    score = score_sample(p, r.model_text, info, settings.reward_kwargs)
+    ep = {"finish_reason": "length" if r.truncated else "stop", "truncated": bool(r.truncated),
+          "termination": termination, "tokens": tokens, "response_tokens": len(r.response_ids),
+          "turns": r.assistant_turns, "stats": stats, "error": None}
+    return _record(p, j, seed, r.model_text, score, ep)

@@ -1,0 +1,132 @@
+"""Summary of an evaluation: avg@k, pass@k, lengths, reflection tokens, tool statistics; table and JSON.
+
+``summarize(records, ks)`` groups the per-sample records (``runner.RECORD_KEYS``) by ``data_source`` and
+over all rows ("all"). Per group:
+
+    problems, samples           counts; ``k`` is the most samples any problem has
+    avg@k                       mean over problems of the share of correct samples (metrics.avg_at_k)
+    pass@k                      {k: mean unbiased pass@k over problems with >= k samples} (metrics.pass_at_k)
+    mean_tokens                 model-generated tokens per sample (usage.completion_tokens; None if unknown)
+    mean_chars                  characters of the scored response per sample
+    truncated_rate, answer_rate share of samples cut by the length limit / with an extracted answer
+    reflections                 {word: mean count per sample} of envs.scoring.reflection (+ "total")
+    tools                       {mean_calls, mean_executed, error_rate (errors per call), malformed_rate,
+                                 timeouts, samples_with_calls (share), mean_turns, accuracy_with_calls,
+                                 accuracy_without_calls}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from stare_verl.evaluation.metrics import aggregate_problems, default_ks, mean_pass_at_k
+
+__all__ = ["format_table", "summarize", "write_summary"]
+
+
+def _group(records: Sequence[Mapping[str, Any]], ks: Sequence[int] | None) -> dict[str, Any]:
+    k_max = max((p.n for p in aggregate_problems(records, [])), default=0)
+    ks = list(ks) if ks else default_ks(k_max)
+    problems = aggregate_problems(records, ks)
+    pass_at = {}
+    for k in ks:
+        val, n_prob = mean_pass_at_k(problems, k)
+        if val is not None:
+            pass_at[str(k)] = val
+            if n_prob < len(problems):
+                pass_at[f"{k}_problems"] = n_prob
+    toks = [r.get("tokens") for r in records]
+    refl_keys = sorted({k for r in records for k in (r.get("reflections") or {})})
+    calls = sum(int(r.get("tool_calls") or 0) for r in records)
+    with_calls = [r for r in records if int(r.get("tool_calls") or 0) > 0]
+    without = [r for r in records if int(r.get("tool_calls") or 0) == 0]
+    return {
+        "problems": len(problems),
+        "samples": len(records),
+        "k": k_max,
+        "min_samples_per_problem": min((p.n for p in problems), default=0),
+        "avg@k": fmean(p.avg for p in problems) if problems else None,
+        "pass@k": pass_at,
+        "mean_tokens": fmean(toks) if toks and all(t is not None for t in toks) else None,
+        "mean_chars": fmean(int(r.get("chars") or 0) for r in records) if records else None,
+        "truncated_rate": fmean(bool(r.get("truncated")) for r in records) if records else None,
+        "answer_rate": fmean(bool(r.get("has_answer")) for r in records) if records else None,
+        "reflections": {k: fmean(int((r.get("reflections") or {}).get(k, 0)) for r in records) for k in refl_keys},
+        "tools": {
+            "mean_calls": calls / len(records) if records else 0.0,
+            "mean_executed": fmean(int(r.get("tool_executed") or 0) for r in records) if records else 0.0,
+            "error_rate": sum(int(r.get("tool_errors") or 0) for r in records) / calls if calls else 0.0,
+            "malformed_rate": sum(int(r.get("malformed_calls") or 0) for r in records) / calls if calls else 0.0,
+            "timeouts": sum(int(r.get("tool_timeouts") or 0) for r in records),
+            "samples_with_calls": len(with_calls) / len(records) if records else 0.0,
+            "mean_turns": fmean(int(r.get("turns") or 0) for r in records) if records else 0.0,
+            "accuracy_with_calls": fmean(bool(r["correct"]) for r in with_calls) if with_calls else None,
+            "accuracy_without_calls": fmean(bool(r["correct"]) for r in without) if without else None,
+        },
+    }
+
+
+def summarize(
+    records: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = None, meta: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Summary dict (module docstring) per data source and for "all".
+
+    Args:
+        records: per-sample records (at least ``problem_id``, ``sample_index``, ``correct``).
+        ks: the k of pass@k (default: powers of two up to the samples per problem, and that number).
+        meta: copied under "settings" (model, data, sampling).
+    Returns:
+        ``{"settings": ..., "groups": {source: stats, ..., "all": stats}}``.
+    """
+    sources = sorted({str(r.get("data_source", "")) for r in records})
+    groups = {s: _group([r for r in records if str(r.get("data_source", "")) == s], ks) for s in sources}
+    if len(sources) != 1:
+        groups["all"] = _group(list(records), ks)
+    else:
+        groups["all"] = groups[sources[0]]
+    return {"settings": dict(meta or {}), "groups": groups}
+
+
+def _fmt(v: Any, pct: bool = True) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{100 * v:.1f}" if pct else f"{v:.1f}"
+    return str(v)
+
+
+def format_table(summary: Mapping[str, Any]) -> str:
+    """A fixed-width terminal table: one row per data source (and "all"); accuracies in percent."""
+    groups = summary["groups"]
+    ks = sorted({int(k) for g in groups.values() for k in g["pass@k"] if k.isdigit()})
+    head = ["data_source", "problems", "k", "avg@k", *[f"pass@{k}" for k in ks], "tokens", "trunc%",
+            "reflect", "tool calls", "tool err%"]
+    rows = []
+    names = [n for n in groups if n != "all"]
+    for name in names + (["all"] if len(names) > 1 else []):
+        g = groups[name]
+        rows.append([
+            name, str(g["problems"]), str(g["k"]), _fmt(g["avg@k"]),
+            *[_fmt(g["pass@k"].get(str(k))) for k in ks],
+            _fmt(g["mean_tokens"], pct=False), _fmt(g["truncated_rate"]),
+            _fmt(g["reflections"].get("total"), pct=False),
+            f"{g['tools']['mean_calls']:.2f}", _fmt(g["tools"]["error_rate"]),
+        ])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    line = "  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(head, widths, strict=True)))
+    out = [line, "-" * len(line)]
+    for r in rows:
+        out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    return "\n".join(out)
+
+
+def write_summary(summary: Mapping[str, Any], path: str | Path) -> Path:
+    """Write the summary as indented JSON; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return path

@@ -1,0 +1,305 @@
+"""Evaluation against a real HTTP server on 127.0.0.1 playing a scripted model (tests/fixtures/eval).
+
+avg@k / pass@k on a known set (expected values by hand), resume after an interruption without re-asking,
+retries after injected 500s and timeouts, the tool-use loop through the API with the real sandbox, and
+clear messages for bad input.
+"""
+
+import asyncio
+import json
+import re
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from envs.datasets import make_row, write_parquet
+from envs.tool_use import to_tool_use_row
+from stare_verl.evaluation import cli
+from stare_verl.evaluation.client import ChatClient, ClientConfig, ModelNotServed, ServerUnreachable
+from stare_verl.evaluation.runner import (
+    SEED_STRIDE,
+    DatasetError,
+    EvalSettings,
+    ResultsFile,
+    ResumeMismatch,
+    load_problems,
+    load_tools,
+    run_api_eval,
+)
+from stare_verl.evaluation.summary import summarize
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "eval"))
+from scripted_server import Reply, ScriptedServer  # noqa: E402
+
+# problem -> (answer, correctness of samples 0..3). Sample 0 of "7" is a correct box cut by the length limit.
+KNOWN = {
+    "What is 2 + 3?": ("5", [1, 1, 0, 1]),
+    "What is 3 + 4?": ("7", [0, 0, 0, 1]),
+    "What is 4 + 6?": ("10", [0, 0, 0, 0]),
+}
+K = 4
+
+
+def _math_parquet(tmp_path) -> Path:
+    rows = [make_row(q, a, "toy", i, "test") for i, (q, (a, _)) in enumerate(KNOWN.items())]
+    return write_parquet(rows, tmp_path / "toy_test.parquet")
+
+
+def _question(body) -> str:
+    user = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    return next(q for q in KNOWN if q in user)
+
+
+def _known_reply(body, attempt) -> Reply:
+    q = _question(body)
+    answer, pattern = KNOWN[q]
+    j = body["seed"] % SEED_STRIDE
+    if q == "What is 3 + 4?" and j == 0:
+        return Reply(f"\\boxed{{{answer}}}", finish_reason="length", completion_tokens=30)
+    if pattern[j]:
+        return Reply(f"Wait, let me check. The answer is \\boxed{{{answer}}}.", completion_tokens=10 + j)
+    return Reply(f"\\boxed{{{int(answer) + 1}}}" if j % 2 else "I do not know.", completion_tokens=10 + j)
+
+
+def _eval(server_url, data, out, *, settings=None, tools=None, on_record=None, **client_kw):
+    settings = settings or EvalSettings(k=K, temperature=1.0, top_p=0.7, max_tokens=64, seed=0)
+    problems = load_problems(data)
+
+    async def go():
+        cfg = ClientConfig(url=server_url, model="scripted", **{"max_concurrency": 4, **client_kw})
+        async with ChatClient(cfg) as client:
+            await client.check_model()
+            results = ResultsFile(out, settings.fingerprint("scripted", str(data)))
+            try:
+                recs = await run_api_eval(problems, client, settings, results, tools=tools, progress=False,
+                                          on_record=on_record)
+            finally:
+                results.close()
+            return recs, client
+
+    return asyncio.run(go())
+
+
+def test_avg_and_pass_at_k_on_known_set(tmp_path):
+    data = _math_parquet(tmp_path)
+    with ScriptedServer(_known_reply) as srv:
+        recs, client = _eval(srv.url, data, tmp_path / "out.jsonl")
+        assert srv.chat_requests == len(KNOWN) * K and srv.model_requests == 1
+        body = srv.bodies[0]
+        assert body["model"] == "scripted" and body["temperature"] == 1.0 and body["top_p"] == 0.7
+        assert body["max_tokens"] == 64 and "tools" not in body
+    assert [r["correct"] for r in recs] == [bool(x) for _, p in KNOWN.values() for x in p]
+    cut = next(r for r in recs if r["problem_id"] == "toy/test/1" and r["sample_index"] == 0)
+    assert cut["truncated"] and not cut["correct"] and cut["extracted_answer"] == ""  # correct box, but cut
+    ok = recs[0]
+    assert ok["extracted_answer"] == "5" and ok["tokens"] == 10 and ok["turns"] == 1 and ok["tool_calls"] == 0
+    assert ok["reflections"]["total"] >= 2  # "Wait", "check"
+
+    s = summarize(recs)["groups"]["all"]
+    # by hand: avg@4 = (3/4 + 1/4 + 0) / 3; pass@2 = (1 + (1 - C(3,2)/C(4,2)) + 0) / 3; pass@4 = 2/3
+    assert s["avg@k"] == pytest.approx(1 / 3)
+    assert s["pass@k"]["1"] == pytest.approx(1 / 3)
+    assert s["pass@k"]["2"] == pytest.approx(0.5)
+    assert s["pass@k"]["4"] == pytest.approx(2 / 3)
+    assert s["truncated_rate"] == pytest.approx(1 / 12)
+    lines = (tmp_path / "out.jsonl").read_text().splitlines()
+    assert len(lines) == 12 and len({(json.loads(x)["problem_id"], json.loads(x)["sample_index"]) for x in lines}) == 12
+
+
+def test_resume_after_interruption_does_not_ask_again(tmp_path):
+    data = _math_parquet(tmp_path)
+    out = tmp_path / "out.jsonl"
+    with ScriptedServer(_known_reply, gate_after=5) as srv:  # requests after the 5th answer hang
+        written = []
+
+        async def interrupted():
+            stop = asyncio.Event()
+            settings = EvalSettings(k=K, max_tokens=64, seed=0)
+            cfg = ClientConfig(url=srv.url, model="scripted", max_concurrency=2)
+            async with ChatClient(cfg) as client:
+                await client.check_model()
+                results = ResultsFile(out, settings.fingerprint("scripted", str(data)))
+
+                def on_record(rec):
+                    written.append(rec)
+                    if len(written) == 5:
+                        stop.set()
+
+                task = asyncio.create_task(run_api_eval(load_problems(data), client, settings, results,
+                                                        progress=False, on_record=on_record))
+                await asyncio.wait_for(stop.wait(), 20)
+                task.cancel()  # as Ctrl-C would
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                results.close()
+
+        asyncio.run(interrupted())
+        first_run = srv.chat_requests
+    assert len(written) == 5 and len(out.read_text().splitlines()) == 5
+    with out.open("a") as f:
+        f.write('{"problem_id": "toy/test/2", "sample_in')  # a line torn by the interruption
+
+    with ScriptedServer(_known_reply) as srv:
+        recs, _ = _eval(srv.url, data, out)
+        assert srv.chat_requests == len(KNOWN) * K - 5  # nothing asked twice
+        asked = {(_question(b), b["seed"] % SEED_STRIDE) for b in srv.bodies}
+        assert len(asked) == 7
+    assert first_run >= 5
+    assert [r["correct"] for r in recs] == [bool(x) for _, p in KNOWN.values() for x in p]
+    lines = out.read_text().splitlines()
+    assert len(lines) == 12 and all(json.loads(x) for x in lines)
+
+    # other sampling settings on the same file: refused with a clear message
+    with pytest.raises(ResumeMismatch, match="temperature"):
+        ResultsFile(out, EvalSettings(k=K, temperature=0.6, max_tokens=64).fingerprint("scripted", str(data)))
+
+
+def test_retries_after_500s_and_timeouts(tmp_path):
+    data = _math_parquet(tmp_path)
+
+    def flaky(body, attempt):
+        q, j = _question(body), body["seed"] % SEED_STRIDE
+        if q == "What is 2 + 3?" and j == 1 and attempt < 2:
+            return Reply(status=500)
+        if q == "What is 4 + 6?" and j == 2 and attempt == 0:
+            return Reply(delay_s=1.5)  # longer than the client's timeout
+        if q == "What is 4 + 6?" and j == 3 and attempt == 0:
+            return Reply(status=503)
+        return _known_reply(body, attempt)
+
+    with ScriptedServer(flaky) as srv:
+        recs, client = _eval(srv.url, data, tmp_path / "out.jsonl", request_timeout_s=0.5, backoff_s=0.01,
+                             max_retries=3)
+        assert client.retries == 4 and srv.chat_requests == len(KNOWN) * K + 4
+    assert [r["correct"] for r in recs] == [bool(x) for _, p in KNOWN.values() for x in p]
+
+    # a server that keeps failing: a clear error after the retries, nothing recorded for that sample
+    with ScriptedServer(lambda b, a: Reply(status=500)) as srv:
+        with pytest.raises(Exception, match=r"failed after 2 attempt\(s\): HTTP 500"):
+            _eval(srv.url, data, tmp_path / "out2.jsonl", backoff_s=0.01, max_retries=1)
+    assert (tmp_path / "out2.jsonl").read_text() == "" if (tmp_path / "out2.jsonl").exists() else True
+
+
+# ------------------------------------------------------------------------------------------- tool use
+
+TOOL_Q = "What is 123 * 457?"
+CALL = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(123 * 457)"}}\n</tool_call>'
+
+
+def _tool_reply(body, attempt):
+    j = body["seed"] % SEED_STRIDE
+    msgs = body["messages"]
+    tool_msgs = [m for m in msgs if m["role"] == "tool"]
+    if not tool_msgs:  # first turn
+        if j == 0:
+            return Reply(CALL)
+        if j == 1:  # the tool prints a boxed answer; the model itself never writes one
+            return Reply('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": '
+                         '"print(\'\\\\\\\\boxed{56211}\')"}}\n</tool_call>')
+        if j == 2:  # a server with a tool-call parser returns structured calls
+            return Reply(None, finish_reason="tool_calls", tool_calls=[{
+                "id": "call_7", "type": "function",
+                "function": {"name": "code_interpreter", "arguments": json.dumps({"code": "print(123 * 457)"})}}])
+        return Reply('<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(1)"}</tool_call>')
+    obs = tool_msgs[-1]["content"].strip()
+    if j == 0:
+        return Reply(f"The result is \\boxed{{{obs}}}.")
+    if j == 1:
+        return Reply("Done.")
+    if j == 2:
+        assert tool_msgs[-1].get("tool_call_id") == "call_7" and msgs[-2].get("tool_calls")
+        return Reply(f"\\boxed{{{obs}}}")
+    return Reply(f"The tool said: {obs[:60]} \\boxed{{0}}")
+
+
+def test_tool_use_loop_through_the_api(tmp_path):
+    row = to_tool_use_row(make_row(TOOL_Q, "56211", "rg/products", 0, "test", family="tool_use"))
+    data = write_parquet([row], tmp_path / "tool_test.parquet")
+    tools = load_tools()
+    try:
+        with ScriptedServer(_tool_reply) as srv:
+            settings = EvalSettings(k=4, max_tokens=512, seed=0, max_turns=4)
+            recs, _ = _eval(srv.url, data, tmp_path / "out.jsonl", settings=settings, tools=tools)
+            first = srv.bodies[0]
+            assert first["tools"][0]["function"]["name"] == "code_interpreter"
+            assert first["messages"][0]["role"] == "system"
+            seconds = [b for b in srv.bodies if any(m["role"] == "tool" for m in b["messages"])]
+            sandbox_out = {b["seed"] % SEED_STRIDE: b["messages"][-1]["content"] for b in seconds}
+            budgets = {j: [b["max_tokens"] for b in srv.bodies if b["seed"] % SEED_STRIDE == j] for j in range(4)}
+    finally:
+        asyncio.run(tools["code_interpreter"].aclose())
+    assert sandbox_out[0].strip() == "56211"  # real sandbox output went back as a tool message
+    assert sandbox_out[1].strip() == "\\boxed{56211}"
+    assert "not valid JSON" in sandbox_out[3]  # malformed call answered by the training loop's message
+    r0, r1, r2, r3 = recs
+    assert r0["correct"] and r0["response"] == "The result is \\boxed{56211}."  # tool call removed from the text
+    assert (r0["turns"], r0["tool_calls"], r0["tool_executed"], r0["tool_errors"]) == (2, 1, 1, 0)
+    # usage: 10 completion tokens a turn; the prompt grows by 10 (assistant + tool message, 5 each here)
+    assert r0["tokens"] == 20 and r0["response_tokens"] == (20 - 10) + 10
+    assert budgets[0] == [512, 512 - 10]  # each turn asks for what is left of the episode budget
+    assert not r1["correct"] and r1["response"] == "Done." and "56211" not in r1["response"]  # no credit
+    assert r2["correct"] and r2["tool_executed"] == 1
+    assert not r3["correct"] and r3["malformed_calls"] == 1 and r3["tool_executed"] == 0
+    tools_summary = summarize(recs)["groups"]["all"]["tools"]
+    assert tools_summary["mean_calls"] == 1.0 and tools_summary["malformed_rate"] == pytest.approx(0.25)
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def test_clear_errors_for_bad_input(tmp_path, capsys):
+    data = _math_parquet(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+
+    async def check(url, model):
+        async with ChatClient(ClientConfig(url=url, model=model, max_retries=1, backoff_s=0.01)) as c:
+            return await c.check_model()
+
+    with pytest.raises(ServerUnreachable, match=f"cannot reach the server at http://127.0.0.1:{port}/v1"):
+        asyncio.run(check(f"http://127.0.0.1:{port}", "m"))
+    with ScriptedServer(_known_reply, models=("scripted", "other")) as srv:
+        with pytest.raises(ModelNotServed, match=r"does not serve model 'qwen'.*\['scripted', 'other'\]"):
+            asyncio.run(check(srv.url, "qwen"))
+        with pytest.raises(ModelNotServed, match="choose one with --model"):
+            asyncio.run(check(srv.url + "/v1/", None))
+        assert srv.chat_requests == 0
+
+    with pytest.raises(DatasetError, match="does not exist"):
+        load_problems(tmp_path / "nope.parquet")
+    bad = write_parquet([{"question": "1+1?", "answer": "2"}], tmp_path / "bad.parquet")
+    with pytest.raises(DatasetError, match=r"missing column\(s\) \['prompt', 'data_source', 'reward_model'\]"):
+        load_problems(bad)
+    (tmp_path / "bad.jsonl").write_text(json.dumps(
+        {"prompt": "just text", "data_source": "x", "reward_model": {"ground_truth": "2"}}) + "\n")
+    with pytest.raises(DatasetError, match="row 0: prompt is not a list"):
+        load_problems(tmp_path / "bad.jsonl")
+
+    # the CLI turns them into one line and status 1
+    assert cli.main(["--url", f"http://127.0.0.1:{port}", "--model", "m", "--data", str(data), "--retries", "0"]) == 1
+    assert "cannot reach the server" in capsys.readouterr().err
+    assert cli.main(["--url", f"http://127.0.0.1:{port}", "--data", str(tmp_path / "nope.parquet")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["--runs-dir", str(tmp_path / "runs"), "--no-progress"]) == 1
+    assert re.search(r"no checkpoint found under .*runs.*make train-tooluse", capsys.readouterr().err)
+
+
+def test_cli_end_to_end_table_summary_and_resume(tmp_path, capsys):
+    data = _math_parquet(tmp_path)
+    out = tmp_path / "res.jsonl"
+    args = ["--url", srv_url := "", "--data", str(data), "--k", "4", "--max-tokens", "64", "--out", str(out),
+            "--no-progress", "--pass-k", "1", "2", "4"]
+    with ScriptedServer(_known_reply) as srv:
+        args[1] = srv_url = srv.url
+        assert cli.main(args) == 0
+        assert srv.chat_requests == 12
+        assert cli.main(args) == 0  # all answered: nothing asked again
+        assert srv.chat_requests == 12
+    printed = capsys.readouterr().out
+    assert "avg@k" in printed and "pass@4" in printed and "66.7" in printed
+    summary = json.loads((tmp_path / "res.summary.json").read_text())
+    assert summary["settings"]["model"] == "scripted" and srv_url in summary["settings"]["url"]
+    assert summary["groups"]["toy"]["pass@k"]["2"] == pytest.approx(0.5)
