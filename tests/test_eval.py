@@ -175,6 +175,19 @@ def test_retries_after_500s_and_timeouts(tmp_path):
         assert client.retries == 4 and srv.chat_requests == len(KNOWN) * K + 4
     assert [r["correct"] for r in recs] == [bool(x) for _, p in KNOWN.values() for x in p]
 
+    # vLLM rejects prompt + max_tokens beyond its context window (verl's servers cap instead): asked again
+    # for what fits
+    def small_context(body, attempt):
+        if body["max_tokens"] > 40:
+            return Reply(status=400, error={"message": "This model's maximum context length is 50 tokens. However, "
+                                            "you requested 74 tokens (10 in the messages, 64 in the completion)."})
+        return _known_reply(body, attempt)
+
+    with ScriptedServer(small_context) as srv:
+        recs, _ = _eval(srv.url, data, tmp_path / "out3.jsonl", backoff_s=0.01)
+        assert sorted({b["max_tokens"] for b in srv.bodies}) == [40, 64] and srv.chat_requests == 24
+    assert [r["correct"] for r in recs] == [bool(x) for _, p in KNOWN.values() for x in p]
+
     # a server that keeps failing: a clear error after the retries, nothing recorded for that sample
     with ScriptedServer(lambda b, a: Reply(status=500)) as srv:
         with pytest.raises(Exception, match=r"failed after 2 attempt\(s\): HTTP 500"):
@@ -303,3 +316,38 @@ def test_cli_end_to_end_table_summary_and_resume(tmp_path, capsys):
     summary = json.loads((tmp_path / "res.summary.json").read_text())
     assert summary["settings"]["model"] == "scripted" and srv_url in summary["settings"]["url"]
     assert summary["groups"]["toy"]["pass@k"]["2"] == pytest.approx(0.5)
+
+
+# -------------------------------------------------------------------------------------- local checkpoint
+
+
+def test_local_checkpoint_mode_finds_latest_run_and_resumes(tmp_path, capsys):
+    import os
+
+    from stare_verl.cpu.tiny import build_tiny_model
+    from stare_verl.evaluation.local import find_latest_checkpoint
+
+    run = tmp_path / "runs" / "tooluse-cpu"
+    old = run / "checkpoints" / "global_step_1" / "actor" / "huggingface"
+    old.mkdir(parents=True)
+    (old / "config.json").write_text("{}")  # saved without hf_model: no weights, skipped
+    ck = Path(build_tiny_model(run / "checkpoints" / "global_step_2" / "actor" / "huggingface"))
+    rows = [to_tool_use_row(make_row(q, a, "rg/chain_sum", i, "test", family="tool_use"))
+            for i, (q, (a, _)) in enumerate(list(KNOWN.items())[:2])]
+    write_parquet(rows, run / "data" / "val.parquet")
+    os.utime(old.parent.parent, (1, 1))
+    assert find_latest_checkpoint(tmp_path / "runs") == ck
+
+    args = ["--runs-dir", str(tmp_path / "runs"), "--k", "2", "--max-tokens", "24", "--no-progress"]
+    assert cli.main(args) == 0
+    out = run / "eval" / "local" / "val_k2_t1_p0.7.jsonl"
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted((r["problem_index"], r["sample_index"]) for r in recs) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in recs:  # a random model: budget respected, nothing correct, no tool output in the text
+        assert 1 <= r["tokens"] <= 24 and r["response_tokens"] <= 24 and r["turns"] >= 1
+        assert r["correct"] is False and r["finish_reason"] in ("stop", "length")
+    summary = json.loads((run / "eval" / "local" / "val_k2_t1_p0.7.summary.json").read_text())
+    assert summary["groups"]["all"]["avg@k"] == 0.0 and summary["groups"]["all"]["samples"] == 4
+    assert summary["groups"]["all"]["mean_tokens"] == pytest.approx(sum(r["tokens"] for r in recs) / 4)
+    before = out.read_text()
+    assert cli.main(args) == 0 and out.read_text() == before  # resumed: nothing generated again

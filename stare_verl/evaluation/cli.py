@@ -90,6 +90,7 @@ async def _api(a: argparse.Namespace, settings, problems, data: Path):
     async with ChatClient(cfg) as client:
         model = await client.check_model()
         out = Path(a.out) if a.out else _default_out(Path(a.runs_dir) / "eval", model, data, a)
+        a.resolved_out = out  # for the interruption message
         results = ResultsFile(out, settings.fingerprint(model, str(data.resolve())), overwrite=a.overwrite)
         tools = load_tools(a.tool_config) if any(p.tool_use for p in problems) else {}
         try:
@@ -110,6 +111,7 @@ def run(a: argparse.Namespace) -> int:
     """Run an evaluation from parsed arguments (see :func:`add_arguments`); returns the exit status."""
     from pydantic import ValidationError
 
+    from envs.sandbox import SandboxUnavailable
     from stare_verl.evaluation.client import EvalClientError
     from stare_verl.evaluation.local import (
         LocalCheckpointError,
@@ -159,11 +161,12 @@ def run(a: argparse.Namespace) -> int:
                 results.close()
             meta = {"model": f"local:{ck}"}
     except KeyboardInterrupt:
+        out = out or getattr(a, "resolved_out", None)
         where = f"; answered samples are kept in {out}: run the same command again to resume" if out else ""
         print(f"interrupted{where}", file=sys.stderr)
         return 130
     except (EvalClientError, DatasetError, ResumeMismatch, LocalCheckpointError, ValidationError,
-            FileNotFoundError, ValueError) as err:
+            SandboxUnavailable, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     meta.update(data=str(data), **settings.model_dump(exclude={"reward_kwargs"}), results=str(out))

@@ -18,7 +18,9 @@ message (the demo model is trained on exactly that; a row's system message is no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -177,11 +179,13 @@ def run_local_eval(
             for start in range(0, len(todo), max_batch_size):
                 chunk = todo[start : start + max_batch_size]
                 base = sample_seed(settings.seed or 0, chunk[0][0].index, chunk[0][1])
-                episodes = asyncio.run(run_episodes(
-                    [_to_demo_problem(p) for p, _ in chunk], generate, tok, temperature=settings.temperature,
-                    seed=base, max_assistant_turns=settings.max_turns, max_response_tokens=max_tokens,
-                    max_tool_response_chars=settings.max_tool_response_chars, tool_timeout_s=settings.tool_timeout_s,
-                ))
+                with contextlib.redirect_stdout(sys.stderr):  # verl's BaseTool prints its schema
+                    episodes = asyncio.run(run_episodes(
+                        [_to_demo_problem(p) for p, _ in chunk], generate, tok, temperature=settings.temperature,
+                        seed=base, max_assistant_turns=settings.max_turns, max_response_tokens=max_tokens,
+                        max_tool_response_chars=settings.max_tool_response_chars,
+                        tool_timeout_s=settings.tool_timeout_s,
+                    ))
                 for i, ((p, j), r) in enumerate(zip(chunk, episodes, strict=True)):
                     rec = _episode_record(p, j, base + i, r, settings)
                     results.append(rec)

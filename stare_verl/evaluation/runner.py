@@ -98,6 +98,15 @@ RECORD_KEYS = (
 )
 
 _CONTEXT_ERR = re.compile(r"context length|context window|maximum context|too long|max_model_len|exceeds", re.I)
+_CTX_LEN = re.compile(r"maximum context length is (\d+)", re.I)
+_CTX_PROMPT = re.compile(r"(\d+) (?:tokens )?in the messages", re.I)
+
+
+def _fitted_max_tokens(message: str) -> int | None:
+    """From vLLM's context-length rejection ("maximum context length is C tokens ... P in the messages, ..."),
+    the largest max_tokens that fits (C - P); None when the message does not say."""
+    c, p = _CTX_LEN.search(message), _CTX_PROMPT.search(message)
+    return int(c.group(1)) - int(p.group(1)) if c and p else None
 
 
 class DatasetError(ValueError):
@@ -472,7 +481,25 @@ class _Runner:
             params["tools"] = self.tool_dicts
             if self.s.tool_choice != "omit":
                 params["tool_choice"] = self.s.tool_choice
-        return await self.client.chat(messages, **params)
+        try:
+            return await self.client.chat(messages, **params)
+        except RequestFailed as err:
+            msg = str(err)
+            if "HTTP 400" not in msg:
+                raise
+            if "tool" in msg.lower() and "choice" in msg.lower():
+                raise RequestFailed(
+                    f"{msg}\nThe server refuses tool requests with its default tool_choice: pass --tool-choice none "
+                    "(tools stay in the prompt, calls are parsed here), or start vLLM with --enable-auto-tool-choice "
+                    "--tool-call-parser hermes."
+                ) from err
+            fit = _fitted_max_tokens(msg)
+            if fit is not None and max_tokens is not None and 0 < fit < max_tokens:
+                # vLLM/SGLang reject prompt + max_tokens beyond the context window instead of capping it (as
+                # verl's rollout servers do): ask again for what fits
+                params["max_tokens"] = fit
+                return await self.client.chat(messages, **params)
+            raise
 
     async def run_sample(self, p: EvalProblem, j: int) -> dict[str, Any]:
         from envs.agent_loop import parse_tool_calls, remove_tool_calls
@@ -502,13 +529,13 @@ class _Runner:
                 try:
                     res = await self._chat(messages, p.tool_use, budget, seed)
                 except RequestFailed as err:
-                    if "HTTP 400" in str(err) and _CONTEXT_ERR.search(str(err)):
-                        # the conversation no longer fits the server's context window: a cut episode
-                        ep.update(truncated=True, termination="length", finish_reason="context_length",
-                                  error=str(err)[:300])
-                        st.hit_eos = False
-                        break
-                    raise
+                    if ep["turns"] == 0 or "HTTP 400" not in str(err) or not _CONTEXT_ERR.search(str(err)):
+                        raise  # the first turn must fit: a setting (--max-tokens) or the data is wrong
+                    # a later turn: the conversation outgrew the server's context window, a cut episode
+                    ep.update(truncated=True, termination="length", finish_reason="context_length",
+                              error=str(err)[:300])
+                    st.hit_eos = False
+                    break
                 ep["turns"] += 1
                 ep["finish_reason"] = res.finish_reason
                 if res.completion_tokens is None:
