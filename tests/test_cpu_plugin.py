@@ -76,3 +76,15 @@ def test_poll_interval_setting(monkeypatch):
         monkeypatch.setenv(verl_compat.POLL_INTERVAL_ENV, bad)
         with pytest.raises(ValueError, match=verl_compat.POLL_INTERVAL_ENV):
             verl_compat.poll_interval_s()
+
+
+def test_register_is_a_no_op_without_cpu_platform(monkeypatch):
+    from verl.plugin.platform import PlatformRegistry
+
+    import stare_verl.cpu as cpu
+
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    if cpu._registered:  # pragma: no cover - only when the test process itself runs with VERL_PLATFORM=cpu
+        pytest.skip("this process registered the CPU backend already")
+    assert cpu.register() is False
+    assert PlatformRegistry.get("cpu") is None
