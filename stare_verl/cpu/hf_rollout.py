@@ -25,9 +25,10 @@ _BaseRollout = verl_compat.base_rollout_cls()
 _RolloutReplica = verl_compat.rollout_replica_cls()
 
 
-def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
-    """Ray actor name of replica ``replica_rank``'s generation server."""
-    return f"hf_server_{replica_rank}{name_suffix}"
+def server_actor_name(replica_rank: int, name_suffix: str = "", role: str = "") -> str:
+    """Ray actor name of replica ``replica_rank``'s generation server (``role``: "", "reward", "teacher")."""
+    prefix = f"hf_server_{role}_" if role else "hf_server_"
+    return f"{prefix}{replica_rank}{name_suffix}"
 
 
 def _replica_world_size(config) -> int:
@@ -123,7 +124,8 @@ class HFReplica(_RolloutReplica):
         node_id = await self.workers[0].__ray_call__.remote(
             lambda self: ray.get_runtime_context().get_node_id()
         )
-        name = server_actor_name(self.replica_rank, self.name_suffix)
+        role = "reward" if self.is_reward_model else "teacher" if self.is_teacher_model else ""
+        name = server_actor_name(self.replica_rank, self.name_suffix, role)
         server_cls = ray.remote(HFGenerationServer)
         server = server_cls.options(
             name=name,
