@@ -22,6 +22,7 @@ from stare_verl.evaluation.runner import (
     SEED_STRIDE,
     DatasetError,
     EvalSettings,
+    ResultsBusy,
     ResultsFile,
     ResumeMismatch,
     load_problems,
@@ -151,6 +152,12 @@ def test_resume_after_interruption_does_not_ask_again(tmp_path):
     lines = out.read_text().splitlines()
     assert len(lines) == 12 and all(json.loads(x) for x in lines)
 
+    # a second writer of the same file is refused while the first holds it
+    settings = EvalSettings(k=K, max_tokens=64, seed=0)
+    holder = ResultsFile(out, settings.fingerprint("scripted", str(data)))
+    with pytest.raises(ResultsBusy, match="another evaluation is writing"):
+        ResultsFile(out, settings.fingerprint("scripted", str(data)))
+    holder.close()
     # other sampling settings on the same file: refused with a clear message
     with pytest.raises(ResumeMismatch, match="temperature"):
         ResultsFile(out, EvalSettings(k=K, temperature=0.6, max_tokens=64).fingerprint("scripted", str(data)))

@@ -134,6 +134,9 @@ def run(a: argparse.Namespace) -> int:
                                 seed=None if a.seed == -1 else a.seed, max_turns=a.max_turns, tools=a.tools,
                                 tool_choice=a.tool_choice, max_tool_response_chars=a.max_tool_response_chars,
                                 tool_timeout_s=a.tool_timeout)
+        if a.url and a.max_tokens is None:
+            print("note: no --max-tokens: the server's default limit applies (reference limits: 3072 short CoT, "
+                  "16384 long CoT, 8192 tool use)", file=sys.stderr)
         if a.url:
             if not a.data:
                 raise DatasetError("--data is required with --url (a parquet built by envs.datasets / envs.tool_use)")

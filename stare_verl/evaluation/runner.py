@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import json
 import logging
@@ -53,6 +54,7 @@ __all__ = [
     "DatasetError",
     "EvalProblem",
     "EvalSettings",
+    "ResultsBusy",
     "ResultsFile",
     "ResumeMismatch",
     "load_problems",
@@ -115,6 +117,10 @@ class DatasetError(ValueError):
 
 class ResumeMismatch(ValueError):
     """A results file exists with samples drawn under other settings."""
+
+
+class ResultsBusy(ResumeMismatch):
+    """Another process holds the results file (its ``.lock``)."""
 
 
 class EvalSettings(BaseModel):
@@ -286,6 +292,8 @@ class ResultsFile:
         overwrite: discard an existing file instead of resuming.
     Raises:
         ResumeMismatch: the existing file was written with another fingerprint (and not ``overwrite``).
+        ResultsBusy: another process has the file open (an exclusive ``flock`` on ``<path>.lock``, held until
+            :meth:`close`).
     """
 
     def __init__(self, path: str | Path, fingerprint: Mapping[str, Any], overwrite: bool = False):
@@ -293,11 +301,19 @@ class ResultsFile:
         self.meta_path = self.path.with_name(self.path.name + ".meta.json")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fp = json.loads(json.dumps(dict(fingerprint), default=str))
+        self._f = None
+        self._lock = self.path.with_name(self.path.name + ".lock").open("w")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            self._lock.close()
+            raise ResultsBusy(f"another evaluation is writing {self.path}; wait for it or use another --out") from err
         if overwrite:
             self.path.unlink(missing_ok=True)
         elif self.path.exists() and self.meta_path.exists():
             old = json.loads(self.meta_path.read_text())
             if old != fp:
+                self.close()
                 diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
                 raise ResumeMismatch(
                     f"{self.path} holds samples drawn with other settings ({', '.join(diff)} differ: "
@@ -305,7 +321,6 @@ class ResultsFile:
                     "Use another --out, or --overwrite to start over."
                 )
         self.meta_path.write_text(json.dumps(fp, indent=1, sort_keys=True))
-        self._f = None
 
     def load(self) -> list[dict[str, Any]]:
         """The records already in the file; a torn (unterminated or unreadable) last line is cut off."""
@@ -335,10 +350,13 @@ class ResultsFile:
         self._f.flush()
 
     def close(self) -> None:
-        """Close the file."""
+        """Close the file and release the lock."""
         if self._f is not None:
             self._f.close()
             self._f = None
+        if not self._lock.closed:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
 
 
 # ----------------------------------------------------------------------------------------------- tools
