@@ -358,3 +358,32 @@ def test_local_checkpoint_mode_finds_latest_run_and_resumes(tmp_path, capsys):
     assert summary["groups"]["all"]["mean_tokens"] == pytest.approx(sum(r["tokens"] for r in recs) / 4)
     before = out.read_text()
     assert cli.main(args) == 0 and out.read_text() == before  # resumed: nothing generated again
+
+
+def test_tool_loop_context_overflow_and_tool_choice_refusal(tmp_path):
+    row = to_tool_use_row(make_row(TOOL_Q, "56211", "rg/products", 0, "test", family="tool_use"))
+    data = write_parquet([row], tmp_path / "tool_test.parquet")
+    tools = load_tools()
+    settings = EvalSettings(k=1, max_tokens=512, seed=0)
+
+    def overflow(body, attempt):  # the second turn no longer fits the server's window (no numbers given)
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return Reply(status=400, error={"message": "Input is too long for this model's context length."})
+        return Reply("I will compute it. " + CALL)
+
+    def refuses_tools(body, attempt):  # vLLM started without --enable-auto-tool-choice
+        return Reply(status=400, error={"message": '"auto" tool choice requires --enable-auto-tool-choice and '
+                                                   "--tool-call-parser to be set"})
+
+    try:
+        with ScriptedServer(overflow) as srv:
+            (rec,), _ = _eval(srv.url, data, tmp_path / "a.jsonl", settings=settings, tools=tools)
+        assert rec["truncated"] and rec["termination"] == "length" and rec["finish_reason"] == "context_length"
+        assert rec["turns"] == 1 and rec["tool_executed"] == 1 and not rec["correct"]
+        assert rec["response"] == "I will compute it." and "too long" in rec["error"]
+        with ScriptedServer(refuses_tools) as srv:
+            with pytest.raises(Exception, match="--tool-choice none"):
+                _eval(srv.url, data, tmp_path / "b.jsonl", settings=settings, tools=tools)
+            assert srv.chat_requests == 1  # a 4xx is not retried
+    finally:
+        asyncio.run(tools["code_interpreter"].aclose())
