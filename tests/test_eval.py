@@ -387,3 +387,18 @@ def test_tool_loop_context_overflow_and_tool_choice_refusal(tmp_path):
             assert srv.chat_requests == 1  # a 4xx is not retried
     finally:
         asyncio.run(tools["code_interpreter"].aclose())
+
+
+def test_sft_checkpoint_gets_its_heldout_set(tmp_path):
+    from stare_verl.demo.demos import heldout_problems
+    from stare_verl.evaluation.local import heldout_data_for_sft
+
+    ck = tmp_path / "sft-x"
+    ck.mkdir()
+    assert heldout_data_for_sft(ck, tmp_path / "d") is None  # not an SFT checkpoint
+    (ck / "sft_config.json").write_text(json.dumps({"config": {"data_seed": 3, "n_heldout": 4}}))
+    probs = load_problems(heldout_data_for_sft(ck, tmp_path / "d"))
+    expected = heldout_problems(4, 3)
+    assert [p.ground_truth for p in probs] == [e.answer for e in expected]
+    assert all(p.tool_use and p.prompt == [{"role": "user", "content": e.question}]
+               for p, e in zip(probs, expected, strict=True))

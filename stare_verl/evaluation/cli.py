@@ -117,6 +117,7 @@ def run(a: argparse.Namespace) -> int:
         LocalCheckpointError,
         find_latest_checkpoint,
         find_run_data,
+        heldout_data_for_sft,
         run_local_eval,
     )
     from stare_verl.evaluation.runner import (
@@ -145,7 +146,11 @@ def run(a: argparse.Namespace) -> int:
             records, out, meta = asyncio.run(_api(a, settings, problems, data))
         else:
             ck = Path(a.checkpoint) if a.checkpoint else find_latest_checkpoint(a.runs_dir)
-            data = Path(a.data) if a.data else find_run_data(ck)
+            if a.data:
+                data = Path(a.data)
+            else:
+                sft_data = heldout_data_for_sft(ck, Path(a.runs_dir) / "eval" / "data" / ck.resolve().name)
+                data = sft_data or find_run_data(ck)
             problems = load_problems(data, a.limit, settings.tools)
             if a.out:
                 out = Path(a.out)

@@ -9,7 +9,7 @@ top_p, k samples per problem). Records, resume and summary are those of the API 
 Checkpoint default: the most recently written ``runs/<run>/checkpoints/global_step_N/actor/huggingface``
 (verl's checkpoint layout with ``hf_model`` in ``checkpoint.save_contents``; ``make train-tooluse`` writes it);
 any HF model directory with its tokenizer can be given instead. Data default: the run's ``val.parquet``
-(searched under ``runs/<run>/``).
+(searched under ``runs/<run>/``); for a cold-start SFT checkpoint (``runs/cache/sft-<hash>``), its held-out set.
 
 Scope: the CPU tool-use task (rows with the tool loop); the prompt the loop sees is the row's last user
 message (the demo model is trained on exactly that; a row's system message is not sent).
@@ -36,7 +36,7 @@ from stare_verl.evaluation.runner import (
     score_sample,
 )
 
-__all__ = ["LocalCheckpointError", "find_latest_checkpoint", "find_run_data", "run_local_eval"]
+__all__ = ["LocalCheckpointError", "find_latest_checkpoint", "find_run_data", "heldout_data_for_sft", "run_local_eval"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,8 @@ def find_latest_checkpoint(runs_dir: str | Path = "runs") -> Path:
             )
         raise LocalCheckpointError(
             f"no checkpoint found under {root.resolve()}/ (looked for <run>/checkpoints/global_step_N/actor/"
-            "huggingface): run `make train-tooluse` first, give --checkpoint DIR, or evaluate a served model with "
-            "--url"
+            "huggingface): run `make train-tooluse` first, give --checkpoint DIR (e.g. a cold-start SFT checkpoint "
+            "runs/cache/sft-<hash>), or evaluate a served model with --url"
         )
 
     def step(d: Path) -> int:
@@ -99,6 +99,25 @@ def find_run_data(checkpoint: str | Path) -> Path:
         if (parent / "checkpoints").is_dir():  # the run folder itself: stop here
             break
     raise LocalCheckpointError(f"no val.parquet found for checkpoint {checkpoint}; give --data FILE.parquet")
+
+
+def heldout_data_for_sft(checkpoint: str | Path, out_dir: str | Path) -> Path | None:
+    """For a cold-start SFT checkpoint (``sft_config.json`` inside, ``stare_verl.demo.sft``): write its held-out
+    problems (``stare_verl.demo.demos.heldout_problems`` with the saved ``n_heldout``/``data_seed``, rows as
+    ``problem_row`` writes them) to ``<out_dir>/val.parquet`` and return that path; None for other checkpoints."""
+    import json
+
+    cfg_file = Path(checkpoint) / "sft_config.json"
+    if not cfg_file.is_file():
+        return None
+    saved = json.loads(cfg_file.read_text()).get("config", {})
+    if saved.get("data_seed") is None or saved.get("n_heldout") is None:
+        return None
+    from envs.datasets import write_parquet
+    from stare_verl.demo.demos import heldout_problems, problem_row
+
+    probs = heldout_problems(int(saved["n_heldout"]), int(saved["data_seed"]))
+    return write_parquet([problem_row(p, "test", i) for i, p in enumerate(probs)], Path(out_dir) / "val.parquet")
 
 
 def _to_demo_problem(p: EvalProblem):
