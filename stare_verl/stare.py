@@ -14,8 +14,12 @@ from stare_verl.core import reweight_advantages, select_token_set, token_masks
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU NumPy view (no copy for CPU tensors) of a detached tensor."""
-    return t.detach().cpu().numpy()
+    """A CPU NumPy view (no copy for CPU float32/float64/int/bool tensors) of a detached tensor; bf16/fp16
+    (verl's mixed precision) are widened to float32, which NumPy can hold."""
+    t = t.detach()
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.float()
+    return t.cpu().numpy()
 
 
 def stare_reweight(

@@ -210,3 +210,16 @@ def test_adaptive_schedule_moves_and_clips():
     assert restored.step(0.1) == ctrl.step(0.1)
     with pytest.raises(ValueError, match="version"):
         restored.load_state_dict({"version": 99})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_log_probs_and_entropy(dtype):
+    """verl's default mixed precision hands bf16 log-probs/entropy to the estimator."""
+    adv, mask, logp = _batch(b=4, t=25)
+    ent = torch.full_like(logp, 0.1)
+    ref, ref_met = stare_reweight(
+        adv, mask, logp.to(dtype).float(), ent.to(dtype).float(), StareController(StareConfig())
+    )
+    out, met = stare_reweight(adv, mask.long(), logp.to(dtype), ent.to(dtype), StareController(StareConfig()))
+    assert out.dtype == adv.dtype and torch.equal(out, ref)
+    assert met == ref_met
