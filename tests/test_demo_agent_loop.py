@@ -1,0 +1,110 @@
+"""The SFT token layout is exactly what the RL agent loop produces: demonstrations replayed through verl's
+agent-loop worker with the project's ``stare_tool_agent`` loop, the real code_interpreter tool and reward,
+with the demo tokenizer and model directory (a scripted server stands in for the model)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import envs.agent_loop  # noqa: F401  (registers stare_tool_agent)
+from envs.datasets import write_parquet
+from envs.simulators import ScriptedEpisode, ScriptedLLMServer
+from stare_verl.demo import demos as D
+from stare_verl.demo.model import build_model, save_model
+from stare_verl.demo.sft import encode_demo, render_demo
+from stare_verl.demo.tokenizer import build_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _RewardHandle:
+    """Stands in for a Ray actor handle of verl's RewardLoopWorker: ``compute_score.remote(data)``."""
+
+    def __init__(self, worker):
+        self.compute_score = type("M", (), {"remote": staticmethod(worker.compute_score)})
+
+
+def _compose(model_path: str, tool_config: str):
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    cfg_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=cfg_dir, version_base=None):
+        return compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model_path}",
+                "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.rollout.prompt_length=128",
+                "actor_rollout_ref.rollout.response_length=128",
+                "actor_rollout_ref.rollout.max_model_len=256",
+                "actor_rollout_ref.rollout.multi_turn.enable=true",
+                "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
+                f"reward.custom_reward_function.path={REPO / 'envs' / 'tool_use.py'}",
+                "reward.custom_reward_function.name=compute_score",
+                "data.max_prompt_length=128",
+            ],
+        )
+
+
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory):
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    tmp = tmp_path_factory.mktemp("demo_agent_loop")
+    demos, _ = D.build_demos(D.sample_problems(6, seed=31))
+    tok = build_tokenizer([render_demo(d) for d in demos], tmp / "model")
+    save_model(build_model(tok, seed=0), tok, tmp / "model")
+    rows = [D.problem_row(d.problem, "test", i) for i, d in enumerate(demos)]
+    parquet = write_parquet(rows, tmp / "rows.parquet")
+    cfg = _compose(str(tmp / "model"), str(REPO / "recipes" / "tool_use" / "tool_config.yaml"))
+    dataset = RLHFDataset(data_files=[str(parquet)], tokenizer=tok, config=cfg.data, processor=None)
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
+    batch.non_tensor_batch["uid"] = np.array([str(i) for i in range(len(demos))], dtype=object)
+    server = ScriptedLLMServer(tok, [ScriptedEpisode(d.problem.question, d.assistant_texts()) for d in demos],
+                               max_model_len=256)
+
+    async def go():
+        reward_worker = RewardLoopWorker(cfg)
+        worker = AgentLoopWorker(cfg, server, reward_loop_worker_handles=[_RewardHandle(reward_worker)])
+        try:
+            return await asyncio.wait_for(worker.generate_sequences(batch), timeout=120)
+        finally:
+            await worker.tools[0].aclose()
+
+    return demos, tok, asyncio.run(go())
+
+
+def test_agent_loop_tokens_equal_sft_tokens(replay):
+    demos, tok, out = replay
+    prompt_len = out.batch["prompts"].shape[1]
+    for i, d in enumerate(demos):
+        attn = out.batch["attention_mask"][i]
+        n_prompt, n_resp = int(attn[:prompt_len].sum()), int(attn[prompt_len:].sum())
+        ids = out.batch["input_ids"][i]
+        prompt = ids[prompt_len - n_prompt : prompt_len].tolist()
+        response = ids[prompt_len : prompt_len + n_resp].tolist()
+        mask = out.batch["response_mask"][i][:n_resp].tolist()
+        sft_ids, sft_mask = encode_demo(d, tok)
+        assert prompt + response == sft_ids, (tok.decode(prompt + response), tok.decode(sft_ids))
+        assert sft_mask[: len(prompt)] == [0] * len(prompt)
+        assert mask == sft_mask[len(prompt) :]  # loss mask of SFT == response_mask of RL
+
+
+def test_agent_loop_rewards_the_demonstrations(replay):
+    demos, _, out = replay
+    rewards = out.batch["rm_scores"].sum(-1).tolist()
+    assert rewards == [1.0] * len(demos)
+    assert list(out.non_tensor_batch["num_tool_executed"]) == [1] * len(demos)
+    assert [str(x) for x in out.non_tensor_batch["model_response_text"]] == [
+        f"\\boxed{{{d.problem.answer}}}" for d in demos
+    ]
