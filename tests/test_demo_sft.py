@@ -132,3 +132,28 @@ def test_tiny_sft_lowers_loss_and_cache_hit_miss(tmp_path, monkeypatch, capsys):
     with pytest.raises(AssertionError, match="trained although"):
         S.ensure_sft_checkpoint(cfg)
     assert not list(tmp_path.glob(".sft-*"))
+
+
+def test_multiturn_sft_parquet_loads_in_verls_sft_dataset(demos_tok, tmp_path):
+    """The same demonstrations in verl's MultiTurnSFTDataset layout (for verl's own SFT trainer)."""
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    from stare_verl.demo.demos import write_sft_parquet
+
+    demos, tok = demos_tok
+    data = MultiTurnSFTDataset(str(write_sft_parquet(demos[:3], tmp_path / "sft.parquet")), tok, {"max_length": 256})
+    assert len(data) == 3
+    nl = tok.encode("\n", add_special_tokens=False)
+    for i, d in enumerate(demos[:3]):
+        item = data[i]
+        n = int(item["attention_mask"].sum())
+        ids, lm = item["input_ids"][:n].tolist(), item["loss_mask"][:n].tolist()
+        ours, mask = S.encode_demo(d, tok)
+        assert ids == ours + nl  # verl's dataset keeps the template's final newline
+        # verl also trains on the newline after each <|im_end|>; the agent loop never samples it (mask 0 there)
+        call, answer = d.assistant_texts()
+        assert tok.decode([t for t, m in zip(ids, lm, strict=True) if m]) == (
+            f"{call}<|im_end|>\n{answer}<|im_end|>\n"
+        )
+    with pytest.raises(ValueError):
+        write_sft_parquet([], tmp_path / "empty.parquet")

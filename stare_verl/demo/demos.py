@@ -49,6 +49,7 @@ __all__ = [
     "split_problems",
     "tool_call_text",
     "write_rl_parquet",
+    "write_sft_parquet",
 ]
 
 TOOL_NAME = "code_interpreter"
@@ -361,6 +362,24 @@ def write_rl_parquet(
                                out / "train.parquet"),
         "val": write_parquet([problem_row(p, "test", i, agent_name) for i, p in enumerate(val)], out / "val.parquet"),
     }
+
+
+def write_sft_parquet(demos: Sequence[Demo], path: str | Path) -> Path:
+    """Write demonstrations in the multi-turn layout of verl's ``MultiTurnSFTDataset`` (``verl.trainer.sft_trainer``).
+
+    Columns: ``messages`` (the episode as chat messages, the assistant's tool call under ``tool_calls``) and
+    ``tools`` (``[CODE_INTERPRETER_SCHEMA]``), the dataset's default ``messages_key`` / ``tools_key``. For
+    cold-start SFT with verl's own trainer (e.g. a GPU model with its own tokenizer and chat template).
+
+    Raises:
+        ValueError: no demonstrations.
+    """
+    from envs.datasets import write_parquet
+
+    if not demos:
+        raise ValueError("no demonstrations to write")
+    rows = [{"messages": d.messages(), "tools": [CODE_INTERPRETER_SCHEMA]} for d in demos]
+    return write_parquet(rows, path)
 
 
 def problems_to_json(problems: Sequence[Problem]) -> list[dict[str, Any]]:

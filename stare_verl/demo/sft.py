@@ -20,6 +20,14 @@ Loss: mean token cross-entropy over mask-1 tokens only (labels -100 elsewhere).
 
 Defaults follow the calibration (``shared/specs/cpu-demo-calibration.md``): batch 32, AdamW lr 2e-3, 1000
 steps; held-out greedy accuracy >= 0.5 is the check before RL.
+
+Measured here (defaults, 4096 demonstrations of 111 tokens on average, 41.5 of them model tokens, 0.84 M
+parameters; 2-core machine shared with other jobs, load average 4-17, 1 torch thread): 0.64 steps/s over the
+whole run; greedy accuracy on 64 held-out problems 0 / 3 / 5 / 36 / 47 / 58 / 61 / 70 / 70 % at steps
+200 / 300 / 400 / 500 / 600 / 700 / 800 / 900 / 1000 (loss ~0.5 -> ~0.05 between steps 450 and 650); after
+1000 steps, on 200 held-out problems: greedy 71.5 %, T = 1.0 52.5 %, 2.0 turns and 1.0 tool calls per episode.
+On a busy machine one torch thread was 5x faster than two (1.27 vs 0.26 steps/s, load ~4.5): set
+``num_threads=1`` when other jobs run.
 """
 
 from __future__ import annotations
