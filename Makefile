@@ -48,7 +48,12 @@ data-hf: install
 lint: install
 	$(BIN)/ruff check stare_verl envs tests bench
 
-train-tooluse train-shortcot train-longcot sft-tooluse compare eval:
+# avg@k / pass@k: URL=http://host:port/v1 MODEL=name DATA=file.parquet EVAL_ARGS="--k 32"; without URL, the
+# latest local checkpoint that make train-tooluse wrote is evaluated on this machine.
+eval: install system-deps
+	$(BIN)/python -m stare_verl.evaluation $(if $(URL),--url $(URL)) $(if $(MODEL),--model $(MODEL)) $(if $(DATA),--data $(DATA)) $(EVAL_ARGS)
+
+train-tooluse train-shortcot train-longcot sft-tooluse compare:
 	@echo "make $@: not built yet (tracked in the issue for the main job); see README.md for GPU use with verl"; exit 2
 
 clean:

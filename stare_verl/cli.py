@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algorithm.stare.variant=C2")
     p.add_argument("--print", action="store_true", help="print the composed config")
     p.set_defaults(func=_cmd_check)
+    from stare_verl.evaluation import cli as eval_cli
+
+    p = sub.add_parser("eval", help="avg@k / pass@k against an OpenAI-compatible server or a local checkpoint")
+    eval_cli.add_arguments(p)
+    p.set_defaults(func=eval_cli.run)
     return parser
 
 
