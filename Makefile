@@ -53,8 +53,25 @@ lint: install
 eval: install system-deps
 	$(BIN)/python -m stare_verl.evaluation $(if $(URL),--url $(URL)) $(if $(MODEL),--model $(MODEL)) $(if $(DATA),--data $(DATA)) $(EVAL_ARGS)
 
-train-tooluse train-shortcot train-longcot sft-tooluse compare:
-	@echo "make $@: not built yet (tracked in the issue for the main job); see README.md for GPU use with verl"; exit 2
+# The main job. CPU default here (tiny model, cold-start SFT cached under runs/cache, STARE RL with verl's V1
+# trainer on the hf backend); on a GPU node with `pip install -e '.[gpu]'`: verl + SGLang with the recipe.
+# MODEL=... (GPU), RUN_DIR=..., ARGS="--steps 40 --seed 1 --method grpo", OVERRIDES="hydra.key=value ...".
+train-tooluse: install system-deps
+	$(BIN)/python -m stare_verl.train --family tooluse $(ARGS) $(OVERRIDES)
+
+train-shortcot: install
+	$(BIN)/python -m stare_verl.train --family shortcot $(ARGS) $(OVERRIDES)
+
+train-longcot: install
+	$(BIN)/python -m stare_verl.train --family longcot $(ARGS) $(OVERRIDES)
+
+# Cold-start SFT of the tool-use model (CPU: the tiny model, cached; prints its held-out accuracy).
+sft-tooluse: install system-deps
+	$(BIN)/python -m stare_verl.demo.sft $(ARGS)
+
+# STARE vs GRPO-ds on the CPU tool-use task: 3 seeds each from one SFT checkpoint (runs/compare/).
+compare: install system-deps
+	$(BIN)/python -m stare_verl.compare $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -50,15 +50,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_check)
     from stare_verl.evaluation import cli as eval_cli
 
-    p = sub.add_parser("eval", help="avg@k / pass@k against an OpenAI-compatible server or a local checkpoint")
+    p = sub.add_parser(
+        "eval", help="avg@k / pass@k against an OpenAI-compatible server or a local checkpoint"
+    )
     eval_cli.add_arguments(p)
     p.set_defaults(func=eval_cli.run)
     return parser
 
 
+DELEGATED = {
+    "train": ("stare_verl.train", "RL run: the CPU default, or verl + SGLang on a GPU node (see --help)"),
+    "compare": ("stare_verl.compare", "STARE vs GRPO-ds on the CPU tool-use task, several seeds"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stare-verl`` script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:])
+    parser = build_parser()
+    parser.epilog = "also: " + "; ".join(f"{k}: {v[1]}" for k, v in DELEGATED.items())
+    args = parser.parse_args(argv)
     return args.func(args)
 
 

@@ -1,0 +1,148 @@
+"""``make compare``: STARE vs GRPO-ds on the CPU tool-use task, several seeds each, one shared SFT checkpoint.
+
+Each run is ``stare_verl.train`` (the CPU default) with the same budget; the GRPO-ds runs use the identical
+recipe with W = M = 1. Writes ``runs/compare/table.md`` / ``table.json`` (final held-out accuracy, mean entropy
+over the last quarter of steps, mean |entropy - target|, share of steps with the gate on) and
+``entropy_overlay.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from stare_verl.train import REPO
+
+
+def run_stats(run_dir: Path) -> dict[str, Any]:
+    """Per-run figures from a finished run folder (``metrics.jsonl`` and ``summary.json``).
+
+    Entropy is ``actor/entropy`` (nats, verl's token mean over model tokens); the target is the run's
+    ``stare/target_entropy``. Raises FileNotFoundError when the run did not finish.
+    """
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ent = [r["actor/entropy"] for r in rows if "actor/entropy" in r]
+    target = next((r["stare/target_entropy"] for r in rows if "stare/target_entropy" in r), float("nan"))
+    gate = [r["stare/gate_on"] for r in rows if "stare/gate_on" in r]
+    last = ent[len(ent) - max(1, len(ent) // 4) :]
+    after = summary.get("eval_after", {})
+    before = summary.get("eval_before", {})
+    return {
+        "run": run_dir.name,
+        "method": summary["method"],
+        "seed": summary["seed"],
+        "steps": len(ent),
+        "acc_before_greedy": before.get("T=0", {}).get("accuracy"),
+        "acc_after_greedy": after.get("T=0", {}).get("accuracy"),
+        "acc_after_t1": after.get("T=1", {}).get("accuracy"),
+        "entropy_last_quarter": statistics.fmean(last) if last else float("nan"),
+        "mean_abs_entropy_minus_target": statistics.fmean(abs(e - target) for e in ent)
+        if ent
+        else float("nan"),
+        "gate_on_share": statistics.fmean(gate) if gate else float("nan"),
+        "target_entropy": target,
+        "entropy": ent,
+    }
+
+
+def _mean(xs: list[float | None]) -> float:
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def write_report(stats: list[dict[str, Any]], out_dir: Path) -> str:
+    """Write table.md, table.json and entropy_overlay.png; returns the markdown table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = [
+        ("acc_after_greedy", "held-out acc (greedy)"),
+        ("acc_after_t1", "held-out acc (T=1)"),
+        ("entropy_last_quarter", "entropy, last quarter (nats)"),
+        ("mean_abs_entropy_minus_target", "mean abs(entropy - target)"),
+        ("gate_on_share", "steps with gate on"),
+    ]
+    lines = ["| method | seeds | " + " | ".join(c[1] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for method in ("stare", "grpo"):
+        group = [s for s in stats if s["method"] == method]
+        if not group:
+            continue
+        cells = [f"{_mean([s[k] for s in group]):.4f}" for k, _ in cols]
+        lines.append(f"| {method} | {len(group)} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("| run | steps | acc before (greedy) | " + " | ".join(c[1] for c in cols) + " |")
+    lines.append("|---|---|---|" + "---|" * len(cols))
+    for s in stats:
+        cells = [f"{s[k]:.4f}" if s[k] is not None else "-" for k, _ in cols]
+        before = f"{s['acc_before_greedy']:.4f}" if s["acc_before_greedy"] is not None else "-"
+        lines.append(f"| {s['run']} | {s['steps']} | {before} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "table.md").write_text(table + "\n")
+    (out_dir / "table.json").write_text(json.dumps(stats, indent=1))
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for s in stats:
+        color = "tab:blue" if s["method"] == "stare" else "tab:gray"
+        ax.plot(
+            range(1, len(s["entropy"]) + 1),
+            s["entropy"],
+            color=color,
+            alpha=0.8,
+            label=f"{s['method']} seed {s['seed']}",
+        )
+    if stats:
+        ax.axhline(stats[0]["target_entropy"], color="red", linewidth=1, label="target")
+    ax.set_xlabel("step")
+    ax.set_ylabel("actor/entropy (nats)")
+    ax.set_title("STARE vs GRPO-ds: policy entropy (CPU tool-use task)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out_dir / "entropy_overlay.png", dpi=100)
+    plt.close(fig)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison (``python -m stare_verl.compare``); returns the exit status."""
+    from stare_verl.train import build_parser as train_parser
+    from stare_verl.train import train_tooluse_cpu
+
+    p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--n-eval", type=int, default=200)
+    p.add_argument("--out", default=str(REPO / "runs" / "compare"))
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    args = p.parse_args(argv)
+    out = Path(args.out).resolve()
+    stats = []
+    for seed in args.seeds:
+        for method in ("stare", "grpo"):
+            run_dir = out / f"{method}-seed{seed}"
+            if not (run_dir / "summary.json").exists():
+                targs = train_parser().parse_args(
+                    ["--cpu", "--method", method, "--seed", str(seed), "--steps", str(args.steps),
+                     "--n-eval", str(args.n_eval), "--run-dir", str(run_dir), *args.overrides]
+                )  # fmt: skip
+                rc = train_tooluse_cpu(targs)
+                if rc != 0:
+                    print(
+                        f"error: run {run_dir.name} failed ({rc}); the comparison stops here", file=sys.stderr
+                    )
+                    return rc
+            stats.append(run_stats(run_dir))
+    print(write_report(stats, out))
+    print(f"\n{out}/table.md, table.json, entropy_overlay.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

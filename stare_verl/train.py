@@ -1,0 +1,345 @@
+"""``make train-tooluse``: STARE RL for multi-turn Python tool use, verl on this CPU by default, verl + SGLang on a
+GPU node.
+
+CPU default (no GPU, or ``--cpu``): the cached cold-start SFT checkpoint of the tiny model
+(``stare_verl.demo.sft.ensure_sft_checkpoint``, trained on first use), RL data from reasoning-gym, a held-out
+evaluation, then ``python -m verl.trainer.main_ppo`` with ``recipes/cpu/tooluse_tiny_<method>.yaml`` (verl's V1
+trainer, ``stare_sync``, the ``hf`` rollout backend, ``stare_tool_agent``, the sandboxed code_interpreter and
+``envs.tool_use.compute_score``), then the held-out evaluation again. The run folder (``runs/<name>`` or
+``RUN_DIR``) holds ``metrics.jsonl``, ``checkpoints/`` (verl's; a second invocation resumes from them),
+``plots/*.png``, ``eval_before.json``/``eval_after.json``, ``summary.json`` and ``train.log``.
+
+GPU (an NVIDIA GPU and SGLang installed): ``main_ppo`` with the family's recipe under ``recipes/``
+(``MODEL=...`` and extra Hydra overrides passed through).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from stare_verl.recipes import RECIPES_DIR
+
+REPO = RECIPES_DIR.parent
+RUN_TAG_ENV = "STARE_VERL_RUN_TAG"
+GPU_RECIPES = {
+    "tooluse": "tooluse_qwen2.5-7b-sft",
+    "shortcot": "shortcot_qwen2.5-math-7b",
+    "longcot": "longcot_r1-distill-qwen-1.5b",
+}
+
+
+def gpu_available() -> bool:
+    """True when an NVIDIA GPU is visible and SGLang (the ``gpu`` extra) is importable."""
+    import importlib.util
+
+    if shutil.which("nvidia-smi") is None or importlib.util.find_spec("sglang") is None:
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# processes
+def _tagged_pids(tag: str) -> list[int]:
+    """Live processes whose environment carries ``STARE_VERL_RUN_TAG=<tag>`` (Ray's daemons and workers
+    inherit it from main_ppo, even when they start their own sessions)."""
+    needle = f"{RUN_TAG_ENV}={tag}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        pids.append(int(entry))
+    return pids
+
+
+def kill_tagged(tag: str, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM then SIGKILL every process of the run ``tag``; returns the PIDs that were still alive."""
+    pids = _tagged_pids(tag)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + grace_s
+        while time.time() < deadline and _tagged_pids(tag):
+            time.sleep(0.2)
+    return pids
+
+
+def cpu_env(tag: str, metrics_part: Path) -> dict[str, str]:
+    """Environment of a ``main_ppo`` subprocess on the CPU backend."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "VERL_PLATFORM": "cpu",
+            RUN_TAG_ENV: tag,
+            "VERL_FILE_LOGGER_PATH": str(metrics_part),
+            "STARE_VERL_REPO": str(REPO),
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "RAY_DEDUP_LOGS": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+    )
+    return env
+
+
+def run_main_ppo(
+    cmd: list[str], env: dict[str, str], log_path: Path, metrics_part: Path, total_steps: int
+) -> int:
+    """Run main_ppo, its output to ``log_path``, one progress line per logged step; kill its processes at the end.
+
+    Returns main_ppo's exit status (130 after Ctrl-C).
+    """
+    from tqdm import tqdm
+
+    from stare_verl.runlog import read_verl_jsonl
+
+    tag = env[RUN_TAG_ENV]
+    seen = 0
+    with open(log_path, "ab") as log, tqdm(total=total_steps, desc="RL steps", unit="step") as bar:
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            while proc.poll() is None:
+                time.sleep(2.0)
+                rows = read_verl_jsonl([metrics_part])
+                for row in rows[seen:]:
+                    bar.n = min(int(row["step"]), total_steps)
+                    bar.set_postfix_str(_progress_line(row), refresh=False)
+                    bar.refresh()
+                seen = max(seen, len(rows))
+            rc = proc.returncode
+        except KeyboardInterrupt:
+            rc = 130
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            kill_tagged(tag)
+    return rc
+
+
+def _progress_line(row: dict[str, Any]) -> str:
+    parts = []
+    for key, name in (
+        ("critic/score/mean", "reward"),
+        ("actor/entropy", "entropy"),
+        ("stare/gate_on", "gate"),
+        ("response_length/mean", "len"),
+    ):
+        if key in row:
+            parts.append(f"{name} {row[key]:.3g}")
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the CPU default
+def latest_hf_checkpoint(run_dir: Path) -> Path | None:
+    """``checkpoints/global_step_N/actor/huggingface`` with the largest N that holds model weights."""
+    best, best_step = None, -1
+    for d in (run_dir / "checkpoints").glob("global_step_*/actor/huggingface"):
+        step = int(d.parent.parent.name.rsplit("_", 1)[1])
+        has_weights = any(d.glob("*.safetensors")) or any(d.glob("*.bin"))
+        if has_weights and step > best_step:
+            best, best_step = d, step
+    return best
+
+
+def _evaluate(path: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
+    import contextlib
+
+    from stare_verl.demo.evaluate import evaluate_checkpoint
+
+    with contextlib.redirect_stdout(sys.stderr if os.environ.get("STARE_VERBOSE") else open(os.devnull, "w")):
+        # verl's BaseTool prints every tool schema it builds
+        reports = evaluate_checkpoint(
+            path, n=n, data_seed=sft_cfg.data_seed, n_heldout=sft_cfg.n_heldout, max_assistant_turns=max_turns
+        )
+    return {f"T={t:g}": rep.to_dict() for t, rep in reports.items()}
+
+
+def _fmt_eval(ev: dict[str, Any]) -> str:
+    return ", ".join(f"{k}: acc {v['accuracy']:.3f} ({v['n']} problems)" for k, v in ev.items())
+
+
+def train_tooluse_cpu(args: argparse.Namespace) -> int:
+    """The CPU default run (see the module docstring); returns the exit status."""
+    from stare_verl.demo.sft import SFTConfig, ensure_sft_checkpoint, read_report, write_rl_data
+    from stare_verl.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
+
+    run_dir = Path(
+        args.run_dir or os.environ.get("RUN_DIR") or REPO / "runs" / f"tooluse-{args.method}-seed{args.seed}"
+    )
+    run_dir = run_dir.resolve()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    print(
+        f"[train-tooluse] CPU default, method={args.method}, seed={args.seed}, run folder {run_dir}",
+        flush=True,
+    )
+
+    sft_kw: dict[str, Any] = {}
+    if args.sft_threads:
+        sft_kw["num_threads"] = args.sft_threads
+    if args.sft_steps:
+        sft_kw["steps"] = args.sft_steps
+    if args.sft_cache:
+        sft_kw["cache_dir"] = args.sft_cache
+    sft_cfg = SFTConfig(**sft_kw)
+    sft_dir = ensure_sft_checkpoint(sft_cfg)
+    sft_acc = read_report(sft_dir)["heldout"]["T=0.0"]["accuracy"]
+    if sft_acc < args.min_sft_accuracy:
+        print(
+            f"error: the cold-start SFT checkpoint {sft_dir} has held-out greedy accuracy {sft_acc:.3f} < "
+            f"{args.min_sft_accuracy} (--min-sft-accuracy); RL from it would not learn the tool format. "
+            "Delete it to retrain, or lower the threshold.",
+            file=sys.stderr,
+        )
+        return 1
+    data = write_rl_data(sft_cfg, run_dir / "data", n_train=args.n_train, n_val=args.n_eval)
+
+    eval_before = run_dir / "eval_before.json"
+    if not eval_before.exists():
+        ev = _evaluate(sft_dir, sft_cfg, args.n_eval, args.max_turns)
+        eval_before.write_text(json.dumps(ev, indent=1))
+    before = json.loads(eval_before.read_text())
+    print(f"[train-tooluse] held-out before RL: {_fmt_eval(before)}", flush=True)
+
+    overrides = [
+        f"actor_rollout_ref.model.path={sft_dir}",
+        f"data.train_files={data['train']}",
+        f"data.val_files={data['val']}",
+        f"trainer.default_local_dir={run_dir / 'checkpoints'}",
+        f"trainer.total_training_steps={args.steps}",
+        f"trainer.save_freq={args.save_freq or args.steps}",
+        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}",
+        f"data.seed={args.seed}",
+        f"actor_rollout_ref.actor.data_loader_seed={args.seed}",
+        f"actor_rollout_ref.rollout.seed={args.seed}",
+        f"trainer.experiment_name={run_dir.name}",
+        *args.overrides,
+    ]
+    cmd = [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        f"--config-path={RECIPES_DIR / 'cpu'}", f"--config-name=tooluse_tiny_{args.method}", *overrides,
+    ]  # fmt: skip
+    part = run_dir / "logs" / f"verl_metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    env = cpu_env(uuid.uuid4().hex, part)
+    print(f"[train-tooluse] verl main_ppo ({args.steps} steps); log: {run_dir / 'train.log'}", flush=True)
+    rc = run_main_ppo(cmd, env, run_dir / "train.log", part, args.steps)
+
+    rows = read_verl_jsonl(sorted((run_dir / "logs").glob("verl_metrics.*.jsonl")))
+    write_metrics_jsonl(rows, run_dir / "metrics.jsonl")
+    plots = plot_run(rows, run_dir / "plots")
+    if rc != 0:
+        tail = (run_dir / "train.log").read_text(errors="replace")[-3000:]
+        print(
+            f"error: verl main_ppo exited with {rc}; last lines of {run_dir / 'train.log'}:\n{tail}",
+            file=sys.stderr,
+        )
+        return rc if rc > 0 else 1
+
+    ckpt = latest_hf_checkpoint(run_dir)
+    after = _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns) if ckpt else {}
+    (run_dir / "eval_after.json").write_text(json.dumps(after, indent=1))
+    summary = {
+        "method": args.method,
+        "seed": args.seed,
+        "steps": rows[-1]["step"] if rows else 0,
+        "sft_checkpoint": str(sft_dir),
+        "rl_checkpoint": str(ckpt) if ckpt else None,
+        "eval_before": before,
+        "eval_after": after,
+        "wall_s": round(time.time() - t0, 1),
+        "plots": [str(p) for p in plots],
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"[train-tooluse] held-out after RL:  {_fmt_eval(after) if after else 'no checkpoint'}", flush=True)
+    print(
+        f"[train-tooluse] done in {summary['wall_s']:.0f} s: {run_dir}/metrics.jsonl, plots/, summary.json",
+        flush=True,
+    )
+    return 0
+
+
+def train_gpu(args: argparse.Namespace) -> int:
+    """Launch ``main_ppo`` with the family's GPU recipe (``MODEL`` env var and overrides pass through)."""
+    recipe = f"{GPU_RECIPES[args.family]}_{args.method}"
+    cmd = [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        f"--config-path={RECIPES_DIR}", f"--config-name={recipe}", *args.overrides,
+    ]  # fmt: skip
+    print(f"[train-{args.family}] GPU: {' '.join(cmd)}", flush=True)
+    return subprocess.call(cmd, cwd=REPO)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Arguments of ``stare-verl train``."""
+    p = argparse.ArgumentParser(prog="stare-verl train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse")
+    p.add_argument(
+        "--method", choices=["stare", "grpo"], default="stare", help="grpo: the GRPO-ds twin (W = M = 1)"
+    )
+    p.add_argument("--cpu", action="store_true", help="the CPU default even where a GPU is present")
+    p.add_argument(
+        "--run-dir", default=None, help="run folder (default: $RUN_DIR or runs/tooluse-<method>-seed<seed>)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--steps", type=int, default=30, help="RL steps of the CPU run (8 prompts x 8 samples each)"
+    )
+    p.add_argument("--save-freq", type=int, default=0, help="checkpoint every N steps (default: at the end)")
+    p.add_argument("--n-train", type=int, default=1024, help="RL training problems")
+    p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL")
+    p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--min-sft-accuracy", type=float, default=0.5)
+    p.add_argument("--sft-threads", type=int, default=0, help="torch threads of the SFT (0: torch's default)")
+    p.add_argument("--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the calibrated 1000)")
+    p.add_argument("--sft-cache", default=None, help="SFT cache folder (default: $STARE_CACHE_DIR or runs/cache)")
+    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point (``python -m stare_verl.train``); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if not args.cpu and gpu_available():
+        return train_gpu(args)
+    if args.family != "tooluse":
+        print(
+            f"train-{args.family}: no GPU with SGLang here. The CPU default exists for the tool-use family "
+            f"(make train-tooluse); on a GPU node: pip install '.[gpu]' and MODEL=... make train-{args.family}.",
+            file=sys.stderr,
+        )
+        return 2
+    return train_tooluse_cpu(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
