@@ -250,7 +250,7 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
         f"--config-path={RECIPES_DIR / 'cpu'}", f"--config-name=tooluse_tiny_{args.method}", *overrides,
     ]  # fmt: skip
     part = run_dir / "logs" / f"verl_metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-    env = cpu_env(uuid.uuid4().hex, part)
+    env = cpu_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part)
     print(f"[train-tooluse] verl main_ppo ({args.steps} steps); log: {run_dir / 'train.log'}", flush=True)
     rc = run_main_ppo(cmd, env, run_dir / "train.log", part, args.steps)
 
@@ -321,7 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-sft-accuracy", type=float, default=0.5)
     p.add_argument("--sft-threads", type=int, default=0, help="torch threads of the SFT (0: torch's default)")
     p.add_argument("--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the calibrated 1000)")
-    p.add_argument("--sft-cache", default=None, help="SFT cache folder (default: $STARE_CACHE_DIR or runs/cache)")
+    p.add_argument(
+        "--sft-cache", default=None, help="SFT cache folder (default: $STARE_CACHE_DIR or runs/cache)"
+    )
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
     return p
 

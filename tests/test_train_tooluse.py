@@ -1,0 +1,81 @@
+"""`make train-tooluse` CPU default end to end (a short SFT and 2 + 1 RL steps), and its resume."""
+
+import json
+import os
+
+import pytest
+
+from stare_verl.train import RUN_TAG_ENV, main
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("STARE_SKIP_E2E") == "1", reason="STARE_SKIP_E2E=1 skips the end-to-end runs"
+)
+
+
+def _our_leftovers(tag):
+    needle = f"{RUN_TAG_ENV}={tag}-".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if any(v.startswith(needle) for v in f.read().split(b"\0")):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):
+    tag = f"pytest-{os.getpid()}"
+    monkeypatch.setenv(RUN_TAG_ENV, tag)  # the driver tags every process of its runs with tag-<uuid>
+    run = tmp_path / "run"
+    common = [
+        "--cpu",
+        "--run-dir",
+        str(run),
+        "--sft-steps",
+        "40",
+        "--sft-cache",
+        str(tmp_path / "cache"),
+        "--min-sft-accuracy",
+        "0",
+        "--n-eval",
+        "8",
+        "--n-train",
+        "64",
+        "--sft-threads",
+        "1",
+    ]
+    assert main([*common, "--steps", "2"]) == 0
+
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["stare/target_entropy"] == 0.03
+        assert r["stare/model_tokens"] > 0 and r["stare/nonfinite_tokens"] == 0
+        assert 0 <= r["critic/score/mean"] <= 1 and r["actor/entropy"] > 0
+        assert r["num_turns/mean"] >= 1
+    assert (run / "checkpoints" / "global_step_2" / "stare_state.json").exists()
+    assert sorted(p.name for p in (run / "plots").glob("*.png")) == [
+        "entropy.png",
+        "response_length.png",
+        "reward.png",
+    ]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["rl_checkpoint"].endswith("global_step_2/actor/huggingface")
+    for key in ("eval_before", "eval_after"):
+        assert set(summary[key]) == {"T=0", "T=1"} and summary[key]["T=0"]["n"] == 8
+    assert _our_leftovers(tag) == []
+
+    # a second invocation with the same run folder resumes from global_step_2 and runs step 3 only
+    assert main([*common, "--steps", "3"]) == 0
+    parts = sorted((run / "logs").glob("verl_metrics.*.jsonl"))
+    assert len(parts) == 2
+    second = [json.loads(x)["step"] for x in parts[1].read_text().splitlines()]
+    assert second == [3]
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    state = json.loads((run / "checkpoints" / "global_step_3" / "stare_state.json").read_text())
+    assert state["steps"] == 3  # the controller continued from the checkpoint, not from zero
+    assert _our_leftovers(tag) == []
