@@ -27,10 +27,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from stare_verl.procs import RUN_TAG_ENV, cpu_env, kill_processes, tagged_processes
 from stare_verl.recipes import RECIPES_DIR
 
 REPO = RECIPES_DIR.parent
-RUN_TAG_ENV = "STARE_VERL_RUN_TAG"
 GPU_RECIPES = {
     "tooluse": "tooluse_qwen2.5-7b-sft",
     "shortcot": "shortcot_qwen2.5-math-7b",
@@ -49,60 +49,11 @@ def gpu_available() -> bool:
 
 # --------------------------------------------------------------------------------------------------------------
 # processes
-def _tagged_pids(tag: str) -> list[int]:
-    """Live processes whose environment carries ``STARE_VERL_RUN_TAG=<tag>`` (Ray's daemons and workers
-    inherit it from main_ppo, even when they start their own sessions)."""
-    needle = f"{RUN_TAG_ENV}={tag}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        pids.append(int(entry))
-    return pids
-
-
-def kill_tagged(tag: str, grace_s: float = 5.0) -> list[int]:
-    """SIGTERM then SIGKILL every process of the run ``tag``; returns the PIDs that were still alive."""
-    pids = _tagged_pids(tag)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + grace_s
-        while time.time() < deadline and _tagged_pids(tag):
-            time.sleep(0.2)
-    return pids
-
-
-def cpu_env(tag: str, metrics_part: Path) -> dict[str, str]:
-    """Environment of a ``main_ppo`` subprocess on the CPU backend."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "VERL_PLATFORM": "cpu",
-            RUN_TAG_ENV: tag,
-            "VERL_FILE_LOGGER_PATH": str(metrics_part),
-            "STARE_VERL_REPO": str(REPO),
-            "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "PYTHONUNBUFFERED": "1",
-            "RAY_DEDUP_LOGS": "0",
-            "RAY_USAGE_STATS_ENABLED": "0",
-        }
+def run_env(tag: str, metrics_part: Path) -> dict[str, str]:
+    """Environment of this run's ``main_ppo`` subprocess on the CPU backend (tagged for clean-up)."""
+    return cpu_env(
+        {RUN_TAG_ENV: tag, "VERL_FILE_LOGGER_PATH": str(metrics_part), "STARE_VERL_REPO": str(REPO)}
     )
-    return env
 
 
 def run_main_ppo(
@@ -141,7 +92,7 @@ def run_main_ppo(
                     proc.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
-            kill_tagged(tag)
+            kill_processes(tagged_processes(tag))
     return rc
 
 
@@ -250,7 +201,7 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
         f"--config-path={RECIPES_DIR / 'cpu'}", f"--config-name=tooluse_tiny_{args.method}", *overrides,
     ]  # fmt: skip
     part = run_dir / "logs" / f"verl_metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-    env = cpu_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part)
+    env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part)
     print(f"[train-tooluse] verl main_ppo ({args.steps} steps); log: {run_dir / 'train.log'}", flush=True)
     rc = run_main_ppo(cmd, env, run_dir / "train.log", part, args.steps)
 

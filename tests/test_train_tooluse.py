@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from stare_verl.train import RUN_TAG_ENV, main
+from stare_verl.procs import RUN_TAG_ENV, tagged_processes
+from stare_verl.train import main
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("STARE_SKIP_E2E") == "1", reason="STARE_SKIP_E2E=1 skips the end-to-end runs"
@@ -13,17 +14,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _our_leftovers(tag):
-    needle = f"{RUN_TAG_ENV}={tag}-".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if any(v.startswith(needle) for v in f.read().split(b"\0")):
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
+    return tagged_processes(f"{tag}-", prefix=True)
 
 
 def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):

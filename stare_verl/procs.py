@@ -1,0 +1,76 @@
+"""Processes of a ``main_ppo`` run on the CPU backend: its environment, and finding/killing what it left.
+
+Ray's daemons and workers inherit the environment of the process that started them, even when they start
+their own sessions, so a run tagged with ``STARE_VERL_RUN_TAG=<tag>`` can be cleaned up completely without
+touching anyone else's processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+RUN_TAG_ENV = "STARE_VERL_RUN_TAG"
+
+
+def cpu_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment plus what ``main_ppo`` on the CPU backend needs (``VERL_PLATFORM=cpu``,
+    offline Hugging Face, unbuffered output), plus ``extra``."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "VERL_PLATFORM": "cpu",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "RAY_DEDUP_LOGS": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PYTHONUNBUFFERED": "1",
+            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, OSError):
+        return False
+
+
+def tagged_processes(tag: str, prefix: bool = False) -> list[int]:
+    """PIDs of live processes (not this one) whose environment has ``STARE_VERL_RUN_TAG=<tag>``
+    (``prefix=True``: a value starting with ``tag``)."""
+    needle = f"{RUN_TAG_ENV}={tag}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        hit = any(v.startswith(needle) for v in env) if prefix else needle in env
+        if hit and _alive(int(entry)):
+            pids.append(int(entry))
+    return pids
+
+
+def kill_processes(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """SIGTERM, then SIGKILL, the given PIDs; returns those still alive afterwards."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + timeout / 2
+        while time.time() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
