@@ -194,6 +194,7 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
         f"actor_rollout_ref.actor.data_loader_seed={args.seed}",
         f"actor_rollout_ref.rollout.seed={args.seed}",
         f"trainer.experiment_name={run_dir.name}",
+        f"hydra.run.dir={run_dir / 'logs' / 'hydra'}",
         *args.overrides,
     ]
     cmd = [
