@@ -31,6 +31,8 @@ from typing import Any
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
+from envs.tiny_hf import TOOLS_AS_SCHEMA, hermes_chat_template, train_bpe_tokenizer
+
 __all__ = [
     "CHAT_TEMPLATE",
     "GenerateCall",
@@ -43,44 +45,9 @@ __all__ = [
     "tool_call_text",
 ]
 
-# ChatML with hermes tool calls (the shape of Qwen2.5's template, written for this project).
-CHAT_TEMPLATE = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    '{{- \'\\n</tools>\\nCall a tool as <tool_call>{"name": <name>, "arguments": <json>}</tool_call>'
-    "<|im_end|>\\n' }}"
-    "{%- elif messages[0]['role'] == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' %}"
-    "{%- if not loop.first %}{{- '<|im_start|>system\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- elif message['role'] == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- elif message['role'] == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
-    "{%- for tc in (message['tool_calls'] if 'tool_calls' in message and message['tool_calls'] else []) %}"
-    "{%- set f = tc['function'] if 'function' in tc else tc %}"
-    "{{- '<tool_call>{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}"
-    "{{- f['arguments'] if f['arguments'] is string else f['arguments'] | tojson }}"
-    "{{- '}</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+# ChatML with hermes tool calls, listing each tool's whole JSON schema (the shape of Qwen2.5's template).
+CHAT_TEMPLATE = hermes_chat_template(TOOLS_AS_SCHEMA)
 
-_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# Added but not special, as in Qwen2.5/Qwen3 (so skip_special_tokens=True keeps them).
-_ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 _CORPUS = [
     "What is 12 + 7? Use the code interpreter. The answer is \\boxed{19}.",
     'print(12 + 7) print(r"\\boxed{42}") {"name": "code_interpreter", "arguments": {"code": "print(1)"}}',
@@ -105,22 +72,9 @@ def build_tiny_tokenizer(out_dir: str | Path | None = None, vocab_size: int = 40
         token each; ``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>``,
         ``<think>``, ``</think>`` are single added (non-special) tokens.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=_SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(_CORPUS * 8, trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _ADDED])
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
-    )
+    hf_tok = train_bpe_tokenizer(_CORPUS * 8, vocab_size=vocab_size, chat_template=CHAT_TEMPLATE)
     if out_dir is None:
         return hf_tok
     out = Path(out_dir)

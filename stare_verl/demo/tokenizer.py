@@ -2,7 +2,7 @@
 
 The calibration (``shared/specs/cpu-demo-calibration.md``) found that a ~384-token byte-level BPE trained on
 the demonstrations themselves, with digits pre-split one per token, lets a 0.84 M-parameter model learn to
-copy numbers; this module builds exactly that with the ``tokenizers`` library and wraps it as a
+copy numbers; this module builds exactly that with the ``tokenizers`` library (``envs.tiny_hf``) and wraps it as a
 ``transformers.PreTrainedTokenizerFast`` so verl's RLHFDataset and agent loop can use it like a Qwen tokenizer.
 
 Token inventory:
@@ -12,7 +12,7 @@ Token inventory:
   ``</tool_call>``, ``<tool_response>``, ``</tool_response>``, ``<think>``, ``</think>``;
 - 256 byte symbols plus BPE merges learnt from the corpus; every decimal digit is its own token.
 
-The chat template (:data:`CHAT_TEMPLATE`) has the shape of Qwen2.5's: ChatML turns; ``tools=`` opens a system
+The chat template (:data:`CHAT_TEMPLATE`, ``envs.tiny_hf.hermes_chat_template``) has the shape of Qwen2.5's: ChatML turns; ``tools=`` opens a system
 turn listing the tools; an assistant message's ``tool_calls`` render as
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; consecutive ``tool`` messages render inside one
 user turn as ``\\n<tool_response>\\n...\\n</tool_response>``. Unlike Qwen2.5 the tool list shows only each
@@ -28,6 +28,14 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from envs.tiny_hf import (
+    ADDED_TOKENS,
+    SPECIAL_TOKENS,
+    TOOLS_AS_NAMES,
+    hermes_chat_template,
+    train_bpe_tokenizer,
+)
+
 __all__ = [
     "ADDED_TOKENS",
     "CHAT_TEMPLATE",
@@ -36,43 +44,8 @@ __all__ = [
     "load_tokenizer",
 ]
 
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
-
-CHAT_TEMPLATE = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n<tools>' }}"
-    "{%- for tool in tools %}"
-    "{{- '\\n' + (tool['function']['name'] if 'function' in tool else tool['name']) }}"
-    "{%- endfor %}"
-    "{{- '\\n</tools><|im_end|>\\n' }}"
-    "{%- elif messages[0]['role'] == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' %}"
-    "{%- if not loop.first %}{{- '<|im_start|>system\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- elif message['role'] == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- elif message['role'] == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
-    "{%- for tc in (message['tool_calls'] if 'tool_calls' in message and message['tool_calls'] else []) %}"
-    "{%- set f = tc['function'] if 'function' in tc else tc %}"
-    "{{- '<tool_call>{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}"
-    "{{- f['arguments'] if f['arguments'] is string else f['arguments'] | tojson }}"
-    "{{- '}</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+# The tool list shows only each tool's name (module docstring).
+CHAT_TEMPLATE = hermes_chat_template(TOOLS_AS_NAMES)
 
 _MARKERS = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + ADDED_TOKENS))
 
@@ -103,34 +76,18 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path | None = None, voc
     Raises:
         ValueError: ``vocab_size`` too small, or an empty corpus.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     floor = 256 + len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
     if vocab_size < floor:
         raise ValueError(f"vocab_size {vocab_size} is below {floor} (bytes + special + added tokens)")
     corpus = list(_pieces(texts))
     if not corpus:
         raise ValueError("empty tokenizer corpus")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
+    hf_tok = train_bpe_tokenizer(
+        corpus,
         vocab_size=vocab_size - len(ADDED_TOKENS),
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
         chat_template=CHAT_TEMPLATE,
         padding_side="left",
+        show_progress=False,
     )
     if out_dir is None:
         return hf_tok
