@@ -19,14 +19,14 @@ from tensordict import TensorDict
 from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
-from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
 from stare_verl.config import parse_stare_config
 from stare_verl.controller import StareController
-from stare_verl.estimator import ESTIMATOR_NAME, StareInputs
+from stare_verl.estimator import ESTIMATOR_NAME, STARE_TRAINER_MODES, StareInputs, StareInputsMissing
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +154,32 @@ def load_controller_state(controller: StareController, folder: str) -> bool:
         controller.load_state_dict(json.load(f))
     logger.info("restored STARE controller state from %s: W=%.4f M=%.4f", path, controller.w, controller.m)
     return True
+
+
+def _refuse_stare_without_inputs(init):
+    """Wrap verl's ``PPOTrainer.__init__`` so that ``adv_estimator=stare`` with a trainer that cannot feed it
+    (any mode but ``stare_*``) stops at start-up, before workers and rollouts, instead of at the first
+    advantage computation. The one patch of verl that STARE needs; the estimator refuses such calls too."""
+    if getattr(init, "_stare_guard", False):
+        return init
+
+    def __init__(self, config, *args, **kwargs):
+        if config.algorithm.get("adv_estimator") == ESTIMATOR_NAME and not isinstance(
+            self, StareTrainerMixin
+        ):
+            raise StareInputsMissing(
+                f"algorithm.adv_estimator=stare with trainer.v1.trainer_mode="
+                f"{config.trainer.v1.get('trainer_mode')}: this trainer does not pass old log-probs and entropy "
+                f"to advantage estimators. Use trainer.v1.trainer_mode={' or '.join(STARE_TRAINER_MODES)}."
+            )
+        init(self, config, *args, **kwargs)
+
+    __init__._stare_guard = True
+    __init__.__wrapped__ = init
+    return __init__
+
+
+PPOTrainer.__init__ = _refuse_stare_without_inputs(PPOTrainer.__init__)
 
 
 @register_trainer("stare_sync")

@@ -42,10 +42,10 @@ def test_plugin_registers_in_fresh_interpreter():
     code = (
         "import json, verl\n"
         "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
-        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls, PPOTrainer\n"
         "fn = get_adv_estimator_fn('stare')\n"
         "print(json.dumps([fn.__module__, get_trainer_cls('stare_sync').__name__,"
-        " get_trainer_cls('stare_colocate_async').__name__]))\n"
+        " get_trainer_cls('stare_colocate_async').__name__, PPOTrainer.__init__._stare_guard]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]

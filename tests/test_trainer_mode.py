@@ -33,6 +33,17 @@ def test_bypass_mode_is_refused_at_startup():
         StareTrainerSync(cfg)
 
 
+@pytest.mark.parametrize("mode", ["sync", "colocate_async"])
+def test_verl_trainer_with_stare_stops_at_startup(mode):
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from stare_verl.estimator import StareInputsMissing
+
+    cfg = _compose("algorithm.adv_estimator=stare", f"trainer.v1.trainer_mode={mode}")
+    with pytest.raises(StareInputsMissing, match="trainer_mode=stare_sync"):
+        get_trainer_cls(mode)(cfg)
+
+
 def test_modes_read_as_verl_modes():
     t = object.__new__(StareTrainerSync)
     t.trainer_mode = "stare_sync"  # what verl's __init__ assigns
