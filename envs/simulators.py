@@ -31,7 +31,7 @@ from typing import Any
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
-from envs.tiny_hf import TOOLS_AS_SCHEMA, hermes_chat_template, train_bpe_tokenizer
+from envs.tiny_hf import TOOLS_AS_SCHEMA, hermes_chat_template, tiny_qwen2_config, train_bpe_tokenizer
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -89,23 +89,16 @@ def build_tiny_model_dir(out_dir: str | Path) -> str:
     No weights are written (the agent loop and reward workers only need the tokenizer and the config;
     ``model_type`` "qwen2" selects verl's Qwen Continuous Token builder). Returns the path (str).
     """
-    from transformers import Qwen2Config
-
     out = Path(out_dir)
     tok = build_tiny_tokenizer(out)
-    Qwen2Config(
-        architectures=["Qwen2ForCausalLM"],
-        vocab_size=len(tok),
+    tiny_qwen2_config(
+        tok,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
     ).save_pretrained(out)
     return str(out)
 

@@ -9,6 +9,7 @@ Nothing here downloads anything, and importing this module imports neither verl 
   messages render inside one user turn as ``\\n<tool_response>\\n...\\n</tool_response>``.
 - :func:`train_bpe_tokenizer`: a byte-level BPE trained with the ``tokenizers`` library on a given corpus,
   wrapped as a ``transformers.PreTrainedTokenizerFast`` with Qwen2.5's special tokens.
+- :func:`tiny_qwen2_config`: a ``transformers.Qwen2Config`` sized to such a tokenizer.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "TOOLS_AS_NAMES",
     "TOOLS_AS_SCHEMA",
     "hermes_chat_template",
+    "tiny_qwen2_config",
     "train_bpe_tokenizer",
 ]
 
@@ -149,5 +151,41 @@ def train_bpe_tokenizer(
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         chat_template=chat_template,
+        **extra,
+    )
+
+
+def tiny_qwen2_config(
+    tokenizer,
+    *,
+    hidden_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    **extra: Any,
+):
+    """A ``transformers.Qwen2Config`` for a tiny model over ``tokenizer`` (tied embeddings, no BOS).
+
+    ``vocab_size`` is ``len(tokenizer)``; eos/pad ids are the tokenizer's; ``architectures`` is
+    ``["Qwen2ForCausalLM"]`` (``model_type`` qwen2 selects verl's Qwen Continuous Token builder).
+    ``extra`` goes to ``Qwen2Config`` as well (e.g. ``rope_theta``, ``attn_implementation``).
+    """
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=extra.pop("tie_word_embeddings", True),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
         **extra,
     )

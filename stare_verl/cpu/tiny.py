@@ -22,43 +22,38 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool
 def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0, hidden: int = 64, layers: int = 2) -> str:
     """Write a random tiny Qwen2 causal LM + tokenizer to ``out_dir``; return the path (str)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    from envs.tiny_hf import tiny_qwen2_config, train_bpe_tokenizer
 
     out = Path(out_dir)
     if (out / "config.json").exists():
         return str(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
     corpus = [
         "user assistant system What is 12 + 7? The answer is 19.",
         "Count the letters a b c d e f g h i j k l m n o p q r s t u v w x y z 0 1 2 3 4 5 6 7 8 9",
         "Say something short. ok yes no maybe aaaa bbbb",
         TOOL_CALL_REPLY,
     ] * 4
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(corpus, trainer)
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
+    hf_tok = train_bpe_tokenizer(
+        corpus,
+        vocab_size=300,
+        chat_template=CHAT_TEMPLATE,
+        special_tokens=SPECIAL,
+        added_tokens=(),
+        split_digits=False,
     )
     hf_tok.save_pretrained(out)
     torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(hf_tok),
+    config = tiny_qwen2_config(
+        hf_tok,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=hf_tok.eos_token_id,
-        pad_token_id=hf_tok.pad_token_id,
-        bos_token_id=None,
     )
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(out)

@@ -47,7 +47,9 @@ def build_model(tokenizer, config: TinyModelConfig | None = None, seed: int = 0)
         ValueError: heads that do not divide ``hidden_size`` or KV heads that do not divide the heads.
     """
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    from envs.tiny_hf import tiny_qwen2_config
 
     cfg = config or TinyModelConfig()
     if cfg.hidden_size % cfg.num_attention_heads:
@@ -56,8 +58,8 @@ def build_model(tokenizer, config: TinyModelConfig | None = None, seed: int = 0)
         raise ValueError(
             f"num_key_value_heads {cfg.num_key_value_heads} must divide num_attention_heads {cfg.num_attention_heads}"
         )
-    hf_config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    hf_config = tiny_qwen2_config(
+        tokenizer,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers,
@@ -66,9 +68,6 @@ def build_model(tokenizer, config: TinyModelConfig | None = None, seed: int = 0)
         max_position_embeddings=cfg.max_position_embeddings,
         rope_theta=cfg.rope_theta,
         tie_word_embeddings=cfg.tie_word_embeddings,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
         attn_implementation="sdpa",
         dtype="float32",
     )
