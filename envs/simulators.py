@@ -22,7 +22,6 @@ Continuous Token builder works on it. Nothing is downloaded.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
 from envs.tiny_hf import TOOLS_AS_SCHEMA, hermes_chat_template, tiny_qwen2_config, train_bpe_tokenizer
+from envs.tools.schema import tool_call_text
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -101,11 +101,6 @@ def build_tiny_model_dir(out_dir: str | Path) -> str:
         max_position_embeddings=4096,
     ).save_pretrained(out)
     return str(out)
-
-
-def tool_call_text(code: str, name: str = "code_interpreter") -> str:
-    """The hermes text of one well-formed tool call running ``code``."""
-    return "<tool_call>" + json.dumps({"name": name, "arguments": {"code": code}}) + "</tool_call>"
 
 
 class ScriptError(RuntimeError):

@@ -42,6 +42,7 @@ from typing import Any
 
 from envs.datasets import BadRow, BuildReport, build_hub, make_row, write_parquet
 from envs.prompts import TOOL_USE_SYSTEM
+from envs.tools.schema import TOOL_NAME
 
 __all__ = [
     "AGENT_NAME",
@@ -61,7 +62,6 @@ logger = logging.getLogger(__name__)
 
 AGENT_NAME = "stare_tool_agent"  # envs.agent_loop.AGENT_NAME (not imported: keeps this module verl-free)
 MODEL_TEXT_KEY = "model_response_text"  # envs.agent_loop.MODEL_TEXT_KEY
-TOOL_NAME = "code_interpreter"
 
 # reasoning-gym tasks of the offline set: (task, config). No division (float output vs integer oracle).
 OFFLINE_TOOL_TASKS: list[tuple[str, dict[str, Any]]] = [

@@ -26,28 +26,11 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from envs.sandbox import ExecResult, SandboxConfig, make_sandbox
+from envs.tools.schema import CODE_INTERPRETER_SCHEMA_JSON, TOOL_NAME  # noqa: F401  (TOOL_NAME re-exported)
 
 logger = logging.getLogger(__name__)
 
-TOOL_NAME = "code_interpreter"
-
-CODE_INTERPRETER_SCHEMA = OpenAIFunctionToolSchema.model_validate(
-    {
-        "type": "function",
-        "function": {
-            "name": TOOL_NAME,
-            "description": (
-                "Run a Python 3 program in a fresh sandbox (no network, no input, limited time and memory) "
-                "and return what it prints. Use print() to see results."
-            ),
-            "parameters": {
-                "type": "object",
-                "properties": {"code": {"type": "string", "description": "The Python code to run."}},
-                "required": ["code"],
-            },
-        },
-    }
-)
+CODE_INTERPRETER_SCHEMA = OpenAIFunctionToolSchema.model_validate(CODE_INTERPRETER_SCHEMA_JSON)
 
 
 class CodeInterpreterConfig(BaseModel):

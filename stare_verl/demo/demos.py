@@ -23,12 +23,13 @@ per-split offset), and questions already used by an earlier split are dropped.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from envs.tools.schema import CODE_INTERPRETER_SCHEMA_JSON, TOOL_NAME, tool_call_text
 
 __all__ = [
     "AGENT_NAME",
@@ -52,28 +53,13 @@ __all__ = [
     "write_sft_parquet",
 ]
 
-TOOL_NAME = "code_interpreter"
 AGENT_NAME = "stare_tool_agent"  # envs.agent_loop.AGENT_NAME (not imported: that module imports verl)
 DATA_SOURCE_PREFIX = "rg"  # as envs.tool_use's offline rows
 
-# The ``code_interpreter`` tool's OpenAI schema as verl's agent loop passes it to the chat template
-# (``envs.tools.code_interpreter.CODE_INTERPRETER_SCHEMA.model_dump(exclude_unset=True, exclude_none=True)``;
-# a test checks they agree). The demo chat template renders only the tool's name.
-CODE_INTERPRETER_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": (
-            "Run a Python 3 program in a fresh sandbox (no network, no input, limited time and memory) "
-            "and return what it prints. Use print() to see results."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {"code": {"type": "string", "description": "The Python code to run."}},
-            "required": ["code"],
-        },
-    },
-}
+# The ``code_interpreter`` tool's OpenAI schema as verl's agent loop passes it to the chat template (a plain
+# dict from ``envs.tools.schema``: importing ``envs.tools.code_interpreter`` would import verl). The demo chat
+# template renders only the tool's name.
+CODE_INTERPRETER_SCHEMA: dict[str, Any] = CODE_INTERPRETER_SCHEMA_JSON
 
 # reasoning-gym generator name -> its config (calibrated task mix; '/' is left out: float output like 3.0).
 TASKS: dict[str, dict[str, Any]] = {
@@ -125,11 +111,6 @@ class Problem:
     def code(self) -> str:
         """The program a correct demonstration runs."""
         return f"print({self.expression})"
-
-
-def tool_call_text(code: str, name: str = TOOL_NAME) -> str:
-    """The hermes text of one tool call, exactly as the chat template renders it."""
-    return "<tool_call>" + json.dumps({"name": name, "arguments": {"code": code}}) + "</tool_call>"
 
 
 @dataclass(frozen=True)
