@@ -11,15 +11,14 @@ length limit, and a word split unusually into ids.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from agent_loop_fixtures import REPO, RewardHandle, compose_multi_turn_config
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
@@ -34,7 +33,6 @@ from envs.simulators import (
 )
 from envs.tool_use import to_tool_use_row
 
-REPO = Path(__file__).resolve().parents[1]
 PROMPT_LEN, RESPONSE_LEN, MAX_TURNS, MAX_MODEL_LEN = 1024, 320, 3, 1000
 TOOL_TIMEOUT_S = 1.5
 
@@ -102,39 +100,6 @@ def _script(tok) -> dict[str, list]:
     }
 
 
-class _RewardHandle:
-    """Stands in for a Ray actor handle of verl's RewardLoopWorker: ``compute_score.remote(data)``."""
-
-    def __init__(self, worker):
-        self.compute_score = type("M", (), {"remote": staticmethod(worker.compute_score)})
-
-
-def _compose(model_path: str, tool_config: str):
-    import verl
-    from hydra import compose, initialize_config_dir
-
-    cfg_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=cfg_dir, version_base=None):
-        return compose(
-            config_name="ppo_trainer",
-            overrides=[
-                f"actor_rollout_ref.model.path={model_path}",
-                "actor_rollout_ref.rollout.name=vllm",
-                "actor_rollout_ref.rollout.calculate_log_probs=true",
-                f"actor_rollout_ref.rollout.prompt_length={PROMPT_LEN}",
-                f"actor_rollout_ref.rollout.response_length={RESPONSE_LEN}",
-                f"actor_rollout_ref.rollout.max_model_len={MAX_MODEL_LEN}",
-                "actor_rollout_ref.rollout.multi_turn.enable=true",
-                f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={MAX_TURNS}",
-                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
-                "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=500",
-                f"reward.custom_reward_function.path={REPO / 'envs' / 'tool_use.py'}",
-                "reward.custom_reward_function.name=compute_score",
-                f"data.max_prompt_length={PROMPT_LEN}",
-            ],
-        )
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """Run every case once as one batch; return a namespace with the output and the recorders."""
@@ -150,7 +115,18 @@ def run(tmp_path_factory):
     tool_cfg["tools"][0]["config"]["sandbox"]["limits"]["cpu_s"] = 5
     tool_cfg_path = tmp / "tool_config.yaml"
     tool_cfg_path.write_text(yaml.safe_dump(tool_cfg))
-    cfg = _compose(model_path, str(tool_cfg_path))
+    cfg = compose_multi_turn_config(
+        model_path,
+        str(tool_cfg_path),
+        prompt_length=PROMPT_LEN,
+        response_length=RESPONSE_LEN,
+        max_model_len=MAX_MODEL_LEN,
+        max_assistant_turns=MAX_TURNS,
+        overrides=[
+            "actor_rollout_ref.rollout.calculate_log_probs=true",
+            "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=500",
+        ],
+    )
 
     names = list(CASES)
     rows = [
@@ -170,7 +146,7 @@ def run(tmp_path_factory):
     async def go():
         # verl's workers bind the running event loop at construction: build them inside it
         reward_worker = RewardLoopWorker(cfg)
-        worker = AgentLoopWorker(cfg, server, reward_loop_worker_handles=[_RewardHandle(reward_worker)])
+        worker = AgentLoopWorker(cfg, server, reward_loop_worker_handles=[RewardHandle(reward_worker)])
         tool = worker.tools[0]
         real_execute = tool.execute
 

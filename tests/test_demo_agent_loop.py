@@ -5,11 +5,10 @@ with the demo tokenizer and model directory (a scripted server stands in for the
 from __future__ import annotations
 
 import asyncio
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
+from agent_loop_fixtures import REPO, RewardHandle, compose_multi_turn_config
 
 import envs.agent_loop  # noqa: F401  (registers stare_tool_agent)
 from envs.datasets import write_parquet
@@ -18,39 +17,6 @@ from stare_verl.demo import demos as D
 from stare_verl.demo.model import build_model, save_model
 from stare_verl.demo.sft import encode_demo, render_demo
 from stare_verl.demo.tokenizer import build_tokenizer
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-class _RewardHandle:
-    """Stands in for a Ray actor handle of verl's RewardLoopWorker: ``compute_score.remote(data)``."""
-
-    def __init__(self, worker):
-        self.compute_score = type("M", (), {"remote": staticmethod(worker.compute_score)})
-
-
-def _compose(model_path: str, tool_config: str):
-    import verl
-    from hydra import compose, initialize_config_dir
-
-    cfg_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=cfg_dir, version_base=None):
-        return compose(
-            config_name="ppo_trainer",
-            overrides=[
-                f"actor_rollout_ref.model.path={model_path}",
-                "actor_rollout_ref.rollout.name=vllm",
-                "actor_rollout_ref.rollout.prompt_length=128",
-                "actor_rollout_ref.rollout.response_length=128",
-                "actor_rollout_ref.rollout.max_model_len=256",
-                "actor_rollout_ref.rollout.multi_turn.enable=true",
-                "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
-                f"reward.custom_reward_function.path={REPO / 'envs' / 'tool_use.py'}",
-                "reward.custom_reward_function.name=compute_score",
-                "data.max_prompt_length=128",
-            ],
-        )
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +32,14 @@ def replay(tmp_path_factory):
     save_model(build_model(tok, seed=0), tok, tmp / "model")
     rows = [D.problem_row(d.problem, "test", i) for i, d in enumerate(demos)]
     parquet = write_parquet(rows, tmp / "rows.parquet")
-    cfg = _compose(str(tmp / "model"), str(REPO / "recipes" / "tool_use" / "tool_config.yaml"))
+    cfg = compose_multi_turn_config(
+        str(tmp / "model"),
+        str(REPO / "recipes" / "tool_use" / "tool_config.yaml"),
+        prompt_length=128,
+        response_length=128,
+        max_model_len=256,
+        max_assistant_turns=3,
+    )
     dataset = RLHFDataset(data_files=[str(parquet)], tokenizer=tok, config=cfg.data, processor=None)
     batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
     batch.non_tensor_batch["uid"] = np.array([str(i) for i in range(len(demos))], dtype=object)
@@ -75,7 +48,7 @@ def replay(tmp_path_factory):
 
     async def go():
         reward_worker = RewardLoopWorker(cfg)
-        worker = AgentLoopWorker(cfg, server, reward_loop_worker_handles=[_RewardHandle(reward_worker)])
+        worker = AgentLoopWorker(cfg, server, reward_loop_worker_handles=[RewardHandle(reward_worker)])
         try:
             return await asyncio.wait_for(worker.generate_sequences(batch), timeout=120)
         finally:
