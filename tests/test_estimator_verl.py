@@ -53,6 +53,7 @@ def test_plugin_registers_in_fresh_interpreter():
         "stare_verl.estimator",
         "StareTrainerSync",
         "StareTrainerColocateAsync",
+        True,
     ]
 
 
