@@ -46,6 +46,15 @@ async def _launch(server):
     return server
 
 
+async def _generate_in_background(server, prompt, params, request_id, steps):
+    """Start ``server.generate`` as a task; return it once the engine has run ``steps`` decoding steps (or the
+    task has ended early, which the caller's assertions then show)."""
+    task = asyncio.create_task(server.generate(prompt, params, request_id))
+    while server.engine.steps_run < steps and not task.done():
+        await asyncio.sleep(0.005)
+    return task
+
+
 GREEDY = {"temperature": 0, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 24, "ignore_eos": True}
 
 
@@ -76,9 +85,7 @@ def test_request_joins_running_batch(model_path):
     async def main():
         server = await _launch(make_server(model_path))
         long_params = dict(GREEDY, max_tokens=30)
-        long_task = asyncio.create_task(server.generate(PROMPTS[0], long_params, "long"))
-        while server.engine.steps_run < 3:
-            await asyncio.sleep(0.005)
+        long_task = await _generate_in_background(server, PROMPTS[0], long_params, "long", steps=3)
         short = await server.generate(PROMPTS[1], dict(GREEDY, max_tokens=2), "short")
         long_done_when_short_returned = long_task.done()
         long = await long_task
@@ -149,10 +156,7 @@ def test_topk_minus_one_and_topp_one_mean_no_truncation(model_path):
 def test_abort_returns_partial_tokens_and_resume(model_path):
     async def main():
         server = await _launch(make_server(model_path))
-        params = dict(GREEDY, max_tokens=400)
-        task = asyncio.create_task(server.generate(PROMPTS[0], params, "a"))
-        while server.engine.steps_run < 4:
-            await asyncio.sleep(0.005)
+        task = await _generate_in_background(server, PROMPTS[0], dict(GREEDY, max_tokens=400), "a", steps=4)
         await server.abort_all_requests()
         aborted = await task
         # a request arriving while paused waits for resume_generation
