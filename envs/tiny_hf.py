@@ -82,7 +82,7 @@ _MESSAGES = (
 
 
 def hermes_chat_template(tools_block: str) -> str:
-    """The ChatML / hermes-tool chat template (module docstring) with the tool list rendered by ``tools_block``.
+    """The ChatML / hermes-tool chat template (module docstring), the tool list rendered by ``tools_block``.
 
     Args:
         tools_block: a Jinja fragment run inside the tools system turn, after ``# Tools\\n<tools>``; it must

@@ -34,6 +34,7 @@ CODE_INTERPRETER_SCHEMA_JSON: dict[str, Any] = {
 
 
 def tool_call_text(code: str, name: str = TOOL_NAME) -> str:
-    """The hermes text of one well-formed tool call running ``code``, as the project's chat templates render
-    an assistant message's ``tool_calls``: ``<tool_call>{"name": ..., "arguments": {"code": ...}}</tool_call>``."""
+    """The hermes text of one well-formed tool call running ``code``, as the project's chat templates
+    render an assistant message's ``tool_calls``:
+    ``<tool_call>{"name": ..., "arguments": {"code": ...}}</tool_call>``."""
     return "<tool_call>" + json.dumps({"name": name, "arguments": {"code": code}}) + "</tool_call>"

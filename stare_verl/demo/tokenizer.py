@@ -2,8 +2,9 @@
 
 The calibration (``shared/specs/cpu-demo-calibration.md``) found that a ~384-token byte-level BPE trained on
 the demonstrations themselves, with digits pre-split one per token, lets a 0.84 M-parameter model learn to
-copy numbers; this module builds exactly that with the ``tokenizers`` library (``envs.tiny_hf``) and wraps it as a
-``transformers.PreTrainedTokenizerFast`` so verl's RLHFDataset and agent loop can use it like a Qwen tokenizer.
+copy numbers; this module builds exactly that with the ``tokenizers`` library (``envs.tiny_hf``) and wraps
+it as a ``transformers.PreTrainedTokenizerFast`` so verl's RLHFDataset and agent loop can use it like a Qwen
+tokenizer.
 
 Token inventory:
 
@@ -12,12 +13,13 @@ Token inventory:
   ``</tool_call>``, ``<tool_response>``, ``</tool_response>``, ``<think>``, ``</think>``;
 - 256 byte symbols plus BPE merges learnt from the corpus; every decimal digit is its own token.
 
-The chat template (:data:`CHAT_TEMPLATE`, ``envs.tiny_hf.hermes_chat_template``) has the shape of Qwen2.5's: ChatML turns; ``tools=`` opens a system
-turn listing the tools; an assistant message's ``tool_calls`` render as
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; consecutive ``tool`` messages render inside one
-user turn as ``\\n<tool_response>\\n...\\n</tool_response>``. Unlike Qwen2.5 the tool list shows only each
-tool's name (not its whole JSON schema) and tool calls carry no surrounding newlines: a tiny model pays for
-every prompt token, and it learns the interface from the demonstrations, not from a schema.
+The chat template (:data:`CHAT_TEMPLATE`, from ``envs.tiny_hf.hermes_chat_template``) has the shape of
+Qwen2.5's: ChatML turns; ``tools=`` opens a system turn listing the tools; an assistant message's
+``tool_calls`` render as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; consecutive ``tool``
+messages render inside one user turn as ``\\n<tool_response>\\n...\\n</tool_response>``. Unlike Qwen2.5
+the tool list shows only each tool's name (not its whole JSON schema) and tool calls carry no surrounding
+newlines: a tiny model pays for every prompt token, and it learns the interface from the demonstrations,
+not from a schema.
 verl's Continuous Token builder for ``model_type`` qwen2 renders tool observations with this template
 (checked in tests/test_demo_tokenizer.py).
 """
