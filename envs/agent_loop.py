@@ -196,6 +196,8 @@ def _parse_one(raw: str, tools: dict[str, OpenAIFunctionToolSchema | None]) -> P
                 'Write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'
             ),
         )
+    except RecursionError:  # e.g. thousands of nested brackets: json's decoder recurses per level
+        return ParsedCall(raw, error="Error: the tool call nests JSON too deeply; nothing was run.")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return ParsedCall(
             raw, error='Error: a tool call must be a JSON object with a "name"; nothing was run.'
@@ -208,7 +210,7 @@ def _parse_one(raw: str, tools: dict[str, OpenAIFunctionToolSchema | None]) -> P
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             pass
     if not isinstance(args, dict):
         return ParsedCall(

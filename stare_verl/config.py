@@ -31,7 +31,7 @@ class StareConfig(BaseModel):
         m_min: lower clip of M under the adaptive schedule, in (0, 1].
         norm_adv_by_std_in_grpo: divide the group-centred reward by the group std (GRPO) or not (Dr.GRPO).
             ``None`` means: use ``algorithm.norm_adv_by_std_in_grpo``.
-        epsilon: added to the group std.
+        epsilon: added to the group std (> 0: a group with equal rewards has std 0).
         scope: ``"batch"`` selects L+/L- once over all model tokens of the training batch (default);
             ``"chunk"`` selects within consecutive chunks of ``chunk_size`` sequences, reproducing the
             reference code's per-micro-batch selection for ablations.
@@ -50,7 +50,7 @@ class StareConfig(BaseModel):
     w_max: float = Field(1.5, ge=1.0)
     m_min: float = Field(0.5, gt=0.0, le=1.0)
     norm_adv_by_std_in_grpo: bool | None = None
-    epsilon: float = Field(1e-6, ge=0.0)
+    epsilon: float = Field(1e-6, gt=0.0)
     scope: Literal["batch", "chunk"] = "batch"
     chunk_size: int | None = Field(None, ge=1)
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage, register_adv_est
 
 from stare_verl.config import parse_stare_config
 from stare_verl.controller import StareController
@@ -79,6 +78,14 @@ class StareInputs(Mapping):
         if name == "algorithm":  # not yet set (e.g. during unpickling)
             raise AttributeError(name)
         return getattr(self.algorithm, name)
+
+
+# verl is imported only here, after the names stare_verl.trainer needs: importing verl runs our plugin, which
+# imports stare_verl.trainer, which imports those names, also when this module is the first one imported.
+from verl.trainer.ppo.core_algos import (  # noqa: E402
+    compute_grpo_vectorized_outcome_advantage,
+    register_adv_est,
+)
 
 
 @register_adv_est(ESTIMATOR_NAME)

@@ -75,5 +75,19 @@ def validate_recipe(cfg: DictConfig) -> StareConfig | None:
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {mt.tool_config_path}"
         )
     if cfg.algorithm.adv_estimator == "stare":
+        from stare_verl.estimator import STARE_TRAINER_MODES, StareInputsMissing
+
+        mode = cfg.trainer.v1.trainer_mode
+        if not cfg.trainer.use_v1 or mode not in STARE_TRAINER_MODES:
+            raise StareInputsMissing(
+                f"algorithm.adv_estimator=stare needs trainer.use_v1=true and trainer.v1.trainer_mode in "
+                f"{STARE_TRAINER_MODES} (got use_v1={cfg.trainer.use_v1}, trainer_mode={mode})"
+            )
+        rc = cfg.algorithm.get("rollout_correction") or {}
+        if rc.get("bypass_mode", False):
+            raise ValueError(
+                "algorithm.adv_estimator=stare needs the actor's entropy: "
+                "algorithm.rollout_correction.bypass_mode must be false"
+            )
         return parse_stare_config(cfg.algorithm)
     return None

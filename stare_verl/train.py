@@ -155,6 +155,34 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
         flush=True,
     )
 
+    if args.steps < 1:
+        print(f"error: --steps must be >= 1 (got {args.steps})", file=sys.stderr)
+        return 2
+    recipe = f"tooluse_tiny_{args.method}"
+    try:  # a bad override fails now, not after the SFT and the held-out evaluation
+        from stare_verl.recipes import compose_recipe, validate_recipe
+
+        placeholders = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x",
+                        "trainer.default_local_dir=x"]  # fmt: skip
+        validate_recipe(compose_recipe(recipe, placeholders + list(args.overrides), RECIPES_DIR / "cpu"))
+    except Exception as err:
+        print(
+            f"error: recipes/cpu/{recipe}.yaml with your overrides would fail at launch: {err}",
+            file=sys.stderr,
+        )
+        return 2
+    done = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    if (
+        done.exists()
+        and int(done.read_text().strip() or 0) >= args.steps
+        and (run_dir / "summary.json").exists()
+    ):
+        print(
+            f"[train-tooluse] {run_dir} already holds step {done.read_text().strip()} >= --steps {args.steps}: "
+            "nothing to train (raise --steps to continue it)",
+            flush=True,
+        )
+        return 0
     sft_kw: dict[str, Any] = {}
     if args.sft_threads:
         sft_kw["num_threads"] = args.sft_threads
@@ -199,7 +227,7 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
     ]
     cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
-        f"--config-path={RECIPES_DIR / 'cpu'}", f"--config-name=tooluse_tiny_{args.method}", *overrides,
+        f"--config-path={RECIPES_DIR / 'cpu'}", f"--config-name={recipe}", *overrides,
     ]  # fmt: skip
     part = run_dir / "logs" / f"verl_metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part)

@@ -144,3 +144,12 @@ def test_verl_parser_registration_hermes_think(tok):
     from verl.experimental.agent_loop.tool_parser import ToolParser
 
     assert isinstance(ToolParser.get_tool_parser("hermes_think", tok), HermesThinkToolParser)
+
+
+def test_deeply_nested_json_is_a_malformed_call_not_a_crash():
+    from envs.agent_loop import parse_tool_calls
+
+    _, calls = parse_tool_calls(
+        "<tool_call>" + "[" * 5000 + "]" * 5000 + "</tool_call>", {"code_interpreter": None}
+    )
+    assert len(calls) == 1 and calls[0].arguments is None and "too deeply" in calls[0].error

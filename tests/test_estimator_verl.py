@@ -57,6 +57,21 @@ def test_plugin_registers_in_fresh_interpreter():
     ]
 
 
+@pytest.mark.parametrize("first", ["stare_verl.estimator", "stare_verl.trainer", "stare_verl.stare"])
+def test_any_import_order_registers_everything(first):
+    code = (
+        f"import {first}\n"
+        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
+        "get_adv_estimator_fn('stare'); get_trainer_cls('stare_sync')\n"
+        "assert 'stare_tool_agent' in _agent_loop_registry\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
 @pytest.mark.parametrize(
     "stare", [{"reweight_w": 1.0, "reweight_m": 1.0, "variant": "C2"}, {"target_entropy": 0.0}]
 )
@@ -156,6 +171,7 @@ def test_controller_state_persists_across_calls():
         ({"variant": "O2"}, "variant"),
         ({"top_p_raito": 0.1}, "top_p_raito"),
         ({"scope": "chunk"}, "chunk_size"),
+        ({"epsilon": 0.0}, "epsilon"),
     ],
 )
 def test_bad_config_names_key(stare, key):

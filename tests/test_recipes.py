@@ -47,6 +47,12 @@ def test_a_broken_recipe_fails_validation(monkeypatch):
     cfg = compose_recipe("shortcot_qwen2.5-math-7b_stare", ["actor_rollout_ref.actor.loss_agg_mode=bogus"])
     with pytest.raises(Exception, match="loss_agg_mode"):
         validate_recipe(cfg)
+    for bad, key in (
+        ("trainer.v1.trainer_mode=sync", "trainer_mode"),
+        ("algorithm.rollout_correction.bypass_mode=true", "bypass_mode"),
+    ):
+        with pytest.raises(Exception, match=key):
+            validate_recipe(compose_recipe("shortcot_qwen2.5-math-7b_stare", [bad]))
     cfg = compose_recipe("shortcot_qwen2.5-math-7b_stare", ["+actor_rollout_ref.rollout.max_tokenz=8"])
     with pytest.raises(Exception, match="max_tokenz"):
         validate_recipe(cfg)
