@@ -49,7 +49,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,8 +89,6 @@ TOOL_CALL_END = "</tool_call>"
 THINK_START = "<think>"
 THINK_END = "</think>"
 
-_TOOL_BLOCK = re.compile(re.escape(TOOL_CALL_START) + r".*?" + re.escape(TOOL_CALL_END), re.DOTALL)
-_TOOL_UNCLOSED = re.compile(re.escape(TOOL_CALL_START) + r".*\Z", re.DOTALL)
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -128,8 +125,21 @@ def strip_thinking(text: str) -> str:
 
 
 def remove_tool_calls(text: str) -> str:
-    """Remove every ``<tool_call>...</tool_call>`` block and a trailing unclosed ``<tool_call>...``."""
-    return _TOOL_UNCLOSED.sub("", _TOOL_BLOCK.sub("", text))
+    """Remove every ``<tool_call>...</tool_call>`` block and a trailing unclosed ``<tool_call>...``.
+
+    A single left-to-right scan (linear even for thousands of unclosed tags, where a lazy regex is quadratic).
+    """
+    out, pos = [], 0
+    while True:
+        start = text.find(TOOL_CALL_START, pos)
+        if start == -1:
+            out.append(text[pos:])
+            return "".join(out)
+        out.append(text[pos:start])
+        end = text.find(TOOL_CALL_END, start + len(TOOL_CALL_START))
+        if end == -1:  # unclosed: drop the rest
+            return "".join(out)
+        pos = end + len(TOOL_CALL_END)
 
 
 @dataclass

@@ -153,3 +153,16 @@ def test_deeply_nested_json_is_a_malformed_call_not_a_crash():
         "<tool_call>" + "[" * 5000 + "]" * 5000 + "</tool_call>", {"code_interpreter": None}
     )
     assert len(calls) == 1 and calls[0].arguments is None and "too deeply" in calls[0].error
+
+
+def test_many_unclosed_tool_call_tags_parse_in_linear_time():
+    import time
+
+    from envs.agent_loop import parse_tool_calls, remove_tool_calls
+
+    assert remove_tool_calls("a<tool_call>x</tool_call>b<tool_call>y</tool_call>c<tool_call>z") == "abc"
+    assert remove_tool_calls("no calls") == "no calls"
+    t0 = time.perf_counter()
+    content, calls = parse_tool_calls("<tool_call>" * 50_000, {"code_interpreter": None})
+    assert time.perf_counter() - t0 < 5.0  # the lazy regex took ~44 s at 20,000 tags
+    assert content == "" and len(calls) == 1 and "not closed" in calls[0].error
