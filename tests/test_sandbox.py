@@ -95,6 +95,12 @@ def test_prints_and_exit_status(kind):
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
+def test_lone_surrogate_in_code_is_a_syntax_error_not_a_crash(kind):
+    r = run(sandbox(kind), 'print("\ud800")')  # what json.loads gives for a model's "\\ud800"
+    assert r.exit_code == 1 and "SyntaxError" in r.stderr and r.sandbox_error is None
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
 def test_sixteen_busy_loops_all_stop_at_the_deadline(kind):
     sb = sandbox(kind, timeout_s=2.0, cpu_s=30)
 

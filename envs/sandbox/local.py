@@ -38,6 +38,16 @@ _FLOOD_FACTOR = 64
 _FLOOD_MIN = 4 << 20
 
 
+
+def _code_bytes(code: str) -> bytes:
+    """UTF-8 bytes of model-written code. Lone surrogates (e.g. a JSON ``"\\ud800"`` escape) cannot be UTF-8:
+    they are passed through as their 3-byte forms, so Python in the sandbox reports a SyntaxError instead of
+    the runner raising."""
+    try:
+        return code.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return code.encode("utf-8", "surrogatepass")
+
 class SandboxUnavailable(RuntimeError):
     """The requested backend cannot run on this machine (or is refused by the configuration)."""
 
@@ -202,7 +212,7 @@ class LocalSandbox:
         start-up and teardown (tens of milliseconds), after waiting for a free slot.
         """
         limits = limits or self.config.limits
-        src = code.encode("utf-8", "surrogateescape")
+        src = _code_bytes(code)
         if len(src) > limits.max_code_bytes:
             return ExecResult(backend=self.name, exit_code=None,
                               sandbox_error=f"code is {len(src)} bytes, above max_code_bytes={limits.max_code_bytes}")
@@ -382,7 +392,7 @@ class PythonSession:
         """Run ``code`` with the session's globals; see the class docstring."""
         limits = limits or self.limits
         name = f"{self.sandbox.name}-session"
-        if len(code.encode("utf-8", "surrogateescape")) > limits.max_code_bytes:
+        if len(_code_bytes(code)) > limits.max_code_bytes:
             return ExecResult(backend=name, sandbox_error="code is above max_code_bytes")
         async with self._lock:
             self.last_used = time.monotonic()
