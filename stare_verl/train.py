@@ -127,8 +127,11 @@ def _evaluate(path: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
 
     from stare_verl.demo.evaluate import evaluate_checkpoint
 
-    with contextlib.redirect_stdout(sys.stderr if os.environ.get("STARE_VERBOSE") else open(os.devnull, "w")):
-        # verl's BaseTool prints every tool schema it builds
+    # verl's BaseTool prints every tool schema it builds
+    with (
+        open(os.devnull, "w") as devnull,
+        contextlib.redirect_stdout(sys.stderr if os.environ.get("STARE_VERBOSE") else devnull),
+    ):
         reports = evaluate_checkpoint(
             path, n=n, data_seed=sft_cfg.data_seed, n_heldout=sft_cfg.n_heldout, max_assistant_turns=max_turns
         )
