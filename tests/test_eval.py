@@ -402,3 +402,24 @@ def test_sft_checkpoint_gets_its_heldout_set(tmp_path):
     assert [p.ground_truth for p in probs] == [e.answer for e in expected]
     assert all(p.tool_use and p.prompt == [{"role": "user", "content": e.question}]
                for p, e in zip(probs, expected, strict=True))
+
+
+def test_run_data_is_taken_from_the_checkpoints_run_folder_only(tmp_path):
+    from stare_verl.evaluation.local import LocalCheckpointError, find_run_data
+
+    # an unrelated sibling run's val.parquet and a data folder above the run must never be picked
+    (tmp_path / "other" / "data").mkdir(parents=True)
+    (tmp_path / "other" / "data" / "val.parquet").write_bytes(b"x")
+    (tmp_path / "val.parquet").write_bytes(b"x")
+    ck = tmp_path / "run" / "checkpoints" / "global_step_3" / "actor" / "huggingface"
+    ck.mkdir(parents=True)
+    with pytest.raises(LocalCheckpointError, match="give --data"):
+        find_run_data(ck)
+    (tmp_path / "run" / "data").mkdir()
+    (tmp_path / "run" / "data" / "val.parquet").write_bytes(b"x")
+    assert find_run_data(ck) == (tmp_path / "run" / "data" / "val.parquet").resolve()
+    # a model folder outside any run: no guessing
+    lone = tmp_path / "models" / "m"
+    lone.mkdir(parents=True)
+    with pytest.raises(LocalCheckpointError):
+        find_run_data(lone)

@@ -84,20 +84,21 @@ def find_latest_checkpoint(runs_dir: str | Path = "runs") -> Path:
 
 
 def find_run_data(checkpoint: str | Path) -> Path:
-    """The ``val.parquet`` of the run a checkpoint belongs to (``runs/<run>/**/val.parquet``).
+    """The ``val.parquet`` of the run a checkpoint belongs to: ``<run>/val.parquet`` or ``<run>/*/val.parquet``
+    where ``<run>/checkpoints/`` holds the checkpoint (as ``make train-*`` writes run folders).
 
     Raises:
-        LocalCheckpointError: the checkpoint is not inside a run folder with a ``val.parquet``.
+        LocalCheckpointError: the checkpoint is not under a ``checkpoints/`` folder of a run with a
+            ``val.parquet``.
     """
     ck = Path(checkpoint).resolve()
-    for parent in ck.parents:
-        if parent.name in ("checkpoints",) or parent.name.startswith("global_step_"):
-            continue
-        hits = sorted(parent.glob("val.parquet")) + sorted(parent.glob("*/val.parquet"))
+    # The run folder is the one that holds the checkpoint's ``checkpoints/`` folder; nothing above it is searched
+    # (a parent directory's unrelated ``*/val.parquet`` must never be picked).
+    run = next((p.parent for p in (ck, *ck.parents) if p.name == "checkpoints"), None)
+    if run is not None:
+        hits = sorted(run.glob("val.parquet")) + sorted(run.glob("*/val.parquet"))
         if hits:
             return hits[0]
-        if (parent / "checkpoints").is_dir():  # the run folder itself: stop here
-            break
     raise LocalCheckpointError(f"no val.parquet found for checkpoint {checkpoint}; give --data FILE.parquet")
 
 
