@@ -281,6 +281,15 @@ def test_clear_errors_for_bad_input(tmp_path, capsys):
 
     with pytest.raises(ServerUnreachable, match=f"cannot reach the server at http://127.0.0.1:{port}/v1"):
         asyncio.run(check(f"http://127.0.0.1:{port}", "m"))
+
+    async def probe_default_retries():  # default max_retries=5: a refused first contact is tried twice only
+        cfg = ClientConfig(url=f"http://127.0.0.1:{port}", model="m", backoff_s=0.01)
+        async with ChatClient(cfg) as c:
+            with pytest.raises(ServerUnreachable, match=r"2 attempt\(s\)"):
+                await c.check_model()
+            return c.requests
+
+    assert asyncio.run(probe_default_retries()) == 2
     with ScriptedServer(_known_reply, models=("scripted", "other")) as srv:
         with pytest.raises(ModelNotServed, match=r"does not serve model 'qwen'.*\['scripted', 'other'\]"):
             asyncio.run(check(srv.url, "qwen"))

@@ -188,8 +188,12 @@ class ChatClient:
         base = min(self.config.backoff_max_s, self.config.backoff_s * (2**attempt))
         return base * random.uniform(0.75, 1.25)
 
-    async def _request(self, method: str, path: str, json: dict | None = None) -> Any:
+    async def _request(self, method: str, path: str, json: dict | None = None, probe: bool = False) -> Any:
         """One API call with retries; returns the decoded JSON body.
+
+        ``probe``: the first contact with the server. A refused connection (or DNS failure) is then retried
+        once only, after ``backoff_s``, instead of ``max_retries`` times: nothing listens there, and the user
+        should hear so in seconds, not after the whole backoff schedule. Timeouts and 5xx still retry.
 
         Raises:
             ServerUnreachable: connection errors on every attempt.
@@ -198,7 +202,11 @@ class ChatClient:
         url = self.config.url + path
         last = ""
         unreachable = True
+        tries = self.config.max_retries + 1
         for attempt in range(self.config.max_retries + 1):
+            if attempt and probe and unreachable and attempt >= 2:
+                tries = attempt
+                break
             if attempt:
                 self.retries += 1
                 await asyncio.sleep(self._delay(attempt - 1))
@@ -227,7 +235,6 @@ class ChatClient:
                 return resp.json()
             except ValueError as err:
                 raise RequestFailed(f"{method} {url}: the answer is not JSON: {resp.text[:300]!r}") from err
-        tries = self.config.max_retries + 1
         if unreachable:
             raise ServerUnreachable(
                 f"cannot reach the server at {self.config.url} ({last}; {tries} attempt(s)). Is it running, and "
@@ -235,13 +242,13 @@ class ChatClient:
             )
         raise RequestFailed(f"{method} {url} failed after {tries} attempt(s): {last}")
 
-    async def served_models(self) -> list[str]:
-        """The model ids of ``GET /v1/models``.
+    async def served_models(self, probe: bool = False) -> list[str]:
+        """The model ids of ``GET /v1/models`` (``probe``: see :meth:`_request`).
 
         Raises:
             ServerUnreachable, RequestFailed: see :meth:`_request`.
         """
-        body = await self._request("GET", "/models")
+        body = await self._request("GET", "/models", probe=probe)
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
             raise RequestFailed(f"GET {self.config.url}/models: unexpected answer {str(body)[:300]}")
@@ -258,7 +265,7 @@ class ChatClient:
                 serves several (or none).
         """
         try:
-            served = await self.served_models()
+            served = await self.served_models(probe=True)
         except RequestFailed as err:
             if self.model and "HTTP 404" in str(err):  # a server without /v1/models: trust the name
                 logger.warning("%s has no /v1/models; using model %r unchecked", self.config.url, self.model)
