@@ -117,6 +117,8 @@ def compute_stare_advantage(
 
     Returns:
         ``(advantages, returns)``, both the same ``[B, T]`` float tensor, exactly 0 where the mask is 0.
+        A response whose outcome reward is NaN/inf gets advantage 0 and stays out of its group's mean/std
+        (counted in ``stare/nonfinite_rewards``); with finite rewards the base is verl's GRPO exactly.
 
     Raises:
         StareInputsMissing: ``old_log_probs``/``entropys`` not given (a trainer mode other than ``stare_*``).
@@ -140,14 +142,35 @@ def compute_stare_advantage(
     if controller is None:
         controller = StareController(parse_stare_config(config))
     cfg = controller.config
-    advantages, _ = compute_grpo_vectorized_outcome_advantage(
-        token_level_rewards=token_level_rewards,
-        response_mask=response_mask,
-        index=index,
-        epsilon=cfg.epsilon,
-        norm_adv_by_std_in_grpo=bool(cfg.norm_adv_by_std_in_grpo),
-    )
+    advantages, n_bad = _group_advantage(token_level_rewards, response_mask, index, cfg)
     advantages, step_metrics = stare_reweight(advantages, response_mask, old_log_probs, entropys, controller)
+    step_metrics["stare/nonfinite_rewards"] = float(n_bad)
     if metrics is not None:
         metrics.update(step_metrics)
     return advantages, advantages
+
+
+def _group_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, cfg: Any
+) -> tuple[torch.Tensor, int]:
+    """verl's GRPO advantage (``grpo_vectorized``), ``[B, T]`` float, and the number of responses whose outcome
+    reward (row sum) is NaN or +-inf.
+
+    With every reward finite this is verl's function unchanged. A non-finite reward (a broken reward function)
+    would make its whole group's mean and std NaN and the loss NaN; instead such responses get advantage 0 and
+    are left out of their group's statistics, which the finite responses of the group keep.
+    """
+    scores = token_level_rewards.sum(dim=-1)
+    bad = ~torch.isfinite(scores)
+    n_bad = int(bad.sum())
+    kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": bool(cfg.norm_adv_by_std_in_grpo)}
+    if n_bad == 0:
+        adv, _ = compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, **kw)
+        return adv, 0
+    adv = torch.zeros_like(token_level_rewards)
+    keep = (~bad).nonzero(as_tuple=True)[0]
+    if keep.numel():
+        idx = np.asarray(index)[keep.cpu().numpy()]
+        sub, _ = compute_grpo_vectorized_outcome_advantage(token_level_rewards[keep], response_mask[keep], idx, **kw)
+        adv[keep] = sub.to(adv.dtype)
+    return adv, n_bad

@@ -42,7 +42,8 @@ def stare_reweight(
     Returns:
         ``(advantages_eff, metrics)``: ``[B, T]`` tensor ``omega * advantages`` (exactly 0 where the mask is 0),
         and ``stare/*`` metrics (floats): gate_on, batch_entropy, target_entropy, w, m, frac_l_plus,
-        frac_l_minus, mean_weight, surprisal_threshold_plus/minus (nats; -1 when the set is empty),
+        frac_l_minus (share of model tokens reweighted: 0 with the gate off, when L+/L- are not selected),
+        mean_weight, surprisal_threshold_plus/minus (nats; -1 when the set is empty or the gate is off),
         model_tokens, nonfinite_tokens.
 
     Model tokens whose log-prob or entropy is NaN/inf are left out of the gate and the selection (their
@@ -63,15 +64,15 @@ def stare_reweight(
     chunk = cfg.chunk_size if cfg.scope == "chunk" else None
     # outcome advantages are constant along a row and 0 off the mask: the row sum has the row's sign
     row_adv = adv_np.sum(axis=1)
-    l_plus = select_token_set(row_adv, lp_np, masks.valid, cfg.top_p_ratio, +1, chunk)
-    l_minus = None
-    if cfg.variant == "C2":
-        l_minus = select_token_set(row_adv, lp_np, masks.valid, cfg.top_p_ratio, -1, chunk)
-    n_minus = l_minus.count if l_minus is not None else 0
-
     w_eff, m_eff = 1.0, 1.0
     out = advantages
-    if decision.gate_on:
+    l_plus, l_minus, n_plus, n_minus = None, None, 0, 0
+    if decision.gate_on:  # with the gate off nothing is reweighted, so nothing is selected
+        l_plus = select_token_set(row_adv, lp_np, masks.valid, cfg.top_p_ratio, +1, chunk)
+        n_plus = l_plus.count
+        if cfg.variant == "C2":
+            l_minus = select_token_set(row_adv, lp_np, masks.valid, cfg.top_p_ratio, -1, chunk)
+            n_minus = l_minus.count
         w_eff = decision.w
         sets = [(l_plus, w_eff)]
         if l_minus is not None:
@@ -85,14 +86,17 @@ def stare_reweight(
         "stare/target_entropy": cfg.target_entropy,
         "stare/w": decision.w,
         "stare/m": decision.m,
-        "stare/frac_l_plus": l_plus.count / n,
+        "stare/frac_l_plus": n_plus / n,
         "stare/frac_l_minus": n_minus / n,
-        "stare/mean_weight": 1.0 + ((w_eff - 1.0) * l_plus.count + (m_eff - 1.0) * n_minus) / n,
-        "stare/surprisal_threshold_plus": l_plus.threshold if l_plus.threshold is not None else -1.0,
-        "stare/surprisal_threshold_minus": (
-            l_minus.threshold if l_minus is not None and l_minus.threshold is not None else -1.0
-        ),
+        "stare/mean_weight": 1.0 + ((w_eff - 1.0) * n_plus + (m_eff - 1.0) * n_minus) / n,
+        "stare/surprisal_threshold_plus": _threshold(l_plus),
+        "stare/surprisal_threshold_minus": _threshold(l_minus),
         "stare/model_tokens": float(masks.n_model),
         "stare/nonfinite_tokens": float(masks.n_nonfinite),
     }
     return out, metrics
+
+
+def _threshold(selected) -> float:
+    """Smallest surprisal (nats) in a selected set; -1 when nothing was selected (gate off or empty set)."""
+    return float(selected.threshold) if selected is not None and selected.threshold is not None else -1.0

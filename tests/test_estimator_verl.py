@@ -192,3 +192,31 @@ def test_config_defaults_and_fallback():
     )
     assert (cfg.adaptive, cfg.alpha, cfg.w_max, cfg.m_min, cfg.scope) == (False, 0.01, 1.5, 0.5, "batch")
     assert cfg.norm_adv_by_std_in_grpo is False
+
+
+def test_nonfinite_rewards_get_zero_advantage_and_leave_their_group_stats():
+    rewards, mask, uid, logp, ent = _data(b=16, group=4, seed=3)
+    lengths = mask.sum(-1).long()
+    rows = torch.arange(16)
+    rewards[rows, lengths - 1] = torch.tensor([1.0, 0.0, 1.0, 0.0] * 4)
+    bad_rewards = rewards.clone()
+    bad_rewards[1, lengths[1] - 1] = float("nan")
+    bad_rewards[6, 0] = float("inf")
+    bad_rewards[8:12, 0] = float("nan")  # a whole group broken
+    metrics = {}
+    adv, _ = compute_stare_advantage(
+        bad_rewards, mask, uid, _algo(reweight_w=1.0, reweight_m=1.0), old_log_probs=logp, entropys=ent,
+        metrics=metrics,
+    )
+    assert torch.isfinite(adv).all() and metrics["stare/nonfinite_rewards"] == 6.0
+    assert (adv[[1, 6, 8, 9, 10, 11]] == 0).all()
+    # the finite responses of a group with a broken one: GRPO over the finite ones only
+    keep = [0, 2, 3]
+    ref, _ = compute_grpo_vectorized_outcome_advantage(rewards[keep], mask[keep], uid[keep])
+    torch.testing.assert_close(adv[keep], ref)
+    # untouched groups: exactly what they get without the broken rows
+    full, _ = compute_grpo_vectorized_outcome_advantage(rewards, mask, uid)
+    torch.testing.assert_close(adv[12:], full[12:])
+    metrics = {}
+    compute_stare_advantage(rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent, metrics=metrics)
+    assert metrics["stare/nonfinite_rewards"] == 0.0

@@ -70,9 +70,15 @@ def test_case2_c2_gate_only_below_target():
             assert {i for i, w in enumerate(omega.tolist()) if w < 1} == minus
             assert omega[sorted(minus)].tolist() == pytest.approx([0.9] * len(minus))
             assert met["stare/frac_l_minus"] == pytest.approx(len(minus) / 100)
+            assert met["stare/frac_l_plus"] == pytest.approx(len(plus) / 100)
+            s_plus = [-float(logp.flatten()[i]) for i in plus]
+            assert met["stare/surprisal_threshold_plus"] == pytest.approx(min(s_plus))
         else:
             assert torch.equal(out, adv)  # nothing amplified or damped at or above target
             assert met["stare/mean_weight"] == 1.0
+            # the metrics report what was applied: no set selected with the gate off
+            assert met["stare/frac_l_plus"] == met["stare/frac_l_minus"] == 0.0
+            assert met["stare/surprisal_threshold_plus"] == met["stare/surprisal_threshold_minus"] == -1.0
 
 
 def test_case3_padding_never_selected():
