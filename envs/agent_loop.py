@@ -103,25 +103,32 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 
 
 def strip_thinking(text: str) -> str:
-    """Remove reasoning spans: every ``<think>...</think>``; text before a ``</think>`` that has no opening
-    tag (templates that open the think block in the prompt); everything after an unclosed ``<think>``."""
-    out = []
-    pos = 0
-    first_end = text.find(THINK_END)
-    first_start = text.find(THINK_START)
-    if first_end != -1 and (first_start == -1 or first_end < first_start):
-        pos = first_end + len(THINK_END)
+    """Remove reasoning spans: every ``<think>...</think>`` (nested blocks count their depth, so an inner
+    ``</think>`` does not end the outer block); text before a ``</think>`` that closes no opened block
+    (templates that open the think block in the prompt); everything after an unclosed ``<think>``.
+
+    One left-to-right scan over the tags (linear in ``len(text)``).
+    """
+    out: list[str] = []
+    depth, pos = 0, 0
     while True:
         start = text.find(THINK_START, pos)
-        if start == -1:
-            out.append(text[pos:])
-            break
-        out.append(text[pos:start])
-        end = text.find(THINK_END, start + len(THINK_START))
-        if end == -1:
-            break
+        end = text.find(THINK_END, pos)
+        if start == -1 and end == -1:
+            if depth == 0:
+                out.append(text[pos:])
+            return "".join(out)
+        if end == -1 or (start != -1 and start < end):  # an opening tag comes first
+            if depth == 0:
+                out.append(text[pos:start])
+            depth += 1
+            pos = start + len(THINK_START)
+            continue
+        if depth == 0:  # a closing tag with no block open: all so far was reasoning opened by the prompt
+            out.clear()
+        else:
+            depth -= 1
         pos = end + len(THINK_END)
-    return "".join(out)
 
 
 def remove_tool_calls(text: str) -> str:

@@ -60,6 +60,21 @@ def test_think_opened_in_prompt_and_unclosed_think():
     assert strip_thinking("a<think>b</think>c<think>d</think>e") == "ace"
 
 
+def test_nested_think_blocks_hide_their_whole_span():
+    inner = tool_call_text("print(1)")
+    # the inner </think> does not end the outer block: no stray tag, no call from inside the outer block
+    assert strip_thinking("a<think>x<think>y</think>z</think>b") == "ab"
+    content, calls = parse_tool_calls(f"<think>p<think>q</think>{inner}</think>done {tool_call_text('print(2)')}", TOOLS)
+    assert [c.arguments["code"] for c in calls] == ["print(2)"] and content == "done"
+    # prompt-opened block with a nested one inside; an unclosed nested block hides the rest
+    assert strip_thinking("r<think>s</think>t</think>u") == "u"
+    assert strip_thinking("a<think>b<think>c</think>d") == "a"
+    assert strip_thinking("a</think>b</think>c") == "c"  # every unmatched close ends prompt-opened reasoning
+    assert strip_thinking("plain") == "plain" and strip_thinking("") == ""
+    long = "<think>" * 20000 + "x" + "</think>" * 20000 + "end"
+    assert strip_thinking(long) == "end"
+
+
 def test_missing_brace_is_an_error_observation():
     text = '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(1)"}</tool_call>'
     _, calls = parse_tool_calls(text, TOOLS)
