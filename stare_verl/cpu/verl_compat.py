@@ -7,7 +7,8 @@ verl 0.9.1 has no CPU path for its V1 trainer. The CPU backend needs:
    ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` (in-worker adapter) and the public
    ``RolloutReplicaRegistry`` (server replica);
 3. three patches of verl internals that assume an accelerator:
-   - ``verl.utils.distributed.initialize_global_process_group_ray`` builds the backend string
+   - ``verl.utils.distributed.initialize_global_process_group_ray`` (Ray workers) and
+     ``initialize_global_process_group`` (torchrun: ``verl.trainer.sft_trainer``) build the backend string
      ``"cpu:gloo,cpu:gloo"`` (invalid) when the device is ``cpu``: plain ``"gloo"`` is used instead;
    - the FSDP engines are registered only for the ``cuda``/``npu`` device keys of
      ``verl.workers.engine.EngineRegistry``: they are registered for ``cpu`` as well;
@@ -199,6 +200,30 @@ def _patch_process_group(module) -> None:
         mod = sys.modules.get(mod_name)
         if mod is not None and getattr(mod, "initialize_global_process_group_ray", None) is original:
             mod.initialize_global_process_group_ray = initialize_global_process_group_ray
+    _patch_torchrun_process_group(module)
+
+
+def _patch_torchrun_process_group(module) -> None:
+    """The torchrun initialiser (``verl.trainer.sft_trainer.run_sft``) builds the same invalid backend string
+    and then calls ``set_device(local_rank)`` on the platform's device module (a no-op on ``cpu``)."""
+    original = module.initialize_global_process_group
+    if getattr(original, "_stare_cpu_patched", False):
+        return
+
+    def initialize_global_process_group(timeout_second=36000):
+        import datetime
+
+        import torch.distributed
+
+        torch.distributed.init_process_group(
+            backend="gloo",
+            timeout=datetime.timedelta(seconds=timeout_second),
+            init_method=os.environ.get("DIST_INIT_METHOD", None),
+        )
+        return int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+    initialize_global_process_group._stare_cpu_patched = True
+    module.initialize_global_process_group = initialize_global_process_group
 
 
 def _patch_engine_registry(module) -> None:

@@ -1,0 +1,430 @@
+"""Cold-start SFT of the tool-use model with verl's own SFT trainer (``make sft-tooluse``).
+
+Two subcommands::
+
+    python -m stare_verl.sft data [--out data/sft] [--demos 512] [--retool] [--retool-file F] [--n-val 64]
+        writes tooluse_train.parquet / tooluse_val.parquet (``envs.tool_use_sft`` rows: messages + tools) from
+        programmatic demonstrations (real sandbox output, ``stare_verl.demo.demos``) and, with --retool, the
+        public ReTool-SFT set (Hugging Face, or a local copy with --retool-file); rejected rows are counted.
+
+    python -m stare_verl.sft train [--nproc N] [--model PATH] [--recipe NAME] [--dry-run] [key=value ...]
+        with a GPU: composes ``recipes/sft/<recipe>.yaml`` (default ``tooluse_qwen2.5-7b``) with the
+        overrides, validates it up front with verl's config dataclasses, then runs
+        ``torchrun --standalone --nproc_per_node=N -m verl.trainer.sft_trainer --config-path recipes/sft
+        --config-name <recipe> <overrides>`` and links the last HF checkpoint where the RL recipe's
+        ``actor_rollout_ref.model.path`` looks (``checkpoints/sft/qwen2.5-7b-tooluse``).
+        Without a GPU: the CPU default SFT of the tiny model (``python -m stare_verl.demo.sft``; the other
+        ``--options`` are passed to it), or with ``--cpu-verl`` verl's SFT trainer itself on the project's
+        CPU platform (``stare_verl.cpu``, ``VERL_PLATFORM=cpu``; recipe ``tooluse_tiny_cpu``).
+
+Arguments of the form ``key=value`` (``+key=value``, ``~key``) are Hydra overrides for verl's trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from stare_verl.recipes import RECIPES_DIR
+
+__all__ = [
+    "DEFAULT_LINK",
+    "DEFAULT_RECIPE",
+    "SFT_RECIPES_DIR",
+    "build_sft_data",
+    "compose_sft",
+    "cpu_verl_env",
+    "has_gpu",
+    "latest_hf_checkpoint",
+    "link_checkpoint",
+    "main",
+    "torchrun_command",
+    "validate_sft",
+]
+
+SFT_RECIPES_DIR = RECIPES_DIR / "sft"
+DEFAULT_RECIPE = "tooluse_qwen2.5-7b"
+# Where recipes/base/tooluse_qwen2.5-7b-sft.yaml's actor_rollout_ref.model.path looks by default.
+DEFAULT_LINK = "checkpoints/sft/qwen2.5-7b-tooluse"
+_OVERRIDE = re.compile(r"^(~|\+\+?)?[A-Za-z_][\w.@/\-\[\]]*(=|$)")
+_TRACKER = "latest_checkpointed_iteration.txt"
+
+
+# ------------------------------------------------------------------------------------------- config
+
+
+def compose_sft(recipe: str = DEFAULT_RECIPE, overrides: list[str] | None = None, resolve: bool = True) -> DictConfig:
+    """Compose ``recipes/sft/<recipe>.yaml`` on verl's ``sft_trainer_engine`` config, as the trainer would.
+
+    Raises:
+        hydra.errors.MissingConfigException: no such recipe; hydra.errors.ConfigCompositionException: a bad
+            override; omegaconf errors: a mandatory value (``???``) left unset when ``resolve``.
+    """
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(SFT_RECIPES_DIR.resolve()), version_base=None):
+        cfg = compose(config_name=recipe, overrides=list(overrides or []))
+    if resolve:
+        OmegaConf.resolve(cfg)
+        missing = sorted(k for k in _walk_missing(cfg))
+        if missing:
+            raise ValueError(f"set these on the command line: {', '.join(m + '=...' for m in missing)}")
+    return cfg
+
+
+def _walk_missing(cfg: Any, prefix: str = ""):
+    if isinstance(cfg, DictConfig):
+        for k in cfg:
+            key = f"{prefix}{k}"
+            if OmegaConf.is_missing(cfg, k):
+                yield key
+            else:
+                yield from _walk_missing(cfg[k], key + ".")
+
+
+def validate_sft(cfg: DictConfig, nproc: int, check_model: bool = False, check_files: bool = True) -> None:
+    """Validate a composed SFT config before launch: what verl's trainer builds first, plus the invariants
+    that otherwise fail only after the model is loaded on every rank.
+
+    Checks the ``engine``, ``optim``, ``checkpoint`` and ``profiler`` sections with verl's config
+    dataclasses (``omega_conf_to_dataclass``: unknown keys and bad values raise); ``model`` too with
+    ``check_model`` (``HFModelConfig`` loads the model's config and tokenizer, so the path must be
+    reachable); that ``nproc`` ranks split into data-parallel groups of the Ulysses size and the global
+    batch into them; that dynamic batching can hold one ``max_length`` sequence; that the checkpoint
+    includes ``hf_model`` (RL loads that folder); and, with ``check_files``, that local data files exist.
+
+    Raises:
+        ValueError / FileNotFoundError: the first problem found; whatever verl's dataclasses raise.
+    """
+    from verl.utils.config import omega_conf_to_dataclass
+
+    for section in ("engine", "optim", "checkpoint", "profiler"):
+        omega_conf_to_dataclass(cfg[section])
+    if check_model:
+        omega_conf_to_dataclass(cfg.model)
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    sp = int(cfg.engine.get("ulysses_sequence_parallel_size", 1) or 1)
+    if nproc % sp:
+        raise ValueError(f"engine.ulysses_sequence_parallel_size={sp} must divide the {nproc} ranks")
+    dp = nproc // sp
+    if cfg.data.train_batch_size % dp:
+        raise ValueError(f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of the {dp} "
+                         f"data-parallel ranks ({nproc} ranks / Ulysses {sp})")
+    if cfg.data.use_dynamic_bsz and cfg.data.max_token_len_per_gpu < cfg.data.max_length // sp:
+        raise ValueError(f"data.max_token_len_per_gpu={cfg.data.max_token_len_per_gpu} cannot hold one "
+                         f"data.max_length={cfg.data.max_length} sequence split over Ulysses {sp}")
+    if cfg.data.pad_mode not in ("right", "no_padding") or cfg.data.truncation not in ("error", "left", "right"):
+        raise ValueError(f"data.pad_mode={cfg.data.pad_mode} / data.truncation={cfg.data.truncation} unsupported")
+    if "hf_model" not in cfg.checkpoint.save_contents:
+        raise ValueError("checkpoint.save_contents must include hf_model: the RL recipe loads that folder")
+    if check_files:
+        files = list(_as_list(cfg.data.train_files)) + list(_as_list(cfg.data.val_files))
+        for f in files:
+            if "://" not in str(f) and not Path(os.path.expanduser(str(f))).is_file():
+                raise FileNotFoundError(
+                    f"SFT data file {f} not found: build it with `python -m stare_verl.sft data --retool` "
+                    "(or pass data.train_files=... data.val_files=...)"
+                )
+
+
+def _as_list(v: Any) -> list:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    return list(v)
+
+
+# ------------------------------------------------------------------------------------------- launch
+
+
+def has_gpu() -> int:
+    """Number of CUDA devices torch sees (0 without a GPU or with a CPU-only torch)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken CUDA setup counts as no GPU
+        return 0
+
+
+def torchrun_command(recipe: str, overrides: list[str], nproc: int) -> list[str]:
+    """The torchrun command line that runs verl's SFT trainer on recipe ``recipe`` (one node)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc_per_node={nproc}",
+        "-m", "verl.trainer.sft_trainer",
+        f"--config-path={SFT_RECIPES_DIR.resolve()}", f"--config-name={recipe}", *overrides,
+    ]
+
+
+def cpu_verl_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for verl's SFT trainer on the CPU platform: ``stare_verl.procs.cpu_env`` (``VERL_PLATFORM=cpu``,
+    offline Hugging Face) plus one torch thread per rank unless ``OMP_NUM_THREADS`` is set."""
+    from stare_verl.procs import cpu_env
+
+    env = cpu_env(extra)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def latest_hf_checkpoint(default_local_dir: str | os.PathLike) -> Path | None:
+    """``<dir>/global_step_<N>/huggingface`` of the latest checkpoint verl recorded, or None."""
+    root = Path(default_local_dir)
+    try:
+        step = int((root / _TRACKER).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    hf = root / f"global_step_{step}" / "huggingface"
+    return hf if (hf / "config.json").is_file() else None
+
+
+def link_checkpoint(hf_dir: str | os.PathLike, link: str | os.PathLike) -> Path:
+    """Point ``link`` (a symlink, relative when possible) at ``hf_dir``; an existing symlink is replaced.
+
+    Raises:
+        FileExistsError: ``link`` exists and is not a symlink (never overwritten).
+    """
+    link, target = Path(link), Path(hf_dir).resolve()
+    if link.exists() and not link.is_symlink():
+        raise FileExistsError(f"{link} exists and is not a symlink; not replacing it (point RL at {target})")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(target, link.parent.resolve())
+    tmp = link.with_name(f".{link.name}.tmp{os.getpid()}")
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(rel, target_is_directory=True)
+    os.replace(tmp, link)
+    return link
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` in its own process group; on Ctrl-C or exit, end that group (torchrun and its ranks)."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        return proc.wait()
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        raise
+
+
+def _last_loss(metrics: Path) -> tuple[int, float] | None:
+    import json
+
+    last = None
+    try:
+        for line in metrics.read_text().splitlines():
+            rec = json.loads(line)
+            if "train/loss" in rec.get("data", {}):
+                last = (int(rec["step"]), float(rec["data"]["train/loss"]))
+    except (OSError, ValueError):
+        return None
+    return last
+
+
+def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str]) -> int:
+    gpus = has_gpu()
+    use_gpu = args.device == "gpu" or (args.device == "auto" and gpus > 0)
+    if args.device == "gpu" and gpus == 0:
+        print("error: --device gpu but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    if not use_gpu and not args.cpu_verl:
+        if overrides:
+            print(f"error: no GPU: the CPU default SFT (python -m stare_verl.demo.sft) takes --options, not "
+                  f"Hydra overrides ({' '.join(overrides)}); use --cpu-verl to run verl's trainer on CPU",
+                  file=sys.stderr)
+            return 2
+        print("no GPU: running the CPU default SFT of the tiny model (python -m stare_verl.demo.sft)", flush=True)
+        from stare_verl.demo.sft import main as cpu_sft_main
+
+        return int(cpu_sft_main(passthrough) or 0)
+    if passthrough:
+        print(f"error: unknown options for verl's SFT trainer: {' '.join(passthrough)}", file=sys.stderr)
+        return 2
+    recipe = args.recipe or (DEFAULT_RECIPE if use_gpu else "tooluse_tiny_cpu")
+    nproc = args.nproc or (gpus if use_gpu else 1)
+    if args.model:
+        overrides = [f"model.path={args.model}", *overrides]
+    env = dict(os.environ) if use_gpu else cpu_verl_env()
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        cfg = compose_sft(recipe, overrides)
+        validate_sft(cfg, nproc, check_model=not args.skip_model_check)
+    except Exception as err:  # noqa: BLE001 - a config that would fail at launch: one clear line
+        print(f"error: recipe sft/{recipe} would fail at launch: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    out_dir = Path(str(cfg.trainer.default_local_dir))
+    metrics = None
+    if "file" in cfg.trainer.logger:
+        metrics = out_dir / f"metrics-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        env["VERL_FILE_LOGGER_PATH"] = str(metrics.resolve())
+        out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = torchrun_command(recipe, overrides, nproc)
+    print(("would run: " if args.dry_run else "running: ") + " ".join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    t0 = time.monotonic()
+    rc = _run(cmd, env)
+    if rc != 0:
+        print(f"error: verl's SFT trainer exited with status {rc}", file=sys.stderr)
+        return rc
+    hf = latest_hf_checkpoint(out_dir)
+    if hf is None:
+        print(f"error: the trainer finished but left no HF checkpoint under {out_dir}", file=sys.stderr)
+        return 1
+    link = args.link if args.link is not None else (DEFAULT_LINK if recipe == DEFAULT_RECIPE else "")
+    shown = hf
+    if link:
+        shown = link_checkpoint(hf, link)
+    loss = _last_loss(metrics) if metrics else None
+    print(f"SFT done in {time.monotonic() - t0:.0f} s" + (f"; step {loss[0]} train/loss {loss[1]:.4f}" if loss else ""))
+    print(f"checkpoint (HF): {shown}" + (f" -> {hf}" if shown != hf else ""))
+    print(f"RL from it: make train-tooluse MODEL={shown}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+def build_sft_data(
+    out_dir: str | os.PathLike,
+    n_demos: int = 512,
+    demo_seed: int = 0,
+    retool: bool = False,
+    retool_file: str | None = None,
+    retool_limit: int | None = None,
+    n_val: int = 64,
+    seed: int = 0,
+    tokenizer: str | None = None,
+    max_length: int | None = None,
+) -> dict[str, Any]:
+    """Write ``tooluse_train.parquet`` and ``tooluse_val.parquet`` under ``out_dir``.
+
+    Rows: ``n_demos`` programmatic demonstrations (reasoning-gym questions, the code run in the project's
+    sandbox, its real output, ``\\boxed{}`` answer; the RL system prompt), plus ReTool-SFT conversations when
+    ``retool`` (``retool_file``: a local copy, else Hugging Face). With ``tokenizer`` and ``max_length``,
+    rows whose chat-template rendering is longer than ``max_length`` tokens are dropped (counted). ``n_val``
+    rows (at most a tenth) are held out for verl's ``val/loss``.
+
+    Returns:
+        ``{"train": path, "val": path, "counts": {...}}`` (kept/rejected per source).
+    Raises:
+        ValueError: no rows at all; envs.datasets.DatasetUnavailableError: ReTool-SFT unavailable.
+    """
+    from envs.tool_use_sft import (
+        ConversationError,
+        build_retool_sft,
+        conversation_from_demo,
+        load_retool_records,
+        sft_row,
+        split_rows,
+        write_sft_parquet,
+    )
+
+    rows: list[dict[str, Any]] = []
+    counts: dict[str, Any] = {}
+    if n_demos > 0:
+        from stare_verl.demo.demos import build_demos, sample_problems
+
+        demos, wrong = build_demos(sample_problems(n_demos, demo_seed))
+        kept = 0
+        for d in demos:
+            try:
+                msgs = conversation_from_demo(d.problem.question, d.problem.code, d.tool_output,
+                                              f"\\boxed{{{d.tool_output}}}")
+            except ConversationError:
+                continue
+            rows.append(sft_row(msgs, f"demo/{d.problem.task}"))
+            kept += 1
+        counts["demos"] = {"kept": kept, "rejected": n_demos - kept, "wrong_output": len(wrong)}
+    if retool or retool_file:
+        rep = build_retool_sft(load_retool_records(retool_file), limit=retool_limit)
+        rows += rep.rows
+        counts["retool"] = {"kept": len(rep.rows), "rejected": len(rep.rejected), "duplicates": rep.duplicates,
+                            "reasons": dict(rep.reasons())}
+    if tokenizer and max_length:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+        before = len(rows)
+        rows = [r for r in rows if len(tok.apply_chat_template(r["messages"], tools=r["tools"], tokenize=True))
+                <= max_length]
+        counts["too_long"] = before - len(rows)
+    if not rows:
+        raise ValueError("no SFT rows: ask for demos (--demos N) and/or ReTool-SFT (--retool)")
+    n_val = min(n_val, len(rows) // 10)
+    train, val = split_rows(rows, n_val, seed)
+    out = Path(out_dir)
+    paths = {"train": write_sft_parquet(train, out / "tooluse_train.parquet")}
+    paths["val"] = write_sft_parquet(val, out / "tooluse_val.parquet") if val else None
+    counts["train"], counts["val"] = len(train), len(val)
+    return {**paths, "counts": counts}
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    overrides = [a for a in argv if _OVERRIDE.match(a) and ("=" in a or a.startswith("~"))]
+    rest = [a for a in argv if a not in overrides]
+    return overrides, rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI (module docstring). Returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m stare_verl.sft", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("data", help="write the multi-turn SFT parquet files")
+    d.add_argument("--out", default=os.path.join(os.environ.get("DATA_DIR", "data"), "sft"))
+    d.add_argument("--demos", type=int, default=512, help="programmatic demonstrations (0: none)")
+    d.add_argument("--demo-seed", type=int, default=0)
+    d.add_argument("--retool", action="store_true", help="add ReTool-SFT from Hugging Face")
+    d.add_argument("--retool-file", default=None, help="a local copy of ReTool-SFT (parquet/jsonl)")
+    d.add_argument("--retool-limit", type=int, default=None)
+    d.add_argument("--n-val", type=int, default=64)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--tokenizer", default=None, help="drop rows longer than --max-length tokens with it")
+    d.add_argument("--max-length", type=int, default=None)
+    t = sub.add_parser("train", help="run the SFT (verl on GPU; CPU default otherwise)")
+    t.add_argument("--recipe", default=None, help=f"recipes/sft/<name>.yaml (GPU default {DEFAULT_RECIPE})")
+    t.add_argument("--nproc", type=int, default=None, help="ranks (default: all GPUs; 1 on CPU)")
+    t.add_argument("--model", default=None, help="base model path or hub id (model.path)")
+    t.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    t.add_argument("--cpu-verl", action="store_true", help="without a GPU, run verl's SFT trainer on the CPU")
+    t.add_argument("--link", default=None, help=f"symlink to the final HF checkpoint (default {DEFAULT_LINK})")
+    t.add_argument("--dry-run", action="store_true", help="compose, validate and print the command only")
+    t.add_argument("--skip-model-check", action="store_true", help="do not load the model config/tokenizer")
+    if argv and argv[0] == "train":
+        overrides, rest = _split_overrides(argv[1:])
+        args, passthrough = t.parse_known_args(rest)
+        return _train(args, overrides, passthrough)
+    args = p.parse_args(argv)
+    try:
+        res = build_sft_data(args.out, args.demos, args.demo_seed, args.retool, args.retool_file,
+                             args.retool_limit, args.n_val, args.seed, args.tokenizer, args.max_length)
+    except Exception as err:  # noqa: BLE001 - CLI: one clear line, non-zero status
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    print(f"train: {res['train']}\nval: {res['val']}\ncounts: {res['counts']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
