@@ -67,7 +67,7 @@ def compose_sft(recipe: str = DEFAULT_RECIPE, overrides: list[str] | None = None
 
     Raises:
         hydra.errors.MissingConfigException: no such recipe; hydra.errors.ConfigCompositionException: a bad
-            override; omegaconf errors: a mandatory value (``???``) left unset when ``resolve``.
+            override.
     """
     from hydra import compose, initialize_config_dir
 
@@ -75,28 +75,15 @@ def compose_sft(recipe: str = DEFAULT_RECIPE, overrides: list[str] | None = None
         cfg = compose(config_name=recipe, overrides=list(overrides or []))
     if resolve:
         OmegaConf.resolve(cfg)
-        missing = sorted(k for k in _walk_missing(cfg))
-        if missing:
-            raise ValueError(f"set these on the command line: {', '.join(m + '=...' for m in missing)}")
     return cfg
-
-
-def _walk_missing(cfg: Any, prefix: str = ""):
-    if isinstance(cfg, DictConfig):
-        for k in cfg:
-            key = f"{prefix}{k}"
-            if OmegaConf.is_missing(cfg, k):
-                yield key
-            else:
-                yield from _walk_missing(cfg[k], key + ".")
 
 
 def validate_sft(cfg: DictConfig, nproc: int, check_model: bool = False, check_files: bool = True) -> None:
     """Validate a composed SFT config before launch: what verl's trainer builds first, plus the invariants
     that otherwise fail only after the model is loaded on every rank.
 
-    Checks the ``engine``, ``optim``, ``checkpoint`` and ``profiler`` sections with verl's config
-    dataclasses (``omega_conf_to_dataclass``: unknown keys and bad values raise); ``model`` too with
+    Checks that ``model.path``, ``data.train_files`` and ``trainer.default_local_dir`` are set; the
+    ``engine``, ``optim``, ``checkpoint`` and ``profiler`` sections with verl's config dataclasses (``omega_conf_to_dataclass``: unknown keys and bad values raise); ``model`` too with
     ``check_model`` (``HFModelConfig`` loads the model's config and tokenizer, so the path must be
     reachable); that ``nproc`` ranks split into data-parallel groups of the Ulysses size and the global
     batch into them; that dynamic batching can hold one ``max_length`` sequence; that the checkpoint
@@ -107,6 +94,10 @@ def validate_sft(cfg: DictConfig, nproc: int, check_model: bool = False, check_f
     """
     from verl.utils.config import omega_conf_to_dataclass
 
+    unset = [k for k in ("model.path", "data.train_files", "trainer.default_local_dir")
+             if OmegaConf.select(cfg, k) in (None, "")]
+    if unset:
+        raise ValueError(f"set {', '.join(k + '=...' for k in unset)} (the recipe leaves them to the command line)")
     for section in ("engine", "optim", "checkpoint", "profiler"):
         omega_conf_to_dataclass(cfg[section])
     if check_model:
