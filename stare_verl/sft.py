@@ -87,7 +87,9 @@ def validate_sft(cfg: DictConfig, nproc: int, check_model: bool = False, check_f
     ``check_model`` (``HFModelConfig`` loads the model's config and tokenizer, so the path must be
     reachable); that ``nproc`` ranks split into data-parallel groups of the Ulysses size and the global
     batch into them; that dynamic batching can hold one ``max_length`` sequence; that the checkpoint
-    includes ``hf_model`` (RL loads that folder); and, with ``check_files``, that local data files exist.
+    includes ``hf_model`` (RL loads that folder); and, with ``check_files``, that local data files exist and
+    give at least one batch and the steps asked for (and, with ``check_model``, that verl's dataset
+    tokenizes the first rows with the model's chat template).
 
     Raises:
         ValueError / FileNotFoundError: the first problem found; whatever verl's dataclasses raise.
@@ -100,8 +102,7 @@ def validate_sft(cfg: DictConfig, nproc: int, check_model: bool = False, check_f
         raise ValueError(f"set {', '.join(k + '=...' for k in unset)} (the recipe leaves them to the command line)")
     for section in ("engine", "optim", "checkpoint", "profiler"):
         omega_conf_to_dataclass(cfg[section])
-    if check_model:
-        omega_conf_to_dataclass(cfg.model)
+    model = omega_conf_to_dataclass(cfg.model) if check_model else None
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     sp = int(cfg.engine.get("ulysses_sequence_parallel_size", 1) or 1)
@@ -126,6 +127,47 @@ def validate_sft(cfg: DictConfig, nproc: int, check_model: bool = False, check_f
                     f"SFT data file {f} not found: build it with `python -m stare_verl.sft data --retool` "
                     "(or pass data.train_files=... data.val_files=...)"
                 )
+        _check_steps(cfg, dp)
+        if model is not None:
+            _check_rows(cfg, model.tokenizer)
+
+
+def _check_rows(cfg: DictConfig, tokenizer, n: int = 4) -> None:
+    """Tokenize the first ``n`` training rows with verl's ``MultiTurnSFTDataset`` and the model's chat
+    template (verl asserts that message-by-message rendering equals the whole conversation's)."""
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"the tokenizer of {cfg.model.path} has no chat template (set model.custom_chat_template)")
+    first = str(_as_list(cfg.data.train_files)[0])
+    if "://" in first:
+        return
+    ds = MultiTurnSFTDataset([first], tokenizer, cfg.data, max_samples=n)
+    for i in range(len(ds)):
+        ds[i]
+
+
+def _check_steps(cfg: DictConfig, dp: int) -> None:
+    """verl's sampler and loader drop incomplete batches: with fewer rows than a batch it has no step, and
+    when ``total_training_steps`` exceeds the steps of ``total_epochs`` it stops without saving."""
+    import pyarrow.parquet as pq
+
+    train = [os.path.expanduser(str(f)) for f in _as_list(cfg.data.train_files)]
+    if any("://" in f for f in train):
+        return
+    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in train)
+    if cfg.data.get("train_max_samples", -1) and cfg.data.train_max_samples > 0:
+        rows = min(rows, cfg.data.train_max_samples)
+    per_epoch = (rows // dp) // (cfg.data.train_batch_size // dp)
+    if per_epoch == 0:
+        raise ValueError(f"{rows} training rows make no batch of data.train_batch_size={cfg.data.train_batch_size}")
+    total = cfg.trainer.get("total_training_steps")
+    if total is not None and total > per_epoch * cfg.trainer.total_epochs:
+        raise ValueError(
+            f"trainer.total_training_steps={total} exceeds the {per_epoch * cfg.trainer.total_epochs} steps of "
+            f"trainer.total_epochs={cfg.trainer.total_epochs} ({rows} rows / batch {cfg.data.train_batch_size}): "
+            "verl would stop early without saving a checkpoint; raise trainer.total_epochs"
+        )
 
 
 def _as_list(v: Any) -> list:
@@ -265,11 +307,11 @@ def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str
     if "file" in cfg.trainer.logger:
         metrics = out_dir / f"metrics-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         env["VERL_FILE_LOGGER_PATH"] = str(metrics.resolve())
-        out_dir.mkdir(parents=True, exist_ok=True)
     cmd = torchrun_command(recipe, overrides, nproc)
     print(("would run: " if args.dry_run else "running: ") + " ".join(cmd), flush=True)
     if args.dry_run:
         return 0
+    out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     rc = _run(cmd, env)
     if rc != 0:

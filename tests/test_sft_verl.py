@@ -151,6 +151,16 @@ def test_sft_data_builder_writes_both_sources(tiny_model):
                                                                                      ("retool_sft", 3)]
 
 
+def test_step_budget_the_data_cannot_fill_fails_before_launch(tiny_model):
+    root, res, _ = tiny_model  # 25 training rows
+    base = [f"model.path={root / 'model'}", f"data.train_files={res['train']}"]
+    L.validate_sft(L.compose_sft("tooluse_tiny_cpu", base), nproc=1, check_model=True)
+    with pytest.raises(ValueError, match="make no batch"):
+        L.validate_sft(L.compose_sft("tooluse_tiny_cpu", [*base, "data.train_batch_size=32"]), nproc=1)
+    with pytest.raises(ValueError, match="exceeds the 3 steps"):
+        L.validate_sft(L.compose_sft("tooluse_tiny_cpu", [*base, "trainer.total_training_steps=4"]), nproc=1)
+
+
 def test_loss_mask_of_verls_dataset_covers_assistant_turns_only(tiny_model, tmp_path):
     """verl's MultiTurnSFTDataset on our parquet: loss_mask 1 exactly on each assistant turn (after its
     ``<|im_start|>assistant\\n``), 0 on system, user and tool tokens."""
@@ -234,3 +244,34 @@ def test_verl_sft_trainer_runs_three_steps_on_cpu(tiny_model, tmp_path):
     emb = "model.embed_tokens.weight"
     assert not torch.equal(trained.state_dict()[emb], init.state_dict()[emb])
     assert (tmp_path / "sft-model" / "tokenizer.json").is_file()
+
+
+def test_train_without_gpu_falls_back_to_the_cpu_demo_sft(monkeypatch, capsys):
+    import stare_verl.demo.sft as demo_sft
+
+    seen = []
+    monkeypatch.setattr(L, "has_gpu", lambda: 0)
+    monkeypatch.setattr(demo_sft, "main", lambda argv: seen.append(argv) or 0)
+    assert L.main(["train", "--steps", "20", "--n-train=48"]) == 0
+    assert seen == [["--steps", "20", "--n-train=48"]]
+    assert L.main(["train", "optim.lr=1e-4"]) == 2  # Hydra overrides mean verl's trainer: not on this path
+    assert "--cpu-verl" in capsys.readouterr().err
+    assert L.main(["train", "--device", "gpu"]) == 2
+    monkeypatch.setattr(L, "has_gpu", lambda: 8)
+    assert L.main(["train", "--steps", "20"]) == 2  # an option verl's launcher does not know
+    assert L.main(["train", "--dry-run", "--skip-model-check", "data.train_files=/nonexistent.parquet"]) == 2
+    assert "python -m stare_verl.sft data" in capsys.readouterr().err
+
+
+def test_gpu_dry_run_validates_and_prints_the_torchrun_command(tiny_model, monkeypatch, capsys, tmp_path):
+    _, res, _ = tiny_model
+    monkeypatch.setattr(L, "has_gpu", lambda: 8)
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--dry-run", "--skip-model-check", "--model", "/models/qwen2.5-7b",
+            f"data.train_files={res['train']}", f"data.val_files={res['val']}", "data.train_batch_size=8"]
+    assert L.main(argv) == 0
+    assert not (tmp_path / "checkpoints").exists()  # a dry run writes nothing
+    out = capsys.readouterr().out
+    assert "--nproc_per_node=8 -m verl.trainer.sft_trainer" in out and "--config-name=tooluse_qwen2.5-7b" in out
+    assert out.rstrip().endswith(f"model.path=/models/qwen2.5-7b data.train_files={res['train']} "
+                                 f"data.val_files={res['val']} data.train_batch_size=8")
