@@ -1,9 +1,11 @@
-"""``make compare``: STARE vs GRPO-ds on the CPU tool-use task, several seeds each, one shared SFT checkpoint.
+"""``make compare``: STARE vs GRPO-ds on a CPU default task, several seeds each, one shared SFT checkpoint.
 
-Each run is ``stare_verl.train`` (the CPU default) with the same budget; the GRPO-ds runs use the identical
-recipe with W = M = 1. Writes ``runs/compare/table.md`` / ``table.json`` (final held-out accuracy, mean entropy
-over the last quarter of steps, mean |entropy - target|, share of steps with the gate on) and
-``entropy_overlay.png``.
+Each run is ``stare_verl.train`` (the CPU default of ``--family``: ``tooluse`` by default, or ``shortcot`` /
+``longcot``, whose sums can be added in any order: more freedom in the answers, where plain GRPO may collapse
+entropy) with the same budget; the GRPO-ds runs use the identical recipe with W = M = 1. Writes
+``table.md`` / ``table.json`` (final held-out accuracy, mean entropy over the last quarter of steps, mean
+|entropy - target|, share of steps with the gate on) and ``entropy_overlay.png`` into ``runs/compare`` (tool
+use) or ``runs/compare-<family>``.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def _mean(xs: list[float | None]) -> float:
     return statistics.fmean(xs) if xs else float("nan")
 
 
-def write_report(stats: list[dict[str, Any]], out_dir: Path) -> str:
-    """Write table.md, table.json and entropy_overlay.png; returns the markdown table."""
+def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tooluse") -> str:
+    """Write table.md, table.json and entropy_overlay.png (titled with ``family``); returns the markdown table."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,7 +104,7 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path) -> str:
         ax.axhline(stats[0]["target_entropy"], color="red", linewidth=1, label="target")
     ax.set_xlabel("step")
     ax.set_ylabel("actor/entropy (nats)")
-    ax.set_title("STARE vs GRPO-ds: policy entropy (CPU tool-use task)")
+    ax.set_title(f"STARE vs GRPO-ds: policy entropy (CPU {family} task)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(out_dir / "entropy_overlay.png", dpi=100)
@@ -112,34 +114,37 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison (``python -m stare_verl.compare``); returns the exit status."""
+    from stare_verl.train import GPU_RECIPES, train_cpu
     from stare_verl.train import build_parser as train_parser
-    from stare_verl.train import train_tooluse_cpu
 
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse", help="the CPU default task")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--n-eval", type=int, default=200)
-    p.add_argument("--out", default=str(REPO / "runs" / "compare"))
+    p.add_argument("--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = p.parse_args(argv)
-    out = Path(args.out).resolve()
+    default_out = REPO / "runs" / ("compare" if args.family == "tooluse" else f"compare-{args.family}")
+    out = Path(args.out or default_out).resolve()
     stats = []
     for seed in args.seeds:
         for method in ("stare", "grpo"):
             run_dir = out / f"{method}-seed{seed}"
             if not (run_dir / "summary.json").exists():
                 targs = train_parser().parse_args(
-                    ["--cpu", "--method", method, "--seed", str(seed), "--steps", str(args.steps),
-                     "--n-eval", str(args.n_eval), "--run-dir", str(run_dir), *args.overrides]
+                    ["--cpu", "--family", args.family, "--method", method, "--seed", str(seed),
+                     "--steps", str(args.steps), "--n-eval", str(args.n_eval), "--run-dir", str(run_dir),
+                     *args.overrides]
                 )  # fmt: skip
-                rc = train_tooluse_cpu(targs)
+                rc = train_cpu(targs)
                 if rc != 0:
                     print(
                         f"error: run {run_dir.name} failed ({rc}); the comparison stops here", file=sys.stderr
                     )
                     return rc
             stats.append(run_stats(run_dir))
-    print(write_report(stats, out))
+    print(write_report(stats, out, args.family))
     print(f"\n{out}/table.md, table.json, entropy_overlay.png")
     return 0
 

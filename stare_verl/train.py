@@ -1,11 +1,14 @@
-"""``make train-tooluse``: STARE RL for multi-turn Python tool use, verl on this CPU by default, verl + SGLang on a
-GPU node.
+"""``make train-tooluse`` / ``train-shortcot`` / ``train-longcot``: STARE RL, verl on this CPU by default, verl +
+SGLang on a GPU node.
 
-CPU default (no GPU, or ``--cpu``): the cached cold-start SFT checkpoint of the tiny model
+CPU default (no GPU, or ``--cpu``): the cached cold-start SFT checkpoint of the family's tiny model
 (``stare_verl.demo.sft.ensure_sft_checkpoint``, trained on first use), RL data from reasoning-gym, a held-out
-evaluation, then ``python -m verl.trainer.main_ppo`` with ``recipes/cpu/tooluse_tiny_<method>.yaml`` (verl's V1
-trainer, ``stare_sync``, the ``hf`` rollout backend, ``stare_tool_agent``, the sandboxed code_interpreter and
-``envs.tool_use.compute_score``), then the held-out evaluation again. The run folder (``runs/<name>`` or
+evaluation, then ``python -m verl.trainer.main_ppo`` with ``recipes/cpu/<family>_tiny_<method>.yaml`` (verl's V1
+trainer, ``stare_sync``, the ``hf`` rollout backend; tool use: ``stare_tool_agent``, the sandboxed
+code_interpreter and ``envs.tool_use.compute_score``; short / long CoT: verl's ``single_turn_agent``, no tool,
+``envs.reward.compute_score`` with family ``short_cot`` / ``long_cot``), then the held-out evaluation again.
+The families' tasks: ``stare_verl.demo`` (tool use: reasoning-gym arithmetic with the Python tool; CoT:
+reasoning-gym sums of 3-4 one-digit terms, solved step by step in a freely chosen order). The run folder (``runs/<name>`` or
 ``RUN_DIR``) holds ``metrics.jsonl``, ``checkpoints/`` (verl's; a second invocation resumes from them),
 ``plots/*.png``, ``eval_before.json``/``eval_after.json``, ``summary.json`` and ``train.log``.
 
@@ -31,6 +34,8 @@ from stare_verl.procs import RUN_TAG_ENV, cpu_env, kill_processes, tagged_proces
 from stare_verl.recipes import RECIPES_DIR
 
 REPO = RECIPES_DIR.parent
+# Held-out greedy accuracy the cold-start SFT checkpoint needs before RL (default of --min-sft-accuracy).
+MIN_SFT_ACCURACY = {"tooluse": 0.5, "shortcot": 0.4, "longcot": 0.4}
 GPU_RECIPES = {
     "tooluse": "tooluse_qwen2.5-7b-sft",
     "shortcot": "shortcot_qwen2.5-math-7b",
@@ -127,14 +132,16 @@ def _evaluate(path: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
 
     from stare_verl.demo.evaluate import evaluate_checkpoint
 
+    kw: dict[str, Any] = {"family": sft_cfg.family}
+    if sft_cfg.family == "tooluse":
+        kw["max_assistant_turns"] = max_turns
+
     # verl's BaseTool prints every tool schema it builds
     with (
         open(os.devnull, "w") as devnull,
         contextlib.redirect_stdout(sys.stderr if os.environ.get("STARE_VERBOSE") else devnull),
     ):
-        reports = evaluate_checkpoint(
-            path, n=n, data_seed=sft_cfg.data_seed, n_heldout=sft_cfg.n_heldout, max_assistant_turns=max_turns
-        )
+        reports = evaluate_checkpoint(path, n=n, data_seed=sft_cfg.data_seed, n_heldout=sft_cfg.n_heldout, **kw)
     return {f"T={t:g}": rep.to_dict() for t, rep in reports.items()}
 
 
@@ -143,25 +150,30 @@ def _fmt_eval(ev: dict[str, Any]) -> str:
 
 
 def train_tooluse_cpu(args: argparse.Namespace) -> int:
-    """The CPU default run (see the module docstring); returns the exit status."""
+    """The tool-use CPU default run (:func:`train_cpu` with ``args.family`` set to ``tooluse``)."""
+    args = argparse.Namespace(**{**vars(args), "family": "tooluse"})
+    return train_cpu(args)
+
+
+def train_cpu(args: argparse.Namespace) -> int:
+    """The CPU default run of ``args.family`` (see the module docstring); returns the exit status."""
     from stare_verl.demo.sft import SFTConfig, ensure_sft_checkpoint, read_report, write_rl_data
     from stare_verl.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
 
+    family = getattr(args, "family", "tooluse")
+    name = f"train-{family}"
     run_dir = Path(
-        args.run_dir or os.environ.get("RUN_DIR") or REPO / "runs" / f"tooluse-{args.method}-seed{args.seed}"
+        args.run_dir or os.environ.get("RUN_DIR") or REPO / "runs" / f"{family}-{args.method}-seed{args.seed}"
     )
     run_dir = run_dir.resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    print(
-        f"[train-tooluse] CPU default, method={args.method}, seed={args.seed}, run folder {run_dir}",
-        flush=True,
-    )
+    print(f"[{name}] CPU default, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
 
     if args.steps < 1:
         print(f"error: --steps must be >= 1 (got {args.steps})", file=sys.stderr)
         return 2
-    recipe = f"tooluse_tiny_{args.method}"
+    recipe = f"{family}_tiny_{args.method}"
     try:  # a bad override fails now, not after the SFT and the held-out evaluation
         from stare_verl.recipes import compose_recipe, validate_recipe
 
@@ -181,7 +193,7 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
         and (run_dir / "summary.json").exists()
     ):
         print(
-            f"[train-tooluse] {run_dir} already holds step {done.read_text().strip()} >= --steps {args.steps}: "
+            f"[{name}] {run_dir} already holds step {done.read_text().strip()} >= --steps {args.steps}: "
             "nothing to train (raise --steps to continue it)",
             flush=True,
         )
@@ -193,13 +205,14 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
         sft_kw["steps"] = args.sft_steps
     if args.sft_cache:
         sft_kw["cache_dir"] = args.sft_cache
-    sft_cfg = SFTConfig(**sft_kw)
+    sft_cfg = SFTConfig(family=family, **sft_kw)
     sft_dir = ensure_sft_checkpoint(sft_cfg)
     sft_acc = read_report(sft_dir)["heldout"]["T=0.0"]["accuracy"]
-    if sft_acc < args.min_sft_accuracy:
+    min_acc = MIN_SFT_ACCURACY[family] if args.min_sft_accuracy is None else args.min_sft_accuracy
+    if sft_acc < min_acc:
         print(
             f"error: the cold-start SFT checkpoint {sft_dir} has held-out greedy accuracy {sft_acc:.3f} < "
-            f"{args.min_sft_accuracy} (--min-sft-accuracy); RL from it would not learn the tool format. "
+            f"{min_acc} (--min-sft-accuracy); RL from it would have little to learn from. "
             "Delete it to retrain, or lower the threshold.",
             file=sys.stderr,
         )
@@ -211,7 +224,7 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
         ev = _evaluate(sft_dir, sft_cfg, args.n_eval, args.max_turns)
         eval_before.write_text(json.dumps(ev, indent=1))
     before = json.loads(eval_before.read_text())
-    print(f"[train-tooluse] held-out before RL: {_fmt_eval(before)}", flush=True)
+    print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
 
     overrides = [
         f"actor_rollout_ref.model.path={sft_dir}",
@@ -220,7 +233,7 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
         f"trainer.default_local_dir={run_dir / 'checkpoints'}",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.save_freq={args.save_freq or args.steps}",
-        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}",
+        *([f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}"] if family == "tooluse" else []),
         f"data.seed={args.seed}",
         f"actor_rollout_ref.actor.data_loader_seed={args.seed}",
         f"actor_rollout_ref.rollout.seed={args.seed}",
@@ -234,7 +247,7 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     part = run_dir / "logs" / f"verl_metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part)
-    print(f"[train-tooluse] verl main_ppo ({args.steps} steps); log: {run_dir / 'train.log'}", flush=True)
+    print(f"[{name}] verl main_ppo ({args.steps} steps); log: {run_dir / 'train.log'}", flush=True)
     rc = run_main_ppo(cmd, env, run_dir / "train.log", part, args.steps)
 
     rows = read_verl_jsonl(sorted((run_dir / "logs").glob("verl_metrics.*.jsonl")))
@@ -252,6 +265,7 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
     after = _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns) if ckpt else {}
     (run_dir / "eval_after.json").write_text(json.dumps(after, indent=1))
     summary = {
+        "family": family,
         "method": args.method,
         "seed": args.seed,
         "steps": rows[-1]["step"] if rows else 0,
@@ -263,9 +277,9 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
         "plots": [str(p) for p in plots],
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"[train-tooluse] held-out after RL:  {_fmt_eval(after) if after else 'no checkpoint'}", flush=True)
+    print(f"[{name}] held-out after RL:  {_fmt_eval(after) if after else 'no checkpoint'}", flush=True)
     print(
-        f"[train-tooluse] done in {summary['wall_s']:.0f} s: {run_dir}/metrics.jsonl, plots/, summary.json",
+        f"[{name}] done in {summary['wall_s']:.0f} s: {run_dir}/metrics.jsonl, plots/, summary.json",
         flush=True,
     )
     return 0
@@ -291,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cpu", action="store_true", help="the CPU default even where a GPU is present")
     p.add_argument(
-        "--run-dir", default=None, help="run folder (default: $RUN_DIR or runs/tooluse-<method>-seed<seed>)"
+        "--run-dir", default=None, help="run folder (default: $RUN_DIR or runs/<family>-<method>-seed<seed>)"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -300,10 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-freq", type=int, default=0, help="checkpoint every N steps (default: at the end)")
     p.add_argument("--n-train", type=int, default=1024, help="RL training problems")
     p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL")
-    p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--min-sft-accuracy", type=float, default=0.5)
+    p.add_argument("--max-turns", type=int, default=3, help="assistant turns per episode (tool use)")
+    p.add_argument("--min-sft-accuracy", type=float, default=None,
+                   help="held-out greedy accuracy the SFT checkpoint needs before RL (default: the family's)")
     p.add_argument("--sft-threads", type=int, default=0, help="torch threads of the SFT (0: torch's default)")
-    p.add_argument("--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the calibrated 1000)")
+    p.add_argument("--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the family's calibrated count)")
     p.add_argument(
         "--sft-cache", default=None, help="SFT cache folder (default: $STARE_CACHE_DIR or runs/cache)"
     )
@@ -316,14 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.cpu and gpu_available():
         return train_gpu(args)
-    if args.family != "tooluse":
-        print(
-            f"train-{args.family}: no GPU with SGLang here. The CPU default exists for the tool-use family "
-            f"(make train-tooluse); on a GPU node: pip install '.[gpu]' and MODEL=... make train-{args.family}.",
-            file=sys.stderr,
-        )
-        return 2
-    return train_tooluse_cpu(args)
+    return train_cpu(args)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +34,10 @@ from envs.tools.schema import CODE_INTERPRETER_SCHEMA_JSON, TOOL_NAME, tool_call
 
 __all__ = [
     "AGENT_NAME",
+    "COT_AGENT_NAME",
+    "COT_TASKS",
+    "FAMILIES",
+    "REWARD_FAMILY",
     "CODE_INTERPRETER_SCHEMA",
     "DATA_SOURCE_PREFIX",
     "SPLIT_SEED_OFFSET",
@@ -48,6 +53,7 @@ __all__ = [
     "run_prints",
     "sample_problems",
     "split_problems",
+    "task_table",
     "tool_call_text",
     "write_rl_parquet",
     "write_sft_parquet",
@@ -74,6 +80,32 @@ TASKS: dict[str, dict[str, Any]] = {
     "products": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 4},
 }
 
+# The CPU default's task families: ``tooluse`` (above), and the chain-of-thought families ``shortcot`` and
+# ``longcot`` (``stare_verl.demo.cot``): reasoning-gym ``chain_sum`` questions with 3-4 one-digit terms, kept
+# only when every operator is ``+`` (the tiny model has no tool, so it must learn the addition facts itself;
+# addition commutes, so the order of the terms is free in a solution).
+FAMILIES = ("tooluse", "shortcot", "longcot")
+COT_TASKS: dict[str, dict[str, Any]] = {
+    "chain_sum": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1},
+}
+# ``envs.reward.compute_score``'s family name per CPU family.
+REWARD_FAMILY = {"tooluse": "tool_use", "shortcot": "short_cot", "longcot": "long_cot"}
+COT_AGENT_NAME = "single_turn_agent"  # verl's own single-turn agent loop (no tool)
+_ADDITION_ONLY = re.compile(r"\d+(?: \+ \d+)+")
+
+
+def task_table(family: str = "tooluse") -> dict[str, dict[str, Any]]:
+    """reasoning-gym generator name -> config for ``family``. Raises ValueError for an unknown family."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    return TASKS if family == "tooluse" else COT_TASKS
+
+
+def _accepts(family: str, expression: str) -> bool:
+    """Whether a generated question belongs to ``family`` (CoT families: sums of non-negative terms only)."""
+    return family == "tooluse" or _ADDITION_ONLY.fullmatch(expression) is not None
+
+
 # Each split draws from its own seed: sft_train, heldout (the validation set, before and after RL), rl_train.
 SPLIT_SEED_OFFSET = {"sft_train": 0, "heldout": 1_000_003, "rl_train": 2_000_006}
 
@@ -89,7 +121,7 @@ class Problem:
     """One reasoning-gym question with a Python expression that computes its answer.
 
     Attributes:
-        task: generator name (a key of :data:`TASKS`).
+        task: generator name (a key of :func:`task_table` of its family).
         question: the question text as the generator wrote it.
         answer: ground-truth answer (str, an integer for these tasks).
         expression: ``metadata["expression"]``, valid Python.
@@ -120,6 +152,11 @@ class Demo:
     problem: Problem
     tool_output: str
 
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tool list of the chat template (``tools=``): the ``code_interpreter`` schema."""
+        return [CODE_INTERPRETER_SCHEMA]
+
     def prompt(self) -> list[dict[str, str]]:
         """The chat messages the model is prompted with (the tool list comes from ``tools=``)."""
         return [{"role": "user", "content": self.problem.question}]
@@ -139,25 +176,25 @@ class Demo:
         return [tool_call_text(self.problem.code), f"\\boxed{{{self.tool_output}}}"]
 
 
-def _task_sizes(n: int) -> list[int]:
-    k = len(TASKS)
+def _task_sizes(n: int, k: int) -> list[int]:
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 
-def sample_problems(n: int, seed: int, exclude: Iterable[str] = ()) -> list[Problem]:
-    """``n`` distinct problems, the tasks of :data:`TASKS` mixed evenly and shuffled under ``seed``.
+def sample_problems(n: int, seed: int, exclude: Iterable[str] = (), family: str = "tooluse") -> list[Problem]:
+    """``n`` distinct problems, the tasks of ``task_table(family)`` mixed evenly and shuffled under ``seed``.
 
-    Questions in ``exclude`` (and repeats) are skipped; the generators are asked for more until ``n`` are
-    found. Raises ValueError for ``n < 0`` and DemoError if the generators cannot supply ``n`` distinct
-    questions.
+    Questions in ``exclude`` (and repeats) are skipped, and for the CoT families questions with an operator
+    other than ``+``; the generators are asked for more until ``n`` are found. Raises ValueError for ``n < 0``
+    or an unknown family and DemoError if the generators cannot supply ``n`` distinct questions.
     """
     import reasoning_gym
 
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    tasks = task_table(family)
     seen = {" ".join(q.split()) for q in exclude}
     out: list[Problem] = []
-    for (task, cfg), want in zip(TASKS.items(), _task_sizes(n), strict=True):
+    for (task, cfg), want in zip(tasks.items(), _task_sizes(n, len(tasks)), strict=True):
         if want == 0:
             continue
         size = max(2 * want, 16)
@@ -169,7 +206,7 @@ def sample_problems(n: int, seed: int, exclude: Iterable[str] = ()) -> list[Prob
             for j in range(size):
                 entry = ds[j]
                 key = " ".join(entry["question"].split())
-                if key in taken:
+                if key in taken or not _accepts(family, str(entry["metadata"]["expression"])):
                     continue
                 taken.add(key)
                 got.append(Problem(task, entry["question"], str(entry["answer"]).strip(),
@@ -187,25 +224,27 @@ def sample_problems(n: int, seed: int, exclude: Iterable[str] = ()) -> list[Prob
     return out
 
 
-def split_problems(n_train: int, n_heldout: int, seed: int, n_rl: int = 0) -> dict[str, list[Problem]]:
+def split_problems(
+    n_train: int, n_heldout: int, seed: int, n_rl: int = 0, family: str = "tooluse"
+) -> dict[str, list[Problem]]:
     """The disjoint splits ``heldout``, ``sft_train`` and (if ``n_rl``) ``rl_train`` under one data seed.
 
-    The held-out split is drawn first (it only depends on ``seed`` and ``n_heldout``, so the same validation
-    questions serve before and after RL); training splits exclude its questions and each other's.
+    The held-out split is drawn first (it only depends on ``seed``, ``n_heldout`` and ``family``, so the same
+    validation questions serve before and after RL); training splits exclude its questions and each other's.
     """
-    heldout = heldout_problems(n_heldout, seed)
+    heldout = heldout_problems(n_heldout, seed, family)
     used = [p.question for p in heldout]
-    train = sample_problems(n_train, seed + SPLIT_SEED_OFFSET["sft_train"], exclude=used)
+    train = sample_problems(n_train, seed + SPLIT_SEED_OFFSET["sft_train"], exclude=used, family=family)
     out = {"heldout": heldout, "sft_train": train}
     if n_rl:
         used += [p.question for p in train]
-        out["rl_train"] = sample_problems(n_rl, seed + SPLIT_SEED_OFFSET["rl_train"], exclude=used)
+        out["rl_train"] = sample_problems(n_rl, seed + SPLIT_SEED_OFFSET["rl_train"], exclude=used, family=family)
     return out
 
 
-def heldout_problems(n: int, seed: int) -> list[Problem]:
-    """The held-out (validation) problems of data seed ``seed``."""
-    return sample_problems(n, seed + SPLIT_SEED_OFFSET["heldout"])
+def heldout_problems(n: int, seed: int, family: str = "tooluse") -> list[Problem]:
+    """The held-out (validation) problems of data seed ``seed`` for ``family``."""
+    return sample_problems(n, seed + SPLIT_SEED_OFFSET["heldout"], family=family)
 
 
 def format_observation(result) -> str:
@@ -274,14 +313,38 @@ def build_demos(problems: Sequence[Problem], sandbox=None) -> tuple[list[Demo], 
     return demos, rejected
 
 
-def problem_row(p: Problem, split: str, index: int, agent_name: str = AGENT_NAME) -> dict[str, Any]:
+def problem_row(
+    p: Problem, split: str, index: int, agent_name: str | None = None, family: str = "tooluse"
+) -> dict[str, Any]:
     """One verl RLHF row (``RLHFDataset`` schema) for problem ``p``.
 
-    Like ``envs.tool_use.to_tool_use_row`` (same ``agent_name``, ``tools_kwargs``, ``need_tools_kwargs`` and
-    ``family: tool_use``, read by ``envs.tool_use.compute_score``) except for the prompt: the user question
-    alone, with no system message. The tiny model pays for every prompt token and was fine-tuned on exactly
-    this prompt; the tool list comes from the tool config through the chat template's ``tools=``.
+    Tool use: like ``envs.tool_use.to_tool_use_row`` (same ``agent_name``, ``tools_kwargs``,
+    ``need_tools_kwargs`` and ``family: tool_use``, read by ``envs.tool_use.compute_score``) except for the
+    prompt: the user question alone, with no system message. The tiny model pays for every prompt token and
+    was fine-tuned on exactly this prompt; the tool list comes from the tool config through the chat
+    template's ``tools=``.
+
+    CoT families: the same prompt, ``agent_name`` verl's ``single_turn_agent`` (no tool), ``extra_info``
+    with ``family`` ``short_cot`` / ``long_cot`` for ``envs.reward.compute_score``.
+    ``agent_name`` None: the family's default.
     """
+    if family != "tooluse":
+        return {
+            "data_source": p.data_source,
+            "prompt": [{"role": "user", "content": p.question}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": p.answer},
+            "extra_info": {
+                "split": split,
+                "index": int(index),
+                "family": REWARD_FAMILY[family],
+                "task": p.task,
+                "question": p.question,
+                "expression": p.expression,
+            },
+            "agent_name": agent_name or COT_AGENT_NAME,
+        }
+    agent_name = agent_name or AGENT_NAME
     return {
         "data_source": p.data_source,
         "prompt": [{"role": "user", "content": p.question}],
@@ -306,9 +369,10 @@ def write_rl_parquet(
     n_train: int = 1024,
     n_val: int | None = None,
     seed: int = 0,
-    agent_name: str = AGENT_NAME,
+    agent_name: str | None = None,
     n_sft_train: int = 4096,
     n_heldout: int = 200,
+    family: str = "tooluse",
 ) -> dict[str, Path]:
     """Write ``train.parquet`` (RL problems) and ``val.parquet`` (held-out problems) for verl's RLHFDataset.
 
@@ -323,8 +387,11 @@ def write_rl_parquet(
         n_train: RL training problems.
         n_val: the first ``n_val`` held-out problems (None: all ``n_heldout``).
         seed: data seed (the SFT configuration's ``data_seed``).
-        agent_name: verl agent loop per row (default the project's ``stare_tool_agent``, ``envs.agent_loop``).
-        n_sft_train, n_heldout: the SFT configuration's ``n_train`` and ``n_heldout``.
+        agent_name: verl agent loop per row (None: the project's ``stare_tool_agent`` (``envs.agent_loop``)
+            for tool use, verl's ``single_turn_agent`` for the CoT families).
+        n_sft_train, n_heldout: the SFT problem count (``stare_verl.demo.sft.sft_problem_count``) and the SFT
+            configuration's ``n_heldout``.
+        family: ``tooluse``, ``shortcot`` or ``longcot`` (see :func:`problem_row`).
     Returns:
         ``{"train": path, "val": path}``.
     Raises:
@@ -335,13 +402,14 @@ def write_rl_parquet(
     n_val = n_heldout if n_val is None else n_val
     if min(n_train, n_val, n_heldout) < 1 or n_val > n_heldout:
         raise ValueError(f"need n_train >= 1 and 1 <= n_val <= n_heldout; got {n_train}, {n_val}, {n_heldout}")
-    splits = split_problems(n_sft_train, n_heldout, seed, n_rl=n_train)
+    splits = split_problems(n_sft_train, n_heldout, seed, n_rl=n_train, family=family)
     train, val = splits["rl_train"], splits["heldout"][:n_val]
     out = Path(out_dir)
     return {
-        "train": write_parquet([problem_row(p, "train", i, agent_name) for i, p in enumerate(train)],
+        "train": write_parquet([problem_row(p, "train", i, agent_name, family) for i, p in enumerate(train)],
                                out / "train.parquet"),
-        "val": write_parquet([problem_row(p, "test", i, agent_name) for i, p in enumerate(val)], out / "val.parquet"),
+        "val": write_parquet([problem_row(p, "test", i, agent_name, family) for i, p in enumerate(val)],
+                             out / "val.parquet"),
     }
 
 

@@ -1,4 +1,12 @@
-"""Held-out evaluation of a checkpoint on the CPU tool-use task: multi-turn, the real sandbox, our scorer.
+"""Held-out evaluation of a checkpoint on a CPU default task: multi-turn with the real sandbox (tool use) or
+single turn (the CoT families), scored with our scorer.
+
+CoT families (``family`` ``shortcot`` / ``longcot``): one turn, like verl's ``single_turn_agent``: the prompt
+ids from the Continuous Token builder over the question (no tools), one generation until ``<|im_end|>`` or the
+token budget, the whole generated text scored with ``envs.reward.compute_score`` (family ``short_cot`` /
+``long_cot``; a response cut by the budget scores 0).
+
+Tool use:
 
 Each held-out problem is one episode, token-in / token-out like verl's ``ToolAgentLoop``:
 
@@ -33,6 +41,7 @@ from typing import Any
 
 from stare_verl.demo.demos import (
     CODE_INTERPRETER_SCHEMA,
+    REWARD_FAMILY,
     TOOL_NAME,
     Problem,
     heldout_problems,
@@ -179,8 +188,8 @@ async def _run_episode(
 ) -> EpisodeResult:
     from envs.agent_loop import model_response_text, parse_tool_calls
 
-    tools = [CODE_INTERPRETER_SCHEMA]
-    schemas = {TOOL_NAME: ep.tool.tool_schema}
+    tools = [CODE_INTERPRETER_SCHEMA] if ep.tool is not None else None
+    schemas = {TOOL_NAME: ep.tool.tool_schema} if ep.tool is not None else {}
     r = ep.result
     ids = list(ep.builder.build_initial_tokens(ep.messages, tools=tools))
     n_prompt = len(ids)
@@ -196,6 +205,8 @@ async def _run_episode(
         r.assistant_turns += 1
         if not out or out[-1] != eos:  # cut by the budget: never executed
             r.truncated = True
+            break
+        if ep.tool is None:  # single turn
             break
         content, calls = parse_tool_calls(ep.tok.decode(out, skip_special_tokens=False), schemas)
         if not calls or r.assistant_turns >= max_assistant_turns:
@@ -225,6 +236,7 @@ async def run_episodes(
     max_response_tokens: int = 128,
     max_tool_response_chars: int = 256,
     tool_timeout_s: float = 5.0,
+    family: str = "tooluse",
 ) -> list[EpisodeResult]:
     """Run and score one episode per problem, all concurrently.
 
@@ -240,6 +252,8 @@ async def run_episodes(
         max_tool_response_chars: observation text is cut to its last this many characters (verl's
             ``multi_turn.max_tool_response_length``).
         tool_timeout_s: wall-clock limit of one tool call (the sandbox's ``timeout_s``).
+        family: ``tooluse`` (multi-turn with the tool), or ``shortcot`` / ``longcot`` (one turn, no tool;
+            the tool arguments are unused).
     Returns:
         one :class:`EpisodeResult` per problem, in order.
     Raises:
@@ -250,9 +264,13 @@ async def run_episodes(
     from envs.reward import compute_score
     from envs.tools.code_interpreter import CodeInterpreterTool
 
+    if family not in REWARD_FAMILY:
+        raise ValueError(f"unknown family {family!r}; expected one of {sorted(REWARD_FAMILY)}")
     builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
-    tool = CodeInterpreterTool({"type": "native", "sandbox": {"limits": {"timeout_s": tool_timeout_s,
-                                                                          "cpu_s": max(1, int(tool_timeout_s))}}})
+    tool = None
+    if family == "tooluse":
+        tool = CodeInterpreterTool({"type": "native", "sandbox": {"limits": {"timeout_s": tool_timeout_s,
+                                                                              "cpu_s": max(1, int(tool_timeout_s))}}})
     try:
         episodes = [_Episode(p, tokenizer, builder, tool, max_tool_response_chars, tool_timeout_s) for p in problems]
         results = await asyncio.gather(
@@ -262,14 +280,15 @@ async def run_episodes(
             )
         )
     finally:
-        await tool.aclose()
+        if tool is not None:
+            await tool.aclose()
     for r in results:
         s = await asyncio.to_thread(
             compute_score,
             data_source=r.data_source,
             solution_str=r.model_text,
             ground_truth=r.ground_truth,
-            extra_info={"family": "tool_use", "hit_eos": not r.truncated},
+            extra_info={"family": REWARD_FAMILY[family], "hit_eos": not r.truncated},
         )
         r.score = float(s["score"])
         r.acc = bool(s["acc"])
@@ -307,7 +326,7 @@ def evaluate_model(
         temperatures: one evaluation per temperature (0 = greedy).
         seed: sampling seed (episode ``i`` at a temperature uses ``seed + i``).
         max_batch_size: most sequences decoded together.
-        **episode_kwargs: passed to :func:`run_episodes` (max_assistant_turns, max_response_tokens, ...).
+        **episode_kwargs: passed to :func:`run_episodes` (family, max_assistant_turns, max_response_tokens, ...).
     Returns:
         ``{temperature: (report, episodes)}``.
     """
@@ -341,6 +360,7 @@ def evaluate_checkpoint(
     n_heldout: int | None = None,
     temperatures: Sequence[float] = (0.0, 1.0),
     seed: int = 0,
+    family: str | None = None,
     **episode_kwargs: Any,
 ) -> dict[float, EvalReport]:
     """Held-out accuracy of the checkpoint at ``path`` (model and tokenizer in one directory).
@@ -354,6 +374,7 @@ def evaluate_checkpoint(
         path: checkpoint directory.
         n: problems to evaluate (None: all ``n_heldout``).
         data_seed, n_heldout: see above.
+        family: the task family (None: ``sft_config.json``'s, else ``tooluse``).
         temperatures, seed, episode_kwargs: see :func:`evaluate_model`.
     Returns:
         ``{temperature: EvalReport}``.
@@ -371,12 +392,13 @@ def evaluate_checkpoint(
     n_heldout = saved.get("n_heldout") if n_heldout is None else n_heldout
     if data_seed is None or n_heldout is None:
         raise ValueError(f"{path} has no sft_config.json: give data_seed and n_heldout")
-    problems = heldout_problems(int(n_heldout), int(data_seed))[: n or None]
+    family = family or saved.get("family") or "tooluse"
+    problems = heldout_problems(int(n_heldout), int(data_seed), family)[: n or None]
     model = load_model(str(path))
     tokenizer = load_tokenizer(path)
     if "max_response_tokens" not in episode_kwargs and "max_response_tokens" in saved:
         episode_kwargs["max_response_tokens"] = saved["max_response_tokens"]
-    res = evaluate_model(model, tokenizer, problems, temperatures, seed=seed, **episode_kwargs)
+    res = evaluate_model(model, tokenizer, problems, temperatures, seed=seed, family=family, **episode_kwargs)
     return {t: rep for t, (rep, _) in res.items()}
 
 
@@ -389,9 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--data-seed", type=int, default=None)
     ap.add_argument("--n-heldout", type=int, default=None)
+    ap.add_argument("--family", choices=sorted(REWARD_FAMILY), default=None,
+                    help="task family (default: the checkpoint's sft_config.json, else tooluse)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     args = ap.parse_args(argv)
-    reports = evaluate_checkpoint(args.checkpoint, args.n, args.data_seed, args.n_heldout, args.temperatures)
+    reports = evaluate_checkpoint(args.checkpoint, args.n, args.data_seed, args.n_heldout, args.temperatures,
+                                  family=args.family)
     for t, rep in reports.items():
         print(f"T={t}: " + json.dumps(rep.to_dict()))
     return 0

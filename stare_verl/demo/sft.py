@@ -1,7 +1,10 @@
-"""Cold-start SFT of the tiny tool-use model, cached by its configuration.
+"""Cold-start SFT of the tiny model of a CPU default family, cached by its configuration.
 
-Pipeline (:func:`ensure_sft_checkpoint`): problems and demonstrations (real sandbox output,
-``stare_verl.demo.demos``) -> tokenizer trained on the rendered demonstrations -> tiny Qwen2 model ->
+Families (``SFTConfig.family``): ``tooluse`` (tool-use demonstrations with real sandbox output,
+``stare_verl.demo.demos``), ``shortcot`` / ``longcot`` (chain-of-thought sums with a sampled order of the terms,
+``stare_verl.demo.cot``; single turn, no tool). The rest of the pipeline is shared.
+
+Pipeline (:func:`ensure_sft_checkpoint`): problems and demonstrations -> tokenizer trained on the rendered demonstrations -> tiny Qwen2 model ->
 supervised fine-tuning with ``transformers.Trainer`` (AdamW, tqdm progress bar) on an assistant-only loss ->
 held-out evaluation (greedy and T = 1.0, multi-turn with the real tool) -> one directory with model,
 tokenizer, ``sft_config.json`` and ``sft_report.json``, under ``<cache_dir>/sft-<hash>`` where the hash covers
@@ -14,7 +17,9 @@ patches and a torchrun launch for a 0.84 M-parameter model. ``make sft-tooluse``
 
 Token layout (built with verl's Continuous Token builder, as the agent loop builds it at RL time)::
 
-    prompt (mask 0) | tool call + <|im_end|> (1) | "\\n" + tool turn + "<|im_start|>assistant\\n" (0) | \\boxed{..} + <|im_end|> (1)
+    tool use: prompt (mask 0) | tool call + <|im_end|> (1) | "\\n" + tool turn + "<|im_start|>assistant\\n" (0) |
+              \\boxed{..} + <|im_end|> (1)
+    CoT:      prompt (mask 0) | answer + <|im_end|> (1)
 
 Loss: mean token cross-entropy over mask-1 tokens only (labels -100 elsewhere).
 
@@ -40,11 +45,11 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from stare_verl.demo.demos import CODE_INTERPRETER_SCHEMA, Demo, build_demos, split_problems
+from stare_verl.demo.demos import FAMILIES, Demo, build_demos, split_problems
 from stare_verl.demo.model import TinyModelConfig, build_model, save_model
 from stare_verl.demo.tokenizer import build_tokenizer, load_tokenizer
 
@@ -52,11 +57,13 @@ __all__ = [
     "DEFAULT_CACHE_DIR",
     "FORMAT_VERSION",
     "SFTConfig",
+    "build_family_demos",
     "config_hash",
     "encode_demo",
     "ensure_sft_checkpoint",
     "read_report",
     "render_demo",
+    "sft_problem_count",
     "train_sft",
     "write_rl_data",
 ]
@@ -69,6 +76,15 @@ FORMAT_VERSION = 1
 CONFIG_FILE = "sft_config.json"
 REPORT_FILE = "sft_report.json"
 
+# Per-family defaults of fields the caller did not set (tool use: the fields' own defaults). SFT steps: where
+# held-out greedy accuracy passes ~0.5 on the 2-core machine (module docstring); max_response_tokens: the
+# family's CPU recipe's data.max_response_length.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "tooluse": {},
+    "shortcot": {"steps": 1000, "max_response_tokens": 48},
+    "longcot": {"steps": 800, "max_response_tokens": 128},
+}
+
 # Fields that do not change the checkpoint (left out of the cache key).
 _NOT_IN_KEY = {"cache_dir", "eval_every", "eval_every_n", "num_threads", "progress", "eval_temperatures"}
 
@@ -76,9 +92,13 @@ _NOT_IN_KEY = {"cache_dir", "eval_every", "eval_every_n", "num_threads", "progre
 class SFTConfig(BaseModel):
     """Everything that determines the cold-start SFT checkpoint (and a few run-only knobs).
 
-    Data: ``data_seed`` (reasoning-gym seeds of all splits), ``n_train`` demonstrations, ``n_heldout``
-    held-out problems (evaluated after SFT; the RL val set of the same seed). Tokenizer: ``vocab_size``.
-    Model: ``model`` (architecture), ``init_seed``. Training: ``steps``, ``batch_size``, ``lr`` (AdamW),
+    Family: ``family`` (``tooluse``, ``shortcot``, ``longcot``; left out of the cache key when ``tooluse``, so
+    tool-use keys are the same as before the field existed).
+    Data: ``data_seed`` (reasoning-gym seeds of all splits), ``n_train`` demonstrations (CoT families: from
+    ``n_train // COT_DEMOS_PER_PROBLEM`` problems, see :func:`sft_problem_count`), ``n_heldout`` held-out
+    problems (evaluated after SFT; the RL val set of the same seed). Tokenizer: ``vocab_size``.
+    Model: ``model`` (architecture), ``init_seed``. ``steps`` and ``max_response_tokens`` default per family
+    (``FAMILY_DEFAULTS``). Training: ``steps``, ``batch_size``, ``lr`` (AdamW),
     ``weight_decay``, ``warmup_steps`` (then constant lr), ``max_grad_norm``, ``train_seed`` (data order).
 
     Run-only (not in the cache key): ``cache_dir`` (default ``$STARE_CACHE_DIR`` or ``runs/cache``),
@@ -89,6 +109,7 @@ class SFTConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    family: Literal["tooluse", "shortcot", "longcot"] = "tooluse"
     data_seed: int = 0
     n_train: int = Field(4096, ge=1)
     n_heldout: int = Field(200, ge=1)
@@ -111,6 +132,15 @@ class SFTConfig(BaseModel):
     eval_every_n: int = Field(64, ge=1)
     eval_temperatures: tuple[float, ...] = (0.0, 1.0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _family_defaults(cls, data: Any) -> Any:
+        """Fill fields the caller left unset with ``FAMILY_DEFAULTS[family]``."""
+        if isinstance(data, dict):
+            for k, v in FAMILY_DEFAULTS.get(data.get("family", "tooluse"), {}).items():
+                data = data if k in data else {**data, k: v}
+        return data
+
     def resolved_cache_dir(self) -> Path:
         """``cache_dir``, else ``$STARE_CACHE_DIR``, else ``runs/cache`` (relative to the working directory)."""
         return Path(self.cache_dir or os.environ.get("STARE_CACHE_DIR") or DEFAULT_CACHE_DIR)
@@ -132,8 +162,38 @@ def _versions() -> dict[str, str]:
 
 
 def key_config(cfg: SFTConfig) -> dict[str, Any]:
-    """The part of the configuration (plus library versions) that the cache key hashes."""
-    return {"config": cfg.model_dump(mode="json", exclude=_NOT_IN_KEY), "versions": _versions()}
+    """The part of the configuration (plus library versions) that the cache key hashes.
+
+    ``family`` is left out when it is ``tooluse`` (the keys of tool-use checkpoints predate the field); the
+    CoT families add their demonstrations-per-problem count.
+    """
+    if cfg.family == "tooluse":
+        return {"config": cfg.model_dump(mode="json", exclude=_NOT_IN_KEY | {"family"}), "versions": _versions()}
+    from stare_verl.demo.cot import COT_DEMOS_PER_PROBLEM
+
+    conf = {**cfg.model_dump(mode="json", exclude=_NOT_IN_KEY), "demos_per_problem": COT_DEMOS_PER_PROBLEM}
+    return {"config": conf, "versions": _versions()}
+
+
+def sft_problem_count(cfg: SFTConfig) -> int:
+    """Problems behind ``cfg``'s ``n_train`` demonstrations: ``n_train`` for tool use (one demonstration each),
+    ``max(1, n_train // COT_DEMOS_PER_PROBLEM)`` for the CoT families (several sampled orders per problem)."""
+    if cfg.family == "tooluse":
+        return cfg.n_train
+    from stare_verl.demo.cot import COT_DEMOS_PER_PROBLEM
+
+    return max(1, cfg.n_train // COT_DEMOS_PER_PROBLEM)
+
+
+def build_family_demos(cfg: SFTConfig, problems) -> tuple[list, list]:
+    """``(demos, rejected)`` of ``cfg.family`` for ``problems``: :func:`stare_verl.demo.demos.build_demos`
+    (tool use, real sandbox output) or :func:`stare_verl.demo.cot.build_cot_demos` (CoT families,
+    ``COT_DEMOS_PER_PROBLEM`` sampled orders per problem under ``train_seed``)."""
+    if cfg.family == "tooluse":
+        return build_demos(problems)
+    from stare_verl.demo.cot import COT_DEMOS_PER_PROBLEM, build_cot_demos
+
+    return build_cot_demos(problems, cfg.family, seed=cfg.train_seed, per_problem=COT_DEMOS_PER_PROBLEM)
 
 
 def config_hash(cfg: SFTConfig) -> str:
@@ -143,12 +203,13 @@ def config_hash(cfg: SFTConfig) -> str:
 
 
 def render_demo(demo: Demo) -> str:
-    """The whole demonstration as chat-template text (the tokenizer's training corpus)."""
+    """The whole demonstration (a tool-use ``Demo`` or a ``CotDemo``) as chat-template text (the tokenizer's
+    training corpus)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     from stare_verl.demo.tokenizer import CHAT_TEMPLATE
 
-    rendered = render_jinja_template([demo.messages()], tools=[CODE_INTERPRETER_SCHEMA], chat_template=CHAT_TEMPLATE)
+    rendered = render_jinja_template([demo.messages()], tools=demo.tools, chat_template=CHAT_TEMPLATE)
     return rendered[0][0] if isinstance(rendered, tuple) else rendered[0]
 
 
@@ -156,24 +217,28 @@ def encode_demo(demo: Demo, tokenizer, builder=None) -> tuple[list[int], list[in
     """Token ids and loss mask of one demonstration, built the way verl's agent loop builds an episode.
 
     Args:
-        demo: the demonstration.
+        demo: the demonstration (a tool-use ``Demo`` or a ``CotDemo``).
         tokenizer: the run's tokenizer.
         builder: a verl Continuous Token builder for it (made with ``hf_model_type="qwen2"`` if None).
     Returns:
         ``(input_ids, loss_mask)``, equal lengths; ``loss_mask[i]`` is 1 exactly for tokens the model
-        generates (the two assistant turns, each with its ``<|im_end|>``), 0 for prompt, tool and template
-        tokens.
+        generates (the assistant turns, each with its ``<|im_end|>``: two for tool use, one for CoT), 0 for
+        prompt, tool and template tokens.
     """
     if builder is None:
         from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
         builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
-    tools = [CODE_INTERPRETER_SCHEMA]
+    eos = int(tokenizer.eos_token_id)
+    tools = demo.tools
+    if tools is None:  # single turn (verl's single_turn_agent): prompt, then the answer and <|im_end|>
+        ids = list(builder.build_initial_tokens(demo.prompt(), tools=None))
+        turn = tokenizer.encode(demo.assistant_texts()[0], add_special_tokens=False) + [eos]
+        return ids + turn, [0] * len(ids) + [1] * len(turn)
     msgs = demo.messages()
     prompt, call_msg, tool_msg = msgs[:1], msgs[1], msgs[2]
     ids = list(builder.build_initial_tokens(prompt, tools=tools))
     mask = [0] * len(ids)
-    eos = int(tokenizer.eos_token_id)
     call_text, answer_text = demo.assistant_texts()
     turn = tokenizer.encode(call_text, add_special_tokens=False) + [eos]
     ids += turn
@@ -244,7 +309,7 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any]):
                 was_training = model.training
                 model.eval()
                 res = evaluate_model(model, tokenizer, heldout[: cfg.eval_every_n], (0.0,),
-                                     max_response_tokens=cfg.max_response_tokens)
+                                     max_response_tokens=cfg.max_response_tokens, family=cfg.family)
                 model.train(was_training)
                 self.eval_s += time.perf_counter() - t
                 acc = res[0.0][0].accuracy
@@ -288,8 +353,8 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    splits = split_problems(cfg.n_train, cfg.n_heldout, cfg.data_seed)
-    demos, rejected = build_demos(splits["sft_train"])
+    splits = split_problems(sft_problem_count(cfg), cfg.n_heldout, cfg.data_seed, family=cfg.family)
+    demos, rejected = build_family_demos(cfg, splits["sft_train"])
     if not demos:
         raise RuntimeError("no demonstration survived the check against the ground truth")
     tokenizer = build_tokenizer([render_demo(d) for d in demos], out, vocab_size=cfg.vocab_size)
@@ -331,10 +396,11 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
     save_model(model, tokenizer, out)
     t2 = time.perf_counter()
     res = evaluate_model(model, tokenizer, splits["heldout"], cfg.eval_temperatures, seed=0,
-                         max_response_tokens=cfg.max_response_tokens)
+                         max_response_tokens=cfg.max_response_tokens, family=cfg.family)
     losses = history["loss"]
     report = {
         "hash": config_hash(cfg),
+        "family": cfg.family,
         "n_demos": len(demos),
         "rejected_demos": len(rejected),
         "demo_tokens_mean": sum(len(r[0]) for r in features.rows) / len(features),
@@ -422,13 +488,14 @@ def write_rl_data(
 
     Training problems are disjoint from ``cfg``'s demonstrations and held-out set; ``val.parquet`` holds the
     first ``n_val`` (default all) of the held-out problems ``cfg``'s SFT report was measured on.
-    See :func:`stare_verl.demo.demos.write_rl_parquet`; ``agent_name`` defaults to ``stare_tool_agent``.
+    See :func:`stare_verl.demo.demos.write_rl_parquet`; ``agent_name`` defaults to the family's
+    (``stare_tool_agent`` for tool use, ``single_turn_agent`` for the CoT families).
     """
-    from stare_verl.demo.demos import AGENT_NAME, write_rl_parquet
+    from stare_verl.demo.demos import write_rl_parquet
 
     cfg = cfg or SFTConfig()
-    return write_rl_parquet(out_dir, n_train=n_train, n_val=n_val, seed=cfg.data_seed,
-                            agent_name=agent_name or AGENT_NAME, n_sft_train=cfg.n_train, n_heldout=cfg.n_heldout)
+    return write_rl_parquet(out_dir, n_train=n_train, n_val=n_val, seed=cfg.data_seed, agent_name=agent_name,
+                            n_sft_train=sft_problem_count(cfg), n_heldout=cfg.n_heldout, family=cfg.family)
 
 
 def read_report(path: str | Path) -> dict[str, Any]:
@@ -453,15 +520,16 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    ap = argparse.ArgumentParser(description="Cold-start SFT of the tiny tool-use model (cached by config).")
+    ap = argparse.ArgumentParser(description="Cold-start SFT of the tiny model of a CPU family (cached by config).")
+    ap.add_argument("--family", choices=FAMILIES, default="tooluse")
     ap.add_argument("--out", default=None, help="cache directory (default $STARE_CACHE_DIR or runs/cache)")
-    ap.add_argument("--steps", type=int, default=SFTConfig().steps)
-    ap.add_argument("--n-train", type=int, default=SFTConfig().n_train)
-    ap.add_argument("--n-heldout", type=int, default=SFTConfig().n_heldout)
-    ap.add_argument("--lr", type=float, default=SFTConfig().lr)
-    ap.add_argument("--batch-size", type=int, default=SFTConfig().batch_size)
-    ap.add_argument("--warmup-steps", type=int, default=SFTConfig().warmup_steps)
-    ap.add_argument("--max-response-tokens", type=int, default=SFTConfig().max_response_tokens,
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--n-train", type=int, default=None)
+    ap.add_argument("--n-heldout", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--warmup-steps", type=int, default=None)
+    ap.add_argument("--max-response-tokens", type=int, default=None,
                     help="episode token budget of the held-out evaluation")
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--init-seed", type=int, default=0)
@@ -471,11 +539,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--min-accuracy", type=float, default=None)
     a = ap.parse_args(argv)
+    given = {k: getattr(a, k) for k in ("steps", "n_train", "n_heldout", "lr", "batch_size", "warmup_steps",
+                                         "max_response_tokens") if getattr(a, k) is not None}  # fmt: skip
     cfg = SFTConfig(
-        cache_dir=a.out, steps=a.steps, n_train=a.n_train, n_heldout=a.n_heldout, lr=a.lr, batch_size=a.batch_size,
-        warmup_steps=a.warmup_steps, max_response_tokens=a.max_response_tokens,
-        data_seed=a.data_seed, init_seed=a.init_seed, eval_every=a.eval_every, num_threads=a.threads,
-        progress=not a.no_progress,
+        family=a.family, cache_dir=a.out, data_seed=a.data_seed, init_seed=a.init_seed, eval_every=a.eval_every,
+        num_threads=a.threads, progress=not a.no_progress, **given,
     )
     path = ensure_sft_checkpoint(cfg, force=a.force)
     rep = read_report(path)
