@@ -29,7 +29,6 @@ Sources:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import Counter
@@ -43,6 +42,7 @@ from envs.tools.schema import CODE_INTERPRETER_SCHEMA_JSON, TOOL_NAME
 
 __all__ = [
     "RETOOL_REPO",
+    "ConversationError",
     "SFTBuildReport",
     "check_conversation",
     "conversation_from_demo",
@@ -361,8 +361,3 @@ def write_sft_parquet(rows: list[dict[str, Any]], path: str | os.PathLike) -> Pa
     p.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(p, index=False)
     return p
-
-
-def dumps_row(row: Mapping[str, Any]) -> str:
-    """A row as one JSON line (for inspection)."""
-    return json.dumps(row, ensure_ascii=False)

@@ -396,8 +396,8 @@ def build_sft_data(
 
         tok = AutoTokenizer.from_pretrained(tokenizer)
         before = len(rows)
-        rows = [r for r in rows if len(tok.apply_chat_template(r["messages"], tools=r["tools"], tokenize=True))
-                <= max_length]
+        rows = [r for r in rows if len(tok.apply_chat_template(r["messages"], tools=r["tools"], tokenize=True,
+                                                               return_dict=True)["input_ids"]) <= max_length]
         counts["too_long"] = before - len(rows)
     if not rows:
         raise ValueError("no SFT rows: ask for demos (--demos N) and/or ReTool-SFT (--retool)")

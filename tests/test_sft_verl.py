@@ -151,6 +151,22 @@ def test_sft_data_builder_writes_both_sources(tiny_model):
                                                                                      ("retool_sft", 3)]
 
 
+def test_rows_longer_than_max_length_tokens_are_dropped_and_counted(tiny_model, tmp_path):
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    root, res, tok = tiny_model
+    files = [str(res["train"]), str(res["val"])]
+    data = MultiTurnSFTDataset(files, tok, {"max_length": 4096, "pad_mode": "no_padding"})
+    lengths = sorted(len(data[i]["input_ids"]) for i in range(len(data)))
+    cut = lengths[len(lengths) // 2]
+    out = L.build_sft_data(tmp_path, n_demos=24, demo_seed=5, retool_file=str(FIXTURE), n_val=2,
+                           tokenizer=str(root / "tok"), max_length=cut)
+    assert out["counts"]["too_long"] == sum(n > cut for n in lengths) > 0
+    kept = MultiTurnSFTDataset([str(out["train"]), str(out["val"])], tok, {"max_length": cut, "truncation": "error"})
+    assert len(kept) == sum(n <= cut for n in lengths)
+    assert all(int(kept[i]["attention_mask"].sum()) <= cut for i in range(len(kept)))  # "error" would raise
+
+
 def test_step_budget_the_data_cannot_fill_fails_before_launch(tiny_model):
     root, res, _ = tiny_model  # 25 training rows
     base = [f"model.path={root / 'model'}", f"data.train_files={res['train']}"]
