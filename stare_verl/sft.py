@@ -47,6 +47,7 @@ __all__ = [
     "latest_hf_checkpoint",
     "link_checkpoint",
     "main",
+    "mark_end_of_turn",
     "torchrun_command",
     "validate_sft",
 ]
@@ -221,6 +222,33 @@ def latest_hf_checkpoint(default_local_dir: str | os.PathLike) -> Path | None:
     return hf if (hf / "config.json").is_file() else None
 
 
+def mark_end_of_turn(hf_dir: str | os.PathLike, token: str = "<|im_end|>") -> bool:
+    """Make ``token`` (the chat template's end of turn) an EOS of the checkpoint's ``generation_config.json``.
+
+    A base model's generation config stops only at its pre-training EOS (``<|endoftext|>`` for Qwen2.5-7B);
+    after SFT on chat data the model ends each turn with ``<|im_end|>``, and servers that read the generation
+    config (SGLang, vLLM, ``transformers.generate``) should stop there too, as Qwen's instruct releases do.
+
+    Returns:
+        True when the file was changed; False when ``token`` is not in the tokenizer or already an EOS.
+    """
+    from transformers import AutoTokenizer, GenerationConfig
+
+    hf_dir = Path(hf_dir)
+    tok = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
+    tid = tok.convert_tokens_to_ids(token)
+    if not isinstance(tid, int) or tid < 0 or tid == tok.unk_token_id:
+        return False
+    gen = GenerationConfig.from_pretrained(hf_dir, local_files_only=True)
+    eos = gen.eos_token_id
+    ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    if tid in ids:
+        return False
+    gen.eos_token_id = [tid, *ids]
+    gen.save_pretrained(hf_dir)
+    return True
+
+
 def link_checkpoint(hf_dir: str | os.PathLike, link: str | os.PathLike) -> Path:
     """Point ``link`` (a symlink, relative when possible) at ``hf_dir``; an existing symlink is replaced.
 
@@ -321,6 +349,8 @@ def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str
     if hf is None:
         print(f"error: the trainer finished but left no HF checkpoint under {out_dir}", file=sys.stderr)
         return 1
+    if mark_end_of_turn(hf):
+        print(f"generation_config.json: <|im_end|> added to eos_token_id ({hf})")
     link = args.link if args.link is not None else (DEFAULT_LINK if recipe == DEFAULT_RECIPE else "")
     shown = hf
     if link:

@@ -291,3 +291,18 @@ def test_gpu_dry_run_validates_and_prints_the_torchrun_command(tiny_model, monke
     assert "--nproc_per_node=8 -m verl.trainer.sft_trainer" in out and "--config-name=tooluse_qwen2.5-7b" in out
     assert out.rstrip().endswith(f"model.path=/models/qwen2.5-7b data.train_files={res['train']} "
                                  f"data.val_files={res['val']} data.train_batch_size=8")
+
+
+def test_end_of_turn_becomes_an_eos_of_the_sft_checkpoint(tiny_model, tmp_path):
+    import shutil
+
+    from transformers import GenerationConfig
+
+    root, _, tok = tiny_model
+    hf = shutil.copytree(root / "model", tmp_path / "hf")
+    eot, eot_base = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    GenerationConfig(eos_token_id=eot_base).save_pretrained(hf)  # as a base model ships it
+    assert L.mark_end_of_turn(hf) is True
+    assert GenerationConfig.from_pretrained(hf).eos_token_id == [eot, eot_base]
+    assert L.mark_end_of_turn(hf) is False  # already there: unchanged
+    assert L.mark_end_of_turn(hf, token="<|no_such_token|>") is False
