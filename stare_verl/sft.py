@@ -113,7 +113,8 @@ def validate_sft(cfg: DictConfig, nproc: int, check_model: bool = False, check_f
     if cfg.data.train_batch_size % dp:
         raise ValueError(f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of the {dp} "
                          f"data-parallel ranks ({nproc} ranks / Ulysses {sp})")
-    if cfg.data.use_dynamic_bsz and cfg.data.max_token_len_per_gpu < cfg.data.max_length // sp:
+    # verl packs up to max_token_len_per_gpu * sp tokens per micro-batch (verl/workers/engine/utils.py)
+    if cfg.data.use_dynamic_bsz and cfg.data.max_token_len_per_gpu * sp < cfg.data.max_length:
         raise ValueError(f"data.max_token_len_per_gpu={cfg.data.max_token_len_per_gpu} cannot hold one "
                          f"data.max_length={cfg.data.max_length} sequence split over Ulysses {sp}")
     if cfg.data.pad_mode not in ("right", "no_padding") or cfg.data.truncation not in ("error", "left", "right"):
@@ -310,6 +311,11 @@ def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str
             print(f"error: no GPU: the CPU default SFT (python -m stare_verl.demo.sft) takes --options, not "
                   f"Hydra overrides ({' '.join(overrides)}); use --cpu-verl to run verl's trainer on CPU",
                   file=sys.stderr)
+            return 2
+        gpu_only = [f"--{k}" for k in ("model", "nproc", "recipe") if getattr(args, k)]
+        if gpu_only:
+            print(f"error: no GPU: {' '.join(gpu_only)} is for verl's SFT trainer (GPU, or --cpu-verl); the CPU "
+                  "default SFT trains the tiny model (python -m stare_verl.demo.sft --help)", file=sys.stderr)
             return 2
         print("no GPU: running the CPU default SFT of the tiny model (python -m stare_verl.demo.sft)", flush=True)
         from stare_verl.demo.sft import main as cpu_sft_main

@@ -273,6 +273,8 @@ def test_train_without_gpu_falls_back_to_the_cpu_demo_sft(monkeypatch, capsys):
     assert L.main(["train", "optim.lr=1e-4"]) == 2  # Hydra overrides mean verl's trainer: not on this path
     assert "--cpu-verl" in capsys.readouterr().err
     assert L.main(["train", "--device", "gpu"]) == 2
+    assert L.main(["train", "--model", "Qwen/Qwen2.5-7B"]) == 2  # the base model of the GPU recipe
+    assert "--model is for verl's SFT trainer" in capsys.readouterr().err
     monkeypatch.setattr(L, "has_gpu", lambda: 8)
     assert L.main(["train", "--steps", "20"]) == 2  # an option verl's launcher does not know
     assert L.main(["train", "--dry-run", "--skip-model-check", "data.train_files=/nonexistent.parquet"]) == 2
