@@ -1,5 +1,10 @@
-"""The CPU default of the tool-use family: a tiny model, its tokenizer, tool-use demonstrations, the cold-start
-SFT (cached by configuration) and the held-out evaluation that runs before and after RL.
+"""The CPU defaults of the three families: a tiny model, its tokenizer, demonstrations, the cold-start SFT
+(cached by configuration) and the held-out evaluation that runs before and after RL.
+
+Families: ``tooluse`` (reasoning-gym arithmetic solved with the sandboxed Python tool, ``demos``), ``shortcot``
+and ``longcot`` (reasoning-gym sums of 3-4 one-digit terms solved as running sums in a sampled order, the long
+form inside a ``<think>`` block with a check pass, ``cot``). The model, tokenizer, SFT trainer, evaluation and
+RL-data code are shared; ``SFTConfig.family`` / the ``family`` arguments select the task.
 
 Entry points:
 
@@ -8,8 +13,9 @@ Entry points:
   configuration and reused from the cache afterwards.
 - :func:`stare_verl.demo.demos.write_rl_parquet` -> verl RLHF parquet files (train / val) for RL on the same task.
 - :func:`stare_verl.demo.evaluate.evaluate_checkpoint` -> held-out accuracy, turns and tool calls.
-- ``python -m stare_verl.demo.sft --out DIR [--steps N]``.
+- ``python -m stare_verl.demo.sft [--family F] --out DIR [--steps N]``.
 
 Numbers (model size, tokenizer, task mix, SFT batch / lr / steps) follow the measured calibration in
-``shared/specs/cpu-demo-calibration.md``. Nothing here downloads anything.
+``shared/specs/cpu-demo-calibration.md`` (tool use) and the measurements in ``sft.py`` (CoT families). Nothing
+here downloads anything.
 """

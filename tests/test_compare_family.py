@@ -1,0 +1,47 @@
+"""`make compare --family`: every run of the comparison gets the family, the default folder names it, and the
+table/plot come from the runs' metrics."""
+
+import json
+from pathlib import Path
+
+import stare_verl.train as T
+from stare_verl import compare
+
+
+def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_train_cpu(args):  # writes what a finished run leaves behind (a real run is the e2e tests' job)
+        seen.append((args.family, args.method, args.seed, args.steps, args.cpu))
+        run = Path(args.run_dir)
+        run.mkdir(parents=True)
+        ent = [0.13, 0.12] if args.method == "stare" else [0.13, 0.10]
+        rows = [{"step": i + 1, "actor/entropy": e, "stare/target_entropy": 0.12, "stare/gate_on": float(e < 0.12)}
+                for i, e in enumerate(ent)]  # fmt: skip
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        ev = {"T=0": {"accuracy": 0.5}, "T=1": {"accuracy": 0.25}}
+        summary = {
+            "family": args.family,
+            "method": args.method,
+            "seed": args.seed,
+            "eval_before": ev,
+            "eval_after": ev,
+        }
+        (run / "summary.json").write_text(json.dumps(summary))
+        return 0
+
+    monkeypatch.setattr(T, "train_cpu", fake_train_cpu)
+    monkeypatch.setattr(compare, "REPO", tmp_path)
+    assert compare.main(["--family", "shortcot", "--seeds", "0", "1", "--steps", "2"]) == 0
+    assert sorted(seen) == sorted(
+        (f, m, s, 2, True) for f in ["shortcot"] for m in ("stare", "grpo") for s in (0, 1)
+    )
+    out = tmp_path / "runs" / "compare-shortcot"
+    stats = json.loads((out / "table.json").read_text())
+    assert {(s["method"], s["seed"]) for s in stats} == {("stare", 0), ("grpo", 0), ("stare", 1), ("grpo", 1)}
+    grpo = next(s for s in stats if s["method"] == "grpo")
+    assert grpo["entropy_last_quarter"] == 0.10 and grpo["gate_on_share"] == 0.5
+    assert abs(grpo["mean_abs_entropy_minus_target"] - 0.015) < 1e-12
+    assert (out / "entropy_overlay.png").stat().st_size > 0 and "| stare | 2 |" in (
+        out / "table.md"
+    ).read_text()
