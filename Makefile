@@ -40,10 +40,11 @@ data: install
 	$(BIN)/python -m envs.tool_use offline --out data
 
 # The Hugging Face sets the GPU recipes train and validate on (needs network or a local HF cache).
-data-hf: install
+data-hf: install system-deps
 	@set -e; for fam in short_cot long_cot; do for n in dapo_math aime2024 aime2025 math500; do \
 	  $(BIN)/python -m envs.datasets hub $$n --family $$fam --out data; done; done
 	@set -e; for n in dapo_math aime2024 aime2025; do $(BIN)/python -m envs.tool_use hub $$n --out data; done
+	$(BIN)/python -m stare_verl.sft data --retool
 
 lint: install
 	$(BIN)/ruff check stare_verl envs tests bench
@@ -65,9 +66,11 @@ train-shortcot: install
 train-longcot: install
 	$(BIN)/python -m stare_verl.train --family longcot $(ARGS) $(OVERRIDES)
 
-# Cold-start SFT of the tool-use model (CPU: the tiny model, cached; prints its held-out accuracy).
+# Cold-start SFT of the tool-use model: verl's SFT trainer (torchrun) on a GPU node, with
+# recipes/sft/tooluse_qwen2.5-7b.yaml on data/sft/ (make data-hf writes it); MODEL=<base model, default
+# Qwen/Qwen2.5-7B> ARGS="--nproc 8" OVERRIDES="optim.lr=2e-5 ...". Without a GPU: the tiny model's cached CPU SFT.
 sft-tooluse: install system-deps
-	$(BIN)/python -m stare_verl.demo.sft $(ARGS)
+	$(BIN)/python -m stare_verl.sft train $(if $(MODEL),--model $(MODEL)) $(ARGS) $(OVERRIDES)
 
 # STARE vs GRPO-ds on the CPU tool-use task: 3 seeds each from one SFT checkpoint (runs/compare/).
 compare: install system-deps
