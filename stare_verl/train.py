@@ -8,8 +8,8 @@ trainer, ``stare_sync``, the ``hf`` rollout backend; tool use: ``stare_tool_agen
 code_interpreter and ``envs.tool_use.compute_score``; short / long CoT: verl's ``single_turn_agent``, no tool,
 ``envs.reward.compute_score`` with family ``short_cot`` / ``long_cot``), then the held-out evaluation again.
 The families' tasks: ``stare_verl.demo`` (tool use: reasoning-gym arithmetic with the Python tool; CoT:
-reasoning-gym sums of 3-4 one-digit terms, solved step by step in a freely chosen order). The run folder (``runs/<name>`` or
-``RUN_DIR``) holds ``metrics.jsonl``, ``checkpoints/`` (verl's; a second invocation resumes from them),
+reasoning-gym sums of 3-4 one-digit terms, solved step by step in a freely chosen order). The run folder
+(``runs/<family>-<method>-seed<seed>`` or ``RUN_DIR``) holds ``metrics.jsonl``, ``checkpoints/`` (verl's; a second invocation resumes from them),
 ``plots/*.png``, ``eval_before.json``/``eval_after.json``, ``summary.json`` and ``train.log``.
 
 GPU (an NVIDIA GPU and SGLang installed): ``main_ppo`` with the family's recipe under ``recipes/``
@@ -233,7 +233,8 @@ def train_cpu(args: argparse.Namespace) -> int:
         f"trainer.default_local_dir={run_dir / 'checkpoints'}",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.save_freq={args.save_freq or args.steps}",
-        *([f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}"] if family == "tooluse" else []),
+        *([f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}"]
+          if family == "tooluse" else []),
         f"data.seed={args.seed}",
         f"actor_rollout_ref.actor.data_loader_seed={args.seed}",
         f"actor_rollout_ref.rollout.seed={args.seed}",
