@@ -432,3 +432,26 @@ def test_run_data_is_taken_from_the_checkpoints_run_folder_only(tmp_path):
     lone.mkdir(parents=True)
     with pytest.raises(LocalCheckpointError):
         find_run_data(lone)
+
+
+@pytest.mark.parametrize("family", ["shortcot", "longcot"])
+def test_cot_sft_checkpoint_is_evaluated_as_its_family(tmp_path, capsys, family):
+    from stare_verl.cpu.tiny import build_tiny_model
+    from stare_verl.demo.demos import REWARD_FAMILY, heldout_problems
+    from stare_verl.evaluation.local import demo_family, heldout_data_for_sft
+
+    ck = Path(build_tiny_model(tmp_path / "sft-cot"))
+    (ck / "sft_config.json").write_text(json.dumps({"config": {"data_seed": 2, "n_heldout": 3, "family": family}}))
+    data = heldout_data_for_sft(ck, tmp_path / "d")
+    probs = load_problems(data)
+    expected = heldout_problems(3, 2, family=family)
+    assert [p.ground_truth for p in probs] == [e.answer for e in expected]
+    assert all(not p.tool_use and p.extra_info["family"] == REWARD_FAMILY[family] for p in probs)
+    assert {demo_family(p) for p in probs} == {family}
+    args = ["--checkpoint", str(ck), "--data", str(data), "--k", "2", "--max-tokens", "16", "--no-progress",
+            "--out", str(tmp_path / "out")]
+    assert cli.main(args) == 0
+    recs = [json.loads(x) for x in (tmp_path / "out").read_text().splitlines()]
+    assert len(recs) == 6
+    for r in recs:  # one turn, no tool: a random model answers nothing correctly within the budget
+        assert r["turns"] == 1 and r["tokens"] <= 16 and r["correct"] is False

@@ -36,7 +36,14 @@ from stare_verl.evaluation.runner import (
     score_sample,
 )
 
-__all__ = ["LocalCheckpointError", "find_latest_checkpoint", "find_run_data", "heldout_data_for_sft", "run_local_eval"]
+__all__ = [
+    "LocalCheckpointError",
+    "demo_family",
+    "find_latest_checkpoint",
+    "find_run_data",
+    "heldout_data_for_sft",
+    "run_local_eval",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +124,18 @@ def heldout_data_for_sft(checkpoint: str | Path, out_dir: str | Path) -> Path | 
     from envs.datasets import write_parquet
     from stare_verl.demo.demos import heldout_problems, problem_row
 
-    probs = heldout_problems(int(saved["n_heldout"]), int(saved["data_seed"]))
-    return write_parquet([problem_row(p, "test", i) for i, p in enumerate(probs)], Path(out_dir) / "val.parquet")
+    family = str(saved.get("family", "tooluse"))
+    probs = heldout_problems(int(saved["n_heldout"]), int(saved["data_seed"]), family=family)
+    rows = [problem_row(p, "test", i, family=family) for i, p in enumerate(probs)]
+    return write_parquet(rows, Path(out_dir) / "val.parquet")
+
+
+def demo_family(p: EvalProblem) -> str:
+    """The CPU task family of an evaluation row: ``tooluse`` for tool-use rows, else ``longcot`` when
+    ``extra_info.family`` is ``long_cot`` and ``shortcot`` otherwise (the reward's default family)."""
+    if p.tool_use:
+        return "tooluse"
+    return "longcot" if p.extra_info.get("family") == "long_cot" else "shortcot"
 
 
 def _to_demo_problem(p: EvalProblem):
@@ -148,8 +165,11 @@ def run_local_eval(
 
     Returns:
         every record of ``problems`` (earlier and new), in problem/sample order.
+    Rows run as their family (:func:`demo_family`): tool-use rows through the multi-turn tool loop, CoT rows as
+    one turn without the tool, each scored with its family's reward.
+
     Raises:
-        ValueError: a problem is not a tool-use one. LocalCheckpointError: the checkpoint has no weights.
+        LocalCheckpointError: the checkpoint has no weights.
         envs.sandbox.SandboxUnavailable: no sandbox backend works here.
     """
     import json
@@ -164,12 +184,7 @@ def run_local_eval(
     if not _has_weights(ck):
         raise LocalCheckpointError(f"{ck} is not a Hugging Face model folder with weights (config.json + "
                                    "*.safetensors)")
-    plain = [p.problem_id for p in problems if not p.tool_use]
-    if plain:
-        raise ValueError(
-            f"local mode evaluates the CPU tool-use task; {len(plain)} row(s) (e.g. {plain[0]}) are not tool-use "
-            "rows. Serve the checkpoint with SGLang/vLLM and pass --url for other tasks."
-        )
+    families = {p.problem_id: demo_family(p) for p in problems}
     max_tokens = settings.max_tokens
     if max_tokens is None:
         cfg = ck / "sft_config.json"
@@ -195,16 +210,22 @@ def run_local_eval(
             return (await asyncio.wrap_future(engine.submit(prompt_ids, params))).token_ids
 
         bar = tqdm(total=total, initial=total - len(todo), desc="eval (local)", unit="sample", disable=not progress)
+        # one continuous batch per family at a time (tool-use rows run the tool loop, CoT rows one turn)
+        chunks = [
+            (fam, part[start : start + max_batch_size])
+            for fam in sorted(set(families.values()))
+            for part in [[t for t in todo if families[t[0].problem_id] == fam]]
+            for start in range(0, len(part), max_batch_size)
+        ]
         try:
-            for start in range(0, len(todo), max_batch_size):
-                chunk = todo[start : start + max_batch_size]
+            for fam, chunk in chunks:
                 base = sample_seed(settings.seed or 0, chunk[0][0].index, chunk[0][1])
                 with contextlib.redirect_stdout(sys.stderr):  # verl's BaseTool prints its schema
                     episodes = asyncio.run(run_episodes(
                         [_to_demo_problem(p) for p, _ in chunk], generate, tok, temperature=settings.temperature,
                         seed=base, max_assistant_turns=settings.max_turns, max_response_tokens=max_tokens,
                         max_tool_response_chars=settings.max_tool_response_chars,
-                        tool_timeout_s=settings.tool_timeout_s,
+                        tool_timeout_s=settings.tool_timeout_s, family=fam,
                     ))
                 for i, ((p, j), r) in enumerate(zip(chunk, episodes, strict=True)):
                     rec = _episode_record(p, j, base + i, r, settings)
