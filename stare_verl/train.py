@@ -145,6 +145,24 @@ def _evaluate(path: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
     return {f"T={t:g}": rep.to_dict() for t, rep in reports.items()}
 
 
+def _evaluate_sft(sft_dir: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
+    """:func:`_evaluate` of the cached SFT checkpoint, itself cached next to it (``eval_n<n>_turns<t>.json``):
+    every run from that checkpoint shares one held-out evaluation before RL (greedy and T = 1 sampling with a
+    fixed seed, so a rerun would give the same numbers). Written atomically, as runs may share the cache."""
+    turns = max_turns if sft_cfg.family == "tooluse" else 1
+    cached = sft_dir / f"eval_n{n}_turns{turns}.json"
+    if cached.is_file():
+        try:
+            return json.loads(cached.read_text())
+        except ValueError:
+            pass  # a torn or foreign file: evaluate again
+    ev = _evaluate(sft_dir, sft_cfg, n, max_turns)
+    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(ev, indent=1))
+    os.replace(tmp, cached)
+    return ev
+
+
 def _fmt_eval(ev: dict[str, Any]) -> str:
     return ", ".join(f"{k}: acc {v['accuracy']:.3f} ({v['n']} problems)" for k, v in ev.items())
 
@@ -221,8 +239,7 @@ def train_cpu(args: argparse.Namespace) -> int:
 
     eval_before = run_dir / "eval_before.json"
     if not eval_before.exists():
-        ev = _evaluate(sft_dir, sft_cfg, args.n_eval, args.max_turns)
-        eval_before.write_text(json.dumps(ev, indent=1))
+        eval_before.write_text(json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns), indent=1))
     before = json.loads(eval_before.read_text())
     print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
 
@@ -332,6 +349,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.cpu and gpu_available():
         return train_gpu(args)
+    if os.environ.get("MODEL"):
+        print(
+            f"error: MODEL={os.environ['MODEL']} is for GPU runs (verl + SGLang with recipes/), and this machine has "
+            "no GPU with SGLang (pip install -e '.[gpu]' on a GPU node). The CPU default trains its own tiny "
+            f"model: run without MODEL (unset MODEL; make train-{args.family}).",
+            file=sys.stderr,
+        )
+        return 2
     return train_cpu(args)
 
 

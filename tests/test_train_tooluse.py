@@ -57,6 +57,9 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):
     assert summary["steps"] == 2 and summary["rl_checkpoint"].endswith("global_step_2/actor/huggingface")
     for key in ("eval_before", "eval_after"):
         assert set(summary[key]) == {"T=0", "T=1"} and summary[key]["T=0"]["n"] == 8
+    # the evaluation before RL is cached with the SFT checkpoint: later runs from it reuse it
+    (sft_dir,) = (tmp_path / "cache").glob("sft-*")
+    assert json.loads((sft_dir / "eval_n8_turns3.json").read_text()) == summary["eval_before"]
     assert _our_leftovers(tag) == []
 
     # a second invocation with the same run folder resumes from global_step_2 and runs step 3 only
@@ -70,3 +73,11 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):
     state = json.loads((run / "checkpoints" / "global_step_3" / "stare_state.json").read_text())
     assert state["steps"] == 3  # the controller continued from the checkpoint, not from zero
     assert _our_leftovers(tag) == []
+
+
+def test_model_without_gpu_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setenv("MODEL", "/models/qwen")
+    monkeypatch.setattr("stare_verl.train.gpu_available", lambda: False)
+    assert main(["--family", "shortcot"]) == 2
+    err = capsys.readouterr().err
+    assert "MODEL=/models/qwen is for GPU runs" in err and "make train-shortcot" in err
