@@ -72,9 +72,10 @@ train-longcot: install
 sft-tooluse: install system-deps
 	$(BIN)/python -m stare_verl.sft train $(if $(MODEL),--model $(MODEL)) $(ARGS) $(OVERRIDES)
 
-# STARE vs GRPO-ds on the CPU tool-use task: 3 seeds each from one SFT checkpoint (runs/compare/).
+# STARE vs GRPO-ds on a CPU default task: 3 seeds each from one SFT checkpoint (runs/compare/, or
+# runs/compare-<family>/ with FAMILY=shortcot|longcot).
 compare: install system-deps
-	$(BIN)/python -m stare_verl.compare $(ARGS)
+	$(BIN)/python -m stare_verl.compare $(if $(FAMILY),--family $(FAMILY)) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 DELEGATED = {
     "train": ("stare_verl.train", "RL run: the CPU default, or verl + SGLang on a GPU node (see --help)"),
-    "compare": ("stare_verl.compare", "STARE vs GRPO-ds on the CPU tool-use task, several seeds"),
+    "compare": ("stare_verl.compare", "STARE vs GRPO-ds on a CPU default task (--family), several seeds"),
+    "sft": ("stare_verl.sft", "cold-start SFT for tool use: verl's SFT trainer on GPU, the tiny CPU SFT otherwise"),
 }
 
 
