@@ -11,9 +11,10 @@ tokenizer, ``sft_config.json`` and ``sft_report.json``, under ``<cache_dir>/sft-
 the whole configuration and the library versions. A later call with the same configuration returns that
 directory without training.
 
-Why not verl's SFT trainer: ``verl.trainer.sft_trainer`` needs a torch.distributed process group and verl's
-FSDP engine, which verl 0.9.1 registers for cuda/npu devices only; on this CPU it would need the CPU backend's
-patches and a torchrun launch for a 0.84 M-parameter model. ``make sft-tooluse`` uses verl's trainer on GPU.
+Why not verl's SFT trainer here: ``verl.trainer.sft_trainer`` does run on this CPU with the CPU backend's
+patches under torchrun (``python -m stare_verl.sft train --cpu-verl``), but measured ~2.7x slower per token than
+this plain Trainer loop for the 0.84 M-parameter model (FSDP2 over gloo, one rank), which would break the
+first-run time budget. ``make sft-tooluse`` uses verl's trainer on GPU.
 
 Token layout (built with verl's Continuous Token builder, as the agent loop builds it at RL time)::
 
