@@ -328,39 +328,24 @@ def problem_row(
     with ``family`` ``short_cot`` / ``long_cot`` for ``envs.reward.compute_score``.
     ``agent_name`` None: the family's default.
     """
-    if family != "tooluse":
-        return {
-            "data_source": p.data_source,
-            "prompt": [{"role": "user", "content": p.question}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": p.answer},
-            "extra_info": {
-                "split": split,
-                "index": int(index),
-                "family": REWARD_FAMILY[family],
-                "task": p.task,
-                "question": p.question,
-                "expression": p.expression,
-            },
-            "agent_name": agent_name or COT_AGENT_NAME,
-        }
-    agent_name = agent_name or AGENT_NAME
+    extra: dict[str, Any] = {
+        "split": split,
+        "index": int(index),
+        "family": REWARD_FAMILY[family],
+        "task": p.task,
+        "question": p.question,
+        "expression": p.expression,
+    }
+    if family == "tooluse":
+        extra["tools_kwargs"] = {TOOL_NAME: {"create_kwargs": {"data_source": p.data_source}}}
+        extra["need_tools_kwargs"] = True
     return {
         "data_source": p.data_source,
         "prompt": [{"role": "user", "content": p.question}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": p.answer},
-        "extra_info": {
-            "split": split,
-            "index": int(index),
-            "family": "tool_use",
-            "task": p.task,
-            "question": p.question,
-            "expression": p.expression,
-            "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"data_source": p.data_source}}},
-            "need_tools_kwargs": True,
-        },
-        "agent_name": agent_name,
+        "extra_info": extra,
+        "agent_name": agent_name or (AGENT_NAME if family == "tooluse" else COT_AGENT_NAME),
     }
 
 
