@@ -65,6 +65,8 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.profiler import simple_timer
 from verl.utils.ray_utils import get_event_loop
 
+from envs.scoring.extract import think_visible_spans
+
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
@@ -107,28 +109,10 @@ def strip_thinking(text: str) -> str:
     ``</think>`` does not end the outer block); text before a ``</think>`` that closes no opened block
     (templates that open the think block in the prompt); everything after an unclosed ``<think>``.
 
-    One left-to-right scan over the tags (linear in ``len(text)``).
+    Linear in ``len(text)`` (``envs.scoring.extract.think_visible_spans``, shared with the long-CoT scorer).
     """
-    out: list[str] = []
-    depth, pos = 0, 0
-    while True:
-        start = text.find(THINK_START, pos)
-        end = text.find(THINK_END, pos)
-        if start == -1 and end == -1:
-            if depth == 0:
-                out.append(text[pos:])
-            return "".join(out)
-        if end == -1 or (start != -1 and start < end):  # an opening tag comes first
-            if depth == 0:
-                out.append(text[pos:start])
-            depth += 1
-            pos = start + len(THINK_START)
-            continue
-        if depth == 0:  # a closing tag with no block open: all so far was reasoning opened by the prompt
-            out.clear()
-        else:
-            depth -= 1
-        pos = end + len(THINK_END)
+    spans, _ = think_visible_spans(text)
+    return "".join(text[a:b] for a, b in spans)
 
 
 def remove_tool_calls(text: str) -> str:

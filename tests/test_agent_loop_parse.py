@@ -75,6 +75,38 @@ def test_nested_think_blocks_hide_their_whole_span():
     assert strip_thinking(long) == "end"
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["<think>" * 100_000, "</think>" * 100_000, "<think>" * 100_000 + "x" * 1_000_000,
+     "</think>" * 100_000 + "x" * 1_000_000, "<think><tool_call>" * 100_000],
+)
+def test_think_stripping_is_linear_on_tag_floods(text):
+    import time
+
+    t0 = time.perf_counter()
+    stripped = strip_thinking(text)
+    content, calls = parse_tool_calls(text, TOOLS)
+    # a quadratic scan takes 14-72 s on these (measured); a linear one well under a second
+    assert time.perf_counter() - t0 < 5.0
+    assert calls == [] and content == stripped.strip() == ("x" * 1_000_000 if text.startswith("</") and
+                                                              text.endswith("x") else "")
+
+
+def test_long_cot_scorer_and_agent_loop_agree_on_think_blocks():
+    from envs.reward import compute_score
+
+    cases = {  # text -> (visible text, long-CoT score for ground truth 3)
+        "<think>a</think>\\boxed{3}": ("\\boxed{3}", 1.0),
+        "a</think>\\boxed{3}": ("\\boxed{3}", 1.0),  # think opened by the chat template
+        "<think>a</think><think>\\boxed{3}": ("", 0.0),  # reopened and never closed: no answer
+        "<think><think>x</think>\\boxed{3}": ("", 0.0),  # nested block still open
+        "<think>a</think>b<think>c</think>\\boxed{3}": ("b\\boxed{3}", 1.0),
+    }
+    for text, (visible, score) in cases.items():
+        assert strip_thinking(text) == visible, text
+        assert compute_score("rg/x", text, "3", {"family": "long_cot"})["score"] == score, text
+
+
 def test_missing_brace_is_an_error_observation():
     text = '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(1)"}</tool_call>'
     _, calls = parse_tool_calls(text, TOOLS)

@@ -23,6 +23,7 @@ __all__ = [
     "extract_final_answer",
     "find_boxed_all",
     "split_think",
+    "think_visible_spans",
 ]
 
 BOX_COMMANDS = ("\\boxed", "\\fbox")
@@ -166,12 +167,43 @@ class ThinkSplit:
     opened: bool
 
 
+_THINK_TAG_RE = re.compile(r"<think>|</think>")
+
+
+def think_visible_spans(text: str) -> tuple[list[tuple[int, int]], int]:
+    """The spans of ``text`` outside reasoning blocks, in one linear scan over the think tags.
+
+    Blocks nest (an inner ``</think>`` does not close the outer block). A ``</think>`` that closes no open block
+    ends reasoning opened by the chat template (R1-distill), so everything before it is reasoning.
+
+    Returns:
+        ``(spans, depth)``: ``[(start, end), ...]`` character ranges of visible text in order, and the nesting
+        depth at the end of the text (> 0: a block was left open, and the text after its tag is not visible).
+    """
+    spans: list[tuple[int, int]] = []
+    depth, pos = 0, 0
+    for m in _THINK_TAG_RE.finditer(text):
+        if m.group() == THINK_OPEN:
+            if depth == 0:
+                spans.append((pos, m.start()))
+            depth += 1
+        elif depth == 0:  # closes reasoning that the prompt opened
+            spans.clear()
+        else:
+            depth -= 1
+        pos = m.end()
+    if depth == 0:
+        spans.append((pos, len(text)))
+    return [sp for sp in spans if sp[1] > sp[0]], depth
+
+
 def split_think(text: str, mode: ThinkMode = "auto") -> ThinkSplit:
     """Split a long-CoT response into reasoning and answer.
 
     Handles Qwen3 (``<think>...</think>answer``, including an empty think block in non-thinking mode)
     and R1-distill (the chat template already opened ``<think>``, so the response holds only the
-    closing tag). The last ``</think>`` wins.
+    closing tag). The last ``</think>`` wins, provided no block is left open after it: a reopened or nested
+    ``<think>`` still open at the end of the text means the answer was never given (no answer).
 
     Args:
         text: the decoded response.
@@ -185,6 +217,10 @@ def split_think(text: str, mode: ThinkMode = "auto") -> ThinkSplit:
         return ThinkSplit(reasoning="", answer=text, closed=False, opened=False)
     close = text.rfind(THINK_CLOSE)
     opened = THINK_OPEN in text
+    if close >= 0 and think_visible_spans(text)[1] > 0:  # a block (re)opened or nested is still open at the end
+        o = text.find(THINK_OPEN)
+        return ThinkSplit(reasoning=text[o + len(THINK_OPEN) :] if o >= 0 else text, answer="", closed=False,
+                          opened=opened)
     if close >= 0:
         head = text[:close]
         o = head.find(THINK_OPEN)
