@@ -74,3 +74,17 @@ def kill_processes(pids: list[int], timeout: float = 10.0) -> list[int]:
         while time.time() < deadline and any(_alive(p) for p in pids):
             time.sleep(0.2)
     return [p for p in pids if _alive(p)]
+
+
+def kill_tagged(tag: str, rounds: int = 5, timeout: float = 10.0) -> list[int]:
+    """Kill every process tagged ``tag`` (see :func:`tagged_processes`), scanning again after each round: a Ray
+    worker can be forked between a scan and the kills, so one scan is not enough. Returns the PIDs still alive
+    after ``rounds`` rounds (normally none)."""
+    left: list[int] = []
+    for _ in range(rounds):
+        pids = tagged_processes(tag)
+        if not pids:
+            return []
+        left = kill_processes(pids, timeout)
+        time.sleep(0.5)  # let a parent that was mid-fork finish, so the next scan sees its child
+    return tagged_processes(tag) or left

@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stare_verl.procs import RUN_TAG_ENV, cpu_env, kill_processes, tagged_processes
+from stare_verl.procs import RUN_TAG_ENV, cpu_env, kill_tagged
 from stare_verl.recipes import RECIPES_DIR
 
 REPO = RECIPES_DIR.parent
@@ -97,7 +97,7 @@ def run_main_ppo(
                     proc.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
-            kill_processes(tagged_processes(tag))
+            kill_tagged(tag)
     return rc
 
 
