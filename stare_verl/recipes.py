@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ def compose_recipe(
     name: str, overrides: list[str] | None = None, recipes_dir: Path = RECIPES_DIR, resolve: bool = True
 ) -> DictConfig:
     """Compose recipe ``name`` on verl's ppo_trainer config with Hydra overrides, as ``main_ppo`` would.
+    ``name`` may name a sub-folder of ``recipes_dir`` (``cpu/shortcot_tiny_stare``).
 
     Raises:
         hydra.errors.MissingConfigException: no such recipe.
@@ -29,6 +32,9 @@ def compose_recipe(
     """
     from hydra import compose, initialize_config_dir
 
+    if "/" in name.removesuffix(".yaml"):  # e.g. "cpu/shortcot_tiny_stare": its folder is the config dir
+        sub, name = name.removesuffix(".yaml").rsplit("/", 1)
+        recipes_dir = Path(recipes_dir) / sub
     with initialize_config_dir(config_dir=str(Path(recipes_dir).resolve()), version_base=None):
         cfg = compose(config_name=name, overrides=list(overrides or []))
     if resolve:
@@ -56,7 +62,13 @@ def validate_recipe(cfg: DictConfig) -> StareConfig | None:
     from verl.utils.import_utils import load_extern_object
     from verl.workers.config import RolloutConfig
 
-    validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))
+    # verl prints "All configuration checks passed" on success, which reads wrongly right above one of our
+    # errors below: keep its other output (warnings), drop that line.
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))
+    for line in out.getvalue().splitlines():
+        if line.strip() and "checks passed" not in line:
+            print(line)
     omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout, dataclass_type=RolloutConfig)
     algo: dict[str, Any] = OmegaConf.to_container(cfg.algorithm, resolve=True)  # type: ignore[assignment]
     algo.pop("stare", None)

@@ -184,13 +184,11 @@ def train_cpu(args: argparse.Namespace) -> int:
         args.run_dir or os.environ.get("RUN_DIR") or REPO / "runs" / f"{family}-{args.method}-seed{args.seed}"
     )
     run_dir = run_dir.resolve()
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    print(f"[{name}] CPU default, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
-
     if args.steps < 1:
         print(f"error: --steps must be >= 1 (got {args.steps})", file=sys.stderr)
         return 2
+    t0 = time.time()
+    print(f"[{name}] CPU default, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
     recipe = f"{family}_tiny_{args.method}"
     try:  # a bad override fails now, not after the SFT and the held-out evaluation
         from stare_verl.recipes import compose_recipe, validate_recipe
@@ -204,6 +202,7 @@ def train_cpu(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     done = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     if (
         done.exists()

@@ -66,3 +66,11 @@ def test_cli_check_reports_ok_and_errors(capsys, monkeypatch):
     assert "variant=C2" in capsys.readouterr().out
     assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=X9"]) == 1
     assert "algorithm.stare.variant" in capsys.readouterr().err
+    # an error is not preceded by verl's "All configuration checks passed" line
+    assert main(["check", "shortcot_qwen2.5-32b_stare", "trainer.v1.trainer_mode=sync"]) == 1
+    out, err = capsys.readouterr()
+    assert "checks passed" not in out and "stare_sync" in err
+    # recipes in a sub-folder, e.g. the CPU ones
+    assert main(["check", "cpu/longcot_tiny_grpo", "actor_rollout_ref.model.path=m"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout=hf" in out and "W=1.0 M=1.0" in out

@@ -81,3 +81,13 @@ def test_model_without_gpu_is_a_clear_error(monkeypatch, capsys):
     assert main(["--family", "shortcot"]) == 2
     err = capsys.readouterr().err
     assert "MODEL=/models/qwen is for GPU runs" in err and "make train-shortcot" in err
+
+
+def test_bad_steps_or_override_fail_before_anything_is_written(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["--cpu", "--family", "longcot", "--run-dir", str(run), "--steps", "0"]) == 2
+    assert "--steps must be >= 1" in capsys.readouterr().err
+    assert main(["--cpu", "--family", "shortcot", "--run-dir", str(run), "+algorithm.stare.reweight_ww=1.2"]) == 2
+    out, err = capsys.readouterr()
+    assert "reweight_ww" in err and "checks passed" not in out
+    assert not run.exists()
