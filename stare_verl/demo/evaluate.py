@@ -32,6 +32,8 @@ continuous-batching :class:`stare_verl.cpu.hf_server.GenerationEngine`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
@@ -269,8 +271,9 @@ async def run_episodes(
     builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
     tool = None
     if family == "tooluse":
-        tool = CodeInterpreterTool({"type": "native", "sandbox": {"limits": {"timeout_s": tool_timeout_s,
-                                                                              "cpu_s": max(1, int(tool_timeout_s))}}})
+        with contextlib.redirect_stdout(io.StringIO()):  # verl's BaseTool prints its schema when built
+            tool = CodeInterpreterTool({"type": "native", "sandbox": {"limits": {
+                "timeout_s": tool_timeout_s, "cpu_s": max(1, int(tool_timeout_s))}}})
     try:
         episodes = [_Episode(p, tokenizer, builder, tool, max_tool_response_chars, tool_timeout_s) for p in problems]
         results = await asyncio.gather(
