@@ -88,3 +88,27 @@ def kill_tagged(tag: str, rounds: int = 5, timeout: float = 10.0) -> list[int]:
         left = kill_processes(pids, timeout)
         time.sleep(0.5)  # let a parent that was mid-fork finish, so the next scan sees its child
     return tagged_processes(tag) or left
+
+
+def describe(pids: list[int]) -> list[str]:
+    """``"<pid> <state> <command line>"`` of each PID (for error messages about leftover processes)."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            cmd, state = "?", "gone"
+        out.append(f"{pid} {state} {cmd[:200]}")
+    return out
+
+
+def leftover_processes(tag: str, prefix: bool = False, grace_s: float = 0.0) -> list[str]:
+    """Processes tagged ``tag`` (see :func:`tagged_processes`) still alive after waiting up to ``grace_s``
+    seconds for them to go (a killed process can take a moment to leave /proc), :func:`describe`-d."""
+    deadline = time.time() + grace_s
+    while (pids := tagged_processes(tag, prefix)) and time.time() < deadline:
+        time.sleep(0.5)
+    return describe(pids)

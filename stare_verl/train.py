@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stare_verl.procs import RUN_TAG_ENV, cpu_env, kill_tagged
+from stare_verl.procs import RUN_TAG_ENV, cpu_env, describe, kill_tagged
 from stare_verl.recipes import RECIPES_DIR
 
 REPO = RECIPES_DIR.parent
@@ -105,6 +105,7 @@ def _progress_line(row: dict[str, Any]) -> str:
     parts = []
     for key, name in (
         ("critic/score/mean", "reward"),
+        ("reward/acc/mean", "acc"),
         ("actor/entropy", "entropy"),
         ("stare/gate_on", "gate"),
         ("response_length/mean", "len"),
@@ -280,6 +281,8 @@ def train_cpu(args: argparse.Namespace) -> int:
 
     ckpt = latest_hf_checkpoint(run_dir)
     after = _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns) if ckpt else {}
+    if left := kill_tagged(env[RUN_TAG_ENV]):  # anything of the run that outlived the first clean-up
+        print(f"warning: processes of this run could not be killed: {describe(left)}", file=sys.stderr)
     (run_dir / "eval_after.json").write_text(json.dumps(after, indent=1))
     summary = {
         "family": family,

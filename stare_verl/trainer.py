@@ -95,6 +95,7 @@ class StareTrainerMixin:
             adv_estimator=ESTIMATOR_NAME,
             config=StareInputs.from_data(algo, data, controller=self.stare_controller, metrics=metrics),
         )
+        metrics.update(reward_extra_means(batch))
 
         out_fields = ["advantages", "returns"]
         if algo.use_kl_in_reward:
@@ -126,6 +127,31 @@ class StareTrainerMixin:
                 folder = os.path.join(trainer_cfg.default_local_dir, f"global_step_{self.global_steps}")
             load_controller_state(self.stare_controller, os.path.abspath(folder))
         return result
+
+
+REWARD_EXTRA_METRICS = {"acc": "reward/acc/mean", "has_answer": "reward/has_answer/mean"}
+
+
+def reward_extra_means(batch) -> dict[str, float]:
+    """Per-step means of the reward function's ``acc`` and ``has_answer`` (``envs.reward.compute_score``
+    returns both; verl's agent loop keeps them in each trajectory's ``extra_fields["reward_extra_info"]``), as
+    ``reward/acc/mean`` (the training accuracy) and ``reward/has_answer/mean``. verl logs only the reward's
+    ``score`` at training time (``critic/score/mean``), which differs from the accuracy once a penalty (e.g.
+    DAPO's overlong shaping) is added. Keys a reward function does not return are left out; a metric never
+    stops training, so any failure to read them is logged and returns {}."""
+    try:
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+        values: dict[str, list[float]] = {k: [] for k in REWARD_EXTRA_METRICS}
+        for item in list(data["extra_fields"]):
+            fields = getattr(item, "data", item)
+            info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
+            for key in REWARD_EXTRA_METRICS:
+                if isinstance(info.get(key), bool | int | float | np.bool_ | np.number):
+                    values[key].append(float(info[key]))
+        return {REWARD_EXTRA_METRICS[k]: float(np.mean(v)) for k, v in values.items() if v}
+    except Exception as err:  # noqa: BLE001 - a metric must never stop a training run
+        logger.warning("could not read the reward's acc/has_answer for metrics: %r", err)
+        return {}
 
 
 def save_controller_state(controller: StareController, folder: str) -> str:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from stare_verl.procs import RUN_TAG_ENV, tagged_processes
+from stare_verl.procs import RUN_TAG_ENV, leftover_processes
 from stare_verl.train import main
 
 pytestmark = pytest.mark.skipif(
@@ -36,6 +36,7 @@ def test_cot_cpu_default_run_writes_run_folder(tmp_path, monkeypatch, family):
         assert r["stare/target_entropy"] == TARGET[family]
         assert r["stare/model_tokens"] > 0 and r["stare/nonfinite_tokens"] == 0
         assert 0 <= r["critic/score/mean"] <= 1 and r["actor/entropy"] > 0
+        assert r["reward/acc/mean"] == pytest.approx(r["critic/score/mean"])
         # one model turn, no tool (verl's single_turn_agent reports 2 turns: user + assistant)
         assert r["num_turns/mean"] == 2
         assert 0 < r["response_length/mean"] <= (48 if family == "shortcot" else 128)
@@ -56,4 +57,4 @@ def test_cot_cpu_default_run_writes_run_folder(tmp_path, monkeypatch, family):
     for key in ("eval_before", "eval_after"):
         assert set(summary[key]) == {"T=0", "T=1"} and summary[key]["T=0"]["n"] == 8
         assert summary[key]["T=0"]["mean_tool_calls"] == 0 and summary[key]["T=0"]["mean_turns"] == 1
-    assert tagged_processes(f"{tag}-", prefix=True) == []
+    assert leftover_processes(f"{tag}-", prefix=True, grace_s=20.0) == []

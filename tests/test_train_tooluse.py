@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from stare_verl.procs import RUN_TAG_ENV, tagged_processes
+from stare_verl.procs import RUN_TAG_ENV, leftover_processes
 from stare_verl.train import main
 
 pytestmark = pytest.mark.skipif(
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _our_leftovers(tag):
-    return tagged_processes(f"{tag}-", prefix=True)
+    return leftover_processes(f"{tag}-", prefix=True, grace_s=20.0)
 
 
 def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):
@@ -46,6 +46,9 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):
         assert r["stare/target_entropy"] == 0.03
         assert r["stare/model_tokens"] > 0 and r["stare/nonfinite_tokens"] == 0
         assert 0 <= r["critic/score/mean"] <= 1 and r["actor/entropy"] > 0
+        # the reward's own accuracy is logged per step; with 0/1 rewards it is the mean score
+        assert r["reward/acc/mean"] == pytest.approx(r["critic/score/mean"])
+        assert r["reward/acc/mean"] <= r["reward/has_answer/mean"] <= 1
         assert r["num_turns/mean"] >= 1
     assert (run / "checkpoints" / "global_step_2" / "stare_state.json").exists()
     assert sorted(p.name for p in (run / "plots").glob("*.png")) == [
