@@ -19,7 +19,9 @@ STEPS = {"shortcot": 2, "longcot": 1}  # long responses of an undertrained model
 
 @pytest.mark.parametrize("family", ["shortcot", "longcot"])
 def test_cot_cpu_default_run_writes_run_folder(tmp_path, monkeypatch, family):
-    tag = f"pytest-{os.getpid()}-{family}"
+    # not "pytest-<pid>-...": the tool-use test matches that prefix, and this process's own long-lived helpers
+    # (the math-verify worker pool its evaluation starts) inherit the tag set here
+    tag = f"pytest-cot-{family}-{os.getpid()}"
     monkeypatch.setenv(RUN_TAG_ENV, tag)
     run = tmp_path / "run"
     argv = [
