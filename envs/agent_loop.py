@@ -88,8 +88,6 @@ MODEL_TEXT_KEY = "model_response_text"
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
-THINK_START = "<think>"
-THINK_END = "</think>"
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),

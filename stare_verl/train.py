@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stare_verl.procs import RUN_TAG_ENV, cpu_env, describe, kill_tagged
+from stare_verl.procs import RUN_TAG_ENV, cpu_env, kill_tagged
 from stare_verl.recipes import RECIPES_DIR
 
 REPO = RECIPES_DIR.parent
@@ -129,20 +129,13 @@ def latest_hf_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _evaluate(path: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
-    import contextlib
-
     from stare_verl.demo.evaluate import evaluate_checkpoint
 
     kw: dict[str, Any] = {"family": sft_cfg.family}
     if sft_cfg.family == "tooluse":
         kw["max_assistant_turns"] = max_turns
 
-    # verl's BaseTool prints every tool schema it builds
-    with (
-        open(os.devnull, "w") as devnull,
-        contextlib.redirect_stdout(sys.stderr if os.environ.get("STARE_VERBOSE") else devnull),
-    ):
-        reports = evaluate_checkpoint(path, n=n, data_seed=sft_cfg.data_seed, n_heldout=sft_cfg.n_heldout, **kw)
+    reports = evaluate_checkpoint(path, n=n, data_seed=sft_cfg.data_seed, n_heldout=sft_cfg.n_heldout, **kw)
     return {f"T={t:g}": rep.to_dict() for t, rep in reports.items()}
 
 
@@ -281,8 +274,6 @@ def train_cpu(args: argparse.Namespace) -> int:
 
     ckpt = latest_hf_checkpoint(run_dir)
     after = _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns) if ckpt else {}
-    if left := kill_tagged(env[RUN_TAG_ENV]):  # anything of the run that outlived the first clean-up
-        print(f"warning: processes of this run could not be killed: {describe(left)}", file=sys.stderr)
     (run_dir / "eval_after.json").write_text(json.dumps(after, indent=1))
     summary = {
         "family": family,

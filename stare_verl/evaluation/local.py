@@ -18,9 +18,7 @@ message (the demo model is trained on exactly that; a row's system message is no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -220,13 +218,12 @@ def run_local_eval(
         try:
             for fam, chunk in chunks:
                 base = sample_seed(settings.seed or 0, chunk[0][0].index, chunk[0][1])
-                with contextlib.redirect_stdout(sys.stderr):  # verl's BaseTool prints its schema
-                    episodes = asyncio.run(run_episodes(
-                        [_to_demo_problem(p) for p, _ in chunk], generate, tok, temperature=settings.temperature,
-                        seed=base, max_assistant_turns=settings.max_turns, max_response_tokens=max_tokens,
-                        max_tool_response_chars=settings.max_tool_response_chars,
-                        tool_timeout_s=settings.tool_timeout_s, family=fam,
-                    ))
+                episodes = asyncio.run(run_episodes(
+                    [_to_demo_problem(p) for p, _ in chunk], generate, tok, temperature=settings.temperature,
+                    seed=base, max_assistant_turns=settings.max_turns, max_response_tokens=max_tokens,
+                    max_tool_response_chars=settings.max_tool_response_chars,
+                    tool_timeout_s=settings.tool_timeout_s, family=fam,
+                ))
                 for i, ((p, j), r) in enumerate(zip(chunk, episodes, strict=True)):
                     rec = _episode_record(p, j, base + i, r, settings)
                     results.append(rec)
