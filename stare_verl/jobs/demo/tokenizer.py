@@ -21,7 +21,7 @@ the tool list shows only each tool's name (not its whole JSON schema) and tool c
 newlines: a tiny model pays for every prompt token, and it learns the interface from the demonstrations,
 not from a schema.
 verl's Continuous Token builder for ``model_type`` qwen2 renders tool observations with this template
-(checked in tests/test_demo_tokenizer.py).
+(checked in tests/unit/test_demo_tokenizer.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import operator
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,8 +20,8 @@ from envs.tool_use.task import (
     strip_tool_turns,
     to_tool_use_row,
 )
+from tests.support import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 

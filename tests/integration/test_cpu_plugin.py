@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from cpu_fixtures import cpu_env
 
 import stare_verl.cpu.verl_compat as verl_compat
+from tests.support.cpu import cpu_env
 
 PROBE = r"""
 import json, verl

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from agent_loop_fixtures import REPO, RewardHandle, compose_multi_turn_config
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
@@ -32,6 +31,7 @@ from envs.simulators import (
     tool_call_text,
 )
 from envs.tool_use.task import to_tool_use_row
+from tests.support.agent_loop import REPO, RewardHandle, compose_multi_turn_config
 
 PROMPT_LEN, RESPONSE_LEN, MAX_TURNS, MAX_MODEL_LEN = 1024, 320, 3, 1000
 TOOL_TIMEOUT_S = 1.5

@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_processes, tagged_processes  # noqa: F401
 from stare_verl.jobs.tiny import build_tiny_model, build_tool_calling_model, build_toy_dataset  # noqa: F401
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
 
 
 def main_ppo_cmd(config_name: str, overrides: list[str]) -> list[str]:

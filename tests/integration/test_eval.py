@@ -1,4 +1,4 @@
-"""Evaluation against a real HTTP server on 127.0.0.1 playing a scripted model (tests/fixtures/eval).
+"""Evaluation against a real HTTP server on 127.0.0.1 playing a scripted model (tests/support/scripted_server.py).
 
 avg@k / pass@k on a known set (expected values by hand), resume after an interruption without re-asking,
 retries after injected 500s and timeouts, the tool-use loop through the API with the real sandbox, and
@@ -9,7 +9,6 @@ import asyncio
 import json
 import re
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,7 @@ from stare_verl.jobs.evaluation.runner import (
     run_api_eval,
 )
 from stare_verl.jobs.evaluation.summary import summarize
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "eval"))
-from scripted_server import Reply, ScriptedServer  # noqa: E402
+from tests.support.scripted_server import Reply, ScriptedServer  # noqa: E402
 
 # problem -> (answer, correctness of samples 0..3). Sample 0 of "7" is a correct box cut by the length limit.
 KNOWN = {

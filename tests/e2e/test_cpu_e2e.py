@@ -23,7 +23,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from cpu_fixtures import (
+
+from tests.support.cpu import (
     REPO,
     RUN_TAG_ENV,
     build_tiny_model,

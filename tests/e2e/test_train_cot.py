@@ -9,9 +9,7 @@ import pytest
 from stare_verl.jobs.procs import RUN_TAG_ENV, leftover_processes
 from stare_verl.jobs.train import main
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("STARE_SKIP_E2E") == "1", reason="STARE_SKIP_E2E=1 skips the end-to-end runs"
-)
+pytestmark = pytest.mark.e2e
 
 TARGET = {"shortcot": 0.11, "longcot": 0.08}
 STEPS = {"shortcot": 2, "longcot": 1}  # long responses of an undertrained model cost more: one step there

@@ -24,8 +24,9 @@ from envs.sandbox import (
     probe_backend,
     run_code,
 )
+from tests.support import REPO
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = REPO
 MARGIN_S = 4.0  # start-up + teardown allowance on a loaded 2-core machine
 ISOLATED = ["bwrap", "unshare"]
 

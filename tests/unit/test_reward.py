@@ -7,12 +7,12 @@ import asyncio
 import random
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from envs.reward import RewardOptions, compute_score, overlong_penalty, resolve_options
 from envs.scoring import REFLECTION_PATTERNS
+from tests.support import REPO
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -235,7 +235,7 @@ def verl_reward():
     from omegaconf import OmegaConf
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
-    path = str(Path(__file__).resolve().parents[1] / "envs" / "reward.py")
+    path = str(REPO / "envs" / "reward.py")
     cfg = OmegaConf.create(
         {"reward": {"custom_reward_function": {"path": path, "name": "compute_score", "reward_kwargs": {}}}}
     )
@@ -360,7 +360,7 @@ def test_math_reward_manager_loads_the_way_verl_loads_it(verl_reward):
     from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
     from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
-    for path in (str(Path(__file__).resolve().parents[1] / "envs" / "reward_manager.py"), "pkg://envs.reward_manager"):
+    for path in (str(REPO / "envs" / "reward_manager.py"), "pkg://envs.reward_manager"):
         cfg = OmegaConf.create(
             {"reward": {"reward_manager": {"source": "importlib", "name": "MathRewardManager", "module": {"path": path}}}}
         )

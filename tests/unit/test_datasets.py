@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -22,8 +21,9 @@ from envs.datasets import (
 )
 from envs.prompts import BOXED_INSTRUCTION, TOOL_USE_SYSTEM, build_prompt
 from envs.reward import compute_score
+from tests.support import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = FIXTURES
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -4,7 +4,6 @@ observations, fence tolerance, optional persistent sessions, config validation."
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +19,9 @@ from envs.tools.code_interpreter import (
     format_observation,
     strip_code_fence,
 )
+from tests.support import REPO
 
-YAML = Path(__file__).resolve().parents[1] / "recipes" / "tool_use" / "tool_config.yaml"
+YAML = REPO / "recipes" / "tool_use" / "tool_config.yaml"
 
 
 def _tool(**config) -> CodeInterpreterTool:

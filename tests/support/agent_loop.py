@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO  # noqa: F401  (re-exported)
 
 
 class RewardHandle:

@@ -10,9 +10,8 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from cpu_fixtures import build_tiny_model  # noqa: E402
-
 from stare_verl.cpu.hf_server import HFGenerationServer, SamplingParams  # noqa: E402
+from tests.support.cpu import build_tiny_model  # noqa: E402
 
 PROMPTS = [[5 + i, 40 + (7 * i) % 60, 20 + i, 100 + i] * (1 + i % 3) for i in range(8)]
 

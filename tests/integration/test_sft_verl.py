@@ -24,8 +24,9 @@ from envs.tool_use.sft_data import (
 )
 from stare_verl.jobs import sft as L
 from stare_verl.jobs.recipes import RECIPES_DIR, compose_recipe
+from tests.support import FIXTURES
 
-FIXTURE = RECIPES_DIR.parent / "tests" / "fixtures" / "retool_sft_sample.jsonl"
+FIXTURE = FIXTURES / "retool_sft_sample.jsonl"
 
 
 def test_sft_recipe_composes_on_verls_sft_trainer_and_validates(monkeypatch):
