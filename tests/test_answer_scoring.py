@@ -45,7 +45,7 @@ def pool():
         (r"\boxed{5} and then \boxed{12", "5"),  # incomplete last box: the last *complete* one
         (r"\boxed{x+\boxed{3}}", r"x+\boxed{3}"),  # outermost box
         (r"\boxed 42.", "42"),
-        (r"\boxed{a}\boxed{b}", "b"),
+        (r"\boxed{a}\boxed{b}", "a, b"),  # boxes side by side are one answer (issue 14)
         ("It could be 42 or 17.", None),
         (r"\boxed{}", ""),
         (r"\boxed{\frac{1}{2}", None),
