@@ -12,7 +12,8 @@
 - thousands separators: ``1,000``, ``1{,}000``, ``12,345.5`` -> digits only (only when the whole answer
   is such a number, so tuples such as ``(1,2)`` are untouched); digit groups separated by spaces
   (``1 000 000``, ``1\\,000``) are joined only when they are thousands groups (first group 1-3 digits,
-  the others 3); other digits separated by a space (``1 2``) keep one space (math-verify decides)
+  the others 3); a whole answer of other space-separated integers is a list (``1 2`` -> ``1,2``: never 12,
+  and not 3 as math-verify would read it); other digits separated by a space (``x^2 3``) keep one space
 - Python/C float literals from tool output (``3.0e+08``, ``2.5e-07``, ``1e-05``, ``6.02E23``) ->
   ``3.0\\times10^{8}``: a mantissa with a decimal point and any exponent, or an integer mantissa with a
   signed exponent of two or more digits (``2e+1``, ``2e10`` stay: ``e`` may be Euler's number)
@@ -56,6 +57,7 @@ _FLOAT_LITERAL_RE = re.compile(r"(?<![\w.\\])(?P<m>\d+\.\d*|\.\d+|\d+)[eE](?P<e>
 _DIGIT_RUN_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+)?(?:[ \t]+\d+(?:\.\d+)?)+(?![\d.])")
 _THOUSANDS_SPACED_RE = re.compile(r"\d{1,3}(?:[ \t]+\d{3})+(?:\.\d+)?")
 _KEPT_SPACE = "\ue000"  # a space between digits that whitespace removal must keep (restored at the end)
+_SPACED_LIST_RE = re.compile("[-+]?\\d+(?:" + _KEPT_SPACE + "\\d+)+")
 
 
 def strip_wrappers(s: str) -> str:
@@ -155,6 +157,8 @@ def _normalize(s: str) -> str:
     if "e" in s or "E" in s:
         s = _FLOAT_LITERAL_RE.sub(_float_literal, s)
     s = _DIGIT_RUN_RE.sub(_digit_run, s)
+    if _SPACED_LIST_RE.fullmatch(s):  # "1 2": a list of numbers (math-verify would add them up), never 12
+        s = s.replace(_KEPT_SPACE, ",")
     # a whole-answer \text{...}
     m = _WHOLE_TEXT_RE.match(s)
     if m:

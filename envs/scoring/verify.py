@@ -28,6 +28,7 @@ import atexit
 import json
 import logging
 import os
+import re
 import select
 import subprocess
 import sys
@@ -381,7 +382,8 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
         # normalised forms first; the raw forms once more only if normalisation changed something
         pairs = [(gn, pn)]
         raw = (_clean(strip_wrappers(str(gold))), _clean(strip_wrappers(str(pred))))
-        if raw != pairs[0] and all(raw):
+        # (not when digits are parted by spaces: math-verify adds "1 2" up to 3; normalisation decided those)
+        if raw != pairs[0] and all(raw) and not any(_SPACED_DIGITS_RE.search(r) for r in raw):
             pairs.append(raw)
         key = tuple(pairs)
         with _VERDICTS_LOCK:
@@ -398,6 +400,9 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
         return v
     except Exception:  # noqa: BLE001 - a scorer must never crash a training run
         return Verdict(None, "error")
+
+
+_SPACED_DIGITS_RE = re.compile(r"\d(?:\s|\\[,;: ]|~)+\d")
 
 
 def _clean(x: str) -> str:
