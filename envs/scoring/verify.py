@@ -354,12 +354,13 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
     Args:
         pred: extracted answer (box content), None when there was none.
         gold: ground-truth answer (plain or LaTeX; a ``\\boxed{}`` wrapper is removed).
-        timeout_s: hard wall-clock limit of the math-verify check (see ``MathVerifyPool.equivalent``;
-            waiting for a free worker is bounded separately); the fast paths are bounded by input size
-            and take microseconds.
+        timeout_s: CPU-time budget (seconds) of the math-verify check, with a wall-clock backstop (see
+            ``MathVerifyPool.equivalent``; waiting for a free worker is bounded separately); the fast paths
+            are bounded by input size and take microseconds.
         pool: worker pool (default: the process-wide one).
     Returns:
-        Verdict. Never raises.
+        Verdict. Never raises. ``Verdict(None, "timeout" | "error")`` (``.failed``) when the checker gave no
+        verdict; such a result is not remembered.
     """
     try:
         if pred is None:
