@@ -14,15 +14,20 @@ not depend on how loaded the machine is. When it runs out, the work is abandoned
 math-verify does not swallow (its own signal-based limits are switched off), so nothing half-done is
 remembered: only parses that finished are cached. The parent kills the process when even the CPU budget
 does not fire (time spent in C code that checks no signal) or the machine is too overloaded to give the
-worker its CPU time (a wall-clock backstop). The worker exits on EOF of stdin, i.e. when its parent goes away.
+worker its CPU time (a wall-clock backstop). The worker exits on EOF of stdin, and, even while busy (importing
+sympy takes seconds on a loaded machine), within half a second of the end of its parent (a watchdog thread; the
+parent passes its pid in ``STARE_MV_PARENT_PID``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
+import threading
+import time
 from collections import OrderedDict
 
 DEFAULT_BUDGET_S = 5.0
@@ -112,8 +117,20 @@ def answer(line: str, check, timer: _Timer) -> dict:
             reply = {"timeout": True}
 
 
+def _exit_with_parent(ppid: int, period_s: float = 0.5) -> None:
+    """Exit at once (status 0) when the parent is gone, whatever the main thread is doing (importing sympy on
+    a loaded machine takes seconds before stdin's EOF is ever read)."""
+    while True:
+        time.sleep(period_s)
+        if os.getppid() != ppid:
+            os._exit(0)
+
+
 def main() -> int:
-    """Serve requests until stdin closes. Returns the exit status."""
+    """Serve requests until stdin closes or the parent process is gone. Returns the exit status."""
+    parent = os.environ.get("STARE_MV_PARENT_PID", "")  # the pool's pid: the parent may be gone already
+    ppid = int(parent) if parent.isdigit() else os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(ppid,), daemon=True, name="exit-with-parent").start()
     logging.disable(logging.CRITICAL)  # math-verify warns that its own time limits are off; the parent reports
     out = sys.stdout
     sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the reply stream

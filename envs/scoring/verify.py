@@ -75,6 +75,7 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env["STARE_MV_PARENT_PID"] = str(os.getpid())  # the worker exits when this process is gone
         self.proc = subprocess.Popen(
             command or [sys.executable, "-m", "envs.scoring._mv_worker"],
             stdin=subprocess.PIPE,
