@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stare-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps test bench lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
+.PHONY: install system-deps sandbox-python test bench lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
 
 install: $(STAMP)
 
@@ -24,9 +24,27 @@ else
 endif
 	touch $(STAMP)
 
-# bubblewrap is the preferred sandbox backend for the Python tool.
-system-deps:
+# bubblewrap is the preferred sandbox backend for the Python tool; the sandbox runs model-written code with its
+# own interpreter (sandbox-python).
+system-deps: sandbox-python
 	@command -v bwrap >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+
+# The sandbox interpreter: a virtualenv with the math stack (numpy, sympy, scipy, mpmath, matplotlib), built from
+# the system Python in /usr (which the sandbox shows read-only) and bound read-only into the sandbox; the tool
+# config's `python: auto` picks it (envs/sandbox/interpreter.py).
+SANDBOX_VENV := .venv-sandbox
+SANDBOX_BASE_PYTHON ?= /usr/bin/python3
+sandbox-python: $(SANDBOX_VENV)/.stare-installed
+
+$(SANDBOX_VENV)/.stare-installed: envs/sandbox/requirements-sandbox.txt
+	@[ -x $(SANDBOX_BASE_PYTHON) ] || { echo "error: $(SANDBOX_BASE_PYTHON) not found (the sandbox interpreter is built from the system Python)"; exit 1; }
+	@$(SANDBOX_BASE_PYTHON) -c "import ensurepip, venv" 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv; }
+	[ -x $(SANDBOX_VENV)/bin/python ] || $(SANDBOX_BASE_PYTHON) -m venv $(SANDBOX_VENV)
+	$(SANDBOX_VENV)/bin/python -m pip install -q --disable-pip-version-check -r envs/sandbox/requirements-sandbox.txt
+	@# setuptools' distutils-precedence.pth would run at every start of the interpreter; nothing here needs it
+	$(SANDBOX_VENV)/bin/python -m pip uninstall -q -y setuptools 2>/dev/null || true
+	$(SANDBOX_VENV)/bin/python -I -c "import numpy, sympy, scipy, mpmath, matplotlib; print('sandbox-python: numpy', numpy.__version__, 'sympy', sympy.__version__, 'scipy', scipy.__version__, 'matplotlib', matplotlib.__version__)"
+	touch $@
 
 test: install system-deps
 	$(BIN)/python -m pytest -q tests
@@ -80,4 +98,4 @@ compare: install system-deps
 	$(BIN)/python -m stare_verl.jobs.compare $(if $(FAMILY),--family $(FAMILY)) $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SANDBOX_VENV) build *.egg-info .pytest_cache .ruff_cache

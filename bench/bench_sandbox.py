@@ -1,5 +1,7 @@
 """Sandbox throughput and latency: ``print(1+1)`` per local backend, cold call vs persistent session,
-at concurrency 1 and 8.
+at concurrency 1 and 8; then, with bwrap, the cold-call cost of the sandbox interpreter (``python: auto``, the
+project's .venv-sandbox with the math stack) against the system Python, and of importing numpy, sympy, scipy
+and matplotlib in a cold call (issue 14.6).
 
 Targets (issue 3): bwrap cold p50 <= 150 ms; >= 20 calls/s sustained (bwrap cold, concurrency 8);
 session p50 <= 10 ms. Prints one line per configuration and whether each target is met; always exits 0
@@ -19,6 +21,49 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envs.sandbox import ExecLimits, LocalSandbox, SandboxConfig, probe_backend  # noqa: E402
+from envs.sandbox.interpreter import SYSTEM_PYTHON  # noqa: E402
+
+IMPORTS = {
+    "print(1+1)": "print(1+1)",
+    "import numpy": "import numpy; print(2)",
+    "import sympy": "import sympy; print(2)",
+    "import scipy.optimize": "import scipy.optimize; print(2)",
+    "matplotlib plot + savefig": "import matplotlib.pyplot as p; p.plot([1, 2]); p.savefig('f.png'); p.show(); print(2)",
+}
+
+
+async def _cold_p50(sb: LocalSandbox, code: str, calls: int) -> tuple[float, int]:
+    """(p50 latency in ms of ``calls`` sequential cold calls of ``code``, calls that did not print 2)."""
+    latencies, wrong = [], 0
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        r = await sb.run(code)
+        latencies.append(time.perf_counter() - t0)
+        wrong += r.stdout.strip() != "2"
+    return 1000 * statistics.median(latencies), wrong
+
+
+def bench_interpreters(scale: float) -> None:
+    """bwrap cold calls: system Python vs the sandbox interpreter, and import costs with the latter."""
+    if probe_backend("bwrap", SandboxConfig()) is not None:
+        print("interpreter bench skipped: bwrap unavailable")
+        return
+    limits = ExecLimits(timeout_s=60, cpu_s=60, memory_mb=4096)
+    system = LocalSandbox("bwrap", SandboxConfig(python=SYSTEM_PYTHON, limits=limits))
+    auto = LocalSandbox("bwrap", SandboxConfig(python="auto", limits=limits))
+    n = max(5, int(40 * scale))
+    p_sys, _ = asyncio.run(_cold_p50(system, CODE, n))
+    p_auto, wrong = asyncio.run(_cold_p50(auto, CODE, n))
+    print(f"bwrap cold print(1+1): system {SYSTEM_PYTHON} p50 {p_sys:.1f} ms; sandbox interpreter {auto.python} "
+          f"p50 {p_auto:.1f} ms ({n} calls each, {wrong} wrong)")
+    print(f"target sandbox interpreter cold p50 <= 150 ms: {'met' if p_auto <= 150 else 'MISSED'} ({p_auto:.1f} ms)")
+    if auto.venv is None:
+        print("import costs skipped: no sandbox interpreter (make sandbox-python)")
+        return
+    m = max(3, int(10 * scale))
+    for name, code in IMPORTS.items():
+        p50, wrong = asyncio.run(_cold_p50(auto, code, m))
+        print(f"bwrap cold {name:28s} p50 {p50:7.1f} ms  ({m} calls, {wrong} wrong)")
 
 CODE = "print(1+1)"
 
@@ -89,6 +134,7 @@ def main() -> None:
         ]
         for name, ok, value in checks:
             print(f"target {name}: {'met' if ok else 'MISSED'} ({value})")
+    bench_interpreters(scale)
 
 
 if __name__ == "__main__":

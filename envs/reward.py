@@ -24,8 +24,10 @@ Options (``RewardOptions``; later sources override earlier ones: defaults <- fam
     overlong_buffer_len      DAPO soft overlong buffer in tokens (None or 0: no penalty)
     overlong_penalty_factor  DAPO penalty factor (default 1.0)
     correct_score / incorrect_score   base reward (defaults 1.0 / 0.0)
-    timeout_s                hard wall-clock limit of one call's math-verify check, seconds (default 5);
-                             waiting for a free checker process is bounded separately (max(30, 10x))
+    timeout_s                CPU-time budget of one call's math-verify check, seconds (default 5), so the
+                             verdict does not depend on the machine's load; a check is killed after 3x that
+                             plus 1 s of wall-clock time; waiting for a free checker process is bounded
+                             separately (max(30, 10x))
 
 Per-response keys read from ``extra_info`` (all optional; verl's naive/dapo managers merge an agent
 loop's ``extra_fields`` into ``extra_info``, so an agent loop can provide them):
@@ -53,7 +55,9 @@ Returned dict (the same keys every call, scalars only, so verl can stack them):
     score (float), acc (bool), pred (str, normalised extracted answer; "" if none or truncated),
     has_answer (bool), truncated (bool), overlong_penalty (float), response_length (int, -1 unknown),
     response_chars (int), think_closed (bool), verify_method (str: exact | numeric | math_verify |
-    empty | timeout | error | no_ground_truth), timed_out (bool),
+    empty | timeout | error | no_ground_truth), timed_out (bool: the equivalence checker gave no verdict,
+    because its time ran out or it failed; the response then scores as wrong, and nothing of that check
+    is remembered, so a later call with the same pair checks it afresh),
     reflect_<word> (int) for each of ``REFLECTION_PATTERNS`` and reflect_total (int).
 
 Errors: never raises for any response or ground truth (bad ones score ``incorrect_score``); raises
@@ -293,10 +297,16 @@ def compute_score(
     if not gts:
         verdict = Verdict(None, "no_ground_truth")
     elif has_answer:
+        failed = None  # a checker failure is reported unless another ground truth matched
         for gt in gts:
             verdict = answers_equal(pred_raw, _gt_answer(gt), timeout_s=opts.timeout_s)
             if verdict.equal:
                 break
+            if verdict.failed and failed is None:
+                failed = verdict
+        else:
+            if failed is not None:
+                verdict = failed
 
     acc = bool(verdict.equal) and has_answer
     base = opts.correct_score if acc else opts.incorrect_score
@@ -312,7 +322,7 @@ def compute_score(
         "response_chars": len(text),
         "think_closed": bool(split.closed),
         "verify_method": verdict.method,
-        "timed_out": verdict.method == "timeout",
+        "timed_out": verdict.failed,
     }
     for k in REFLECTION_PATTERNS:
         out[f"reflect_{k}"] = refl[k]

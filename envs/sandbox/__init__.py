@@ -10,9 +10,18 @@ Quick use::
 from .config import ExecLimits, ExecResult, RemoteConfig, SandboxConfig
 from .local import LocalSandbox, PythonSession, SandboxUnavailable
 from .remote import RemoteSandbox
-from .runner import Sandbox, default_sandbox, make_sandbox, probe_backend, run_code
+from .runner import (
+    Sandbox,
+    default_sandbox,
+    make_sandbox,
+    probe_backend,
+    probe_modules,
+    report_modules,
+    run_code,
+)
 
 __all__ = [
     "ExecLimits", "ExecResult", "LocalSandbox", "PythonSession", "RemoteConfig", "RemoteSandbox", "Sandbox",
-    "SandboxConfig", "SandboxUnavailable", "default_sandbox", "make_sandbox", "probe_backend", "run_code",
+    "SandboxConfig", "SandboxUnavailable", "default_sandbox", "make_sandbox", "probe_backend", "probe_modules",
+    "report_modules", "run_code",
 ]

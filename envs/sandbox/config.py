@@ -82,9 +82,20 @@ class SandboxConfig(BaseModel):
     session_idle_s: float = Field(
         900.0, gt=0, description="a session unused this long is closed (its trajectory is assumed finished)"
     )
-    python: str = Field("/usr/bin/python3", description="interpreter inside the sandbox (absolute path)")
+    python: str = Field(
+        "auto",
+        description=(
+            "interpreter that runs the code (absolute host path), or 'auto': $STARE_SANDBOX_PYTHON, else the "
+            "project's .venv-sandbox (make sandbox-python: numpy, sympy, scipy, mpmath, matplotlib), else "
+            "/usr/bin/python3 (envs/sandbox/interpreter.py); a virtualenv's directory is bound read-only"
+        ),
+    )
+    expected_modules: tuple[str, ...] = Field(
+        ("numpy", "sympy", "scipy", "mpmath", "matplotlib"),
+        description="modules the start-up probe checks for; missing ones are reported in a warning",
+    )
     ro_binds: tuple[str, ...] = Field(
-        ("/usr", "/etc/alternatives", "/etc/ssl/certs", "/etc/localtime"),
+        ("/usr", "/etc/alternatives", "/etc/ssl/certs", "/etc/localtime", "/etc/fonts"),
         description="host paths visible read-only in the bwrap sandbox (missing ones are skipped)",
     )
     extra_ro_binds: tuple[str, ...] = Field((), description="more read-only paths, e.g. a venv with numpy")
@@ -101,8 +112,8 @@ class SandboxConfig(BaseModel):
     def _check(self) -> SandboxConfig:
         if self.backend == "remote" and self.remote is None:
             raise ValueError("backend 'remote' needs a 'remote' section with the service url")
-        if not self.python.startswith("/"):
-            raise ValueError(f"python must be an absolute path, got {self.python!r}")
+        if self.python != "auto" and not self.python.startswith("/"):
+            raise ValueError(f"python must be 'auto' or an absolute path, got {self.python!r}")
         return self
 
 

@@ -26,11 +26,22 @@ from pathlib import Path
 
 from ._io import OutputCapture, clear_uid, kill_tree, looks_like_oom, normalize_status
 from .config import ExecLimits, ExecResult, SandboxConfig
+from .interpreter import resolve_python, venv_root
 
 DRIVER_SOURCE = Path(__file__).with_name("_driver.py").read_text()
 _ROOT = Path(__file__).resolve().parents[2]
 _PROJECT_ROOT = str(_ROOT) if (_ROOT / "pyproject.toml").exists() else "/"  # source checkout: hide it
 _PATH = "/usr/local/bin:/usr/bin:/bin"
+# The environment model-written code sees (besides PATH and HOME): matplotlib draws headless (Agg: plt.show()
+# returns at once), and numerical libraries start one thread each (OpenBLAS/OpenMP would start one per host
+# core, which RLIMIT_NPROC and RLIMIT_AS cannot afford on a large machine).
+SANDBOX_ENV = {
+    "LANG": "C.UTF-8",
+    "MPLBACKEND": "Agg",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 _READ_CHUNK = 1 << 16
 # Output beyond this many times max_output_bytes (at least 4 MiB) kills the call: a print loop must not
 # keep the host's event loop busy pumping data until the deadline.
@@ -97,6 +108,9 @@ class LocalSandbox:
         self.kind = kind
         self.name = kind
         self.config = config
+        self.python = resolve_python(config.python)  # host path of the interpreter ("auto" resolved)
+        self.venv = venv_root(self.python)  # its virtualenv, bound read-only into the sandbox; None if none
+        self.missing_modules: list[str] | None = None  # of config.expected_modules; set by the start-up probe
         self.network_isolated = kind != "subprocess"
         # separate_uids=False (or a non-root host): the launcher runs under our own uid; bwrap still maps
         # the code to uid 65534 in its user namespace, but RLIMIT_NPROC is then not applied.
@@ -110,7 +124,7 @@ class LocalSandbox:
     def _python_argv(self, limits: ExecLimits, mode: str, ctl_fd: int | None, uid: int | None) -> list[str]:
         with_nproc = uid is not None
         rlimits = ",".join(f"{k}={v}" for k, v in limits.rlimits(with_nproc).items())
-        argv = [self.config.python, "-I", "-c", DRIVER_SOURCE, mode, rlimits]
+        argv = [self.python, "-I", "-c", DRIVER_SOURCE, mode, rlimits]
         if mode == "session":
             argv += [str(ctl_fd), "1" if self.network_isolated else "0"]
         return argv
@@ -119,7 +133,8 @@ class LocalSandbox:
         tmp_bytes = str(limits.tmp_size_mb << 20)
         argv = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534"]
         argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
-        for path in (*self.config.ro_binds, *self.config.extra_ro_binds):
+        binds = (*self.config.ro_binds, *self.config.extra_ro_binds, *((self.venv,) if self.venv else ()))
+        for path in dict.fromkeys(binds):
             if os.path.exists(path):
                 argv += ["--ro-bind", path, path]
         for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -132,7 +147,9 @@ class LocalSandbox:
         argv += ["--size", tmp_bytes, "--tmpfs", "/tmp", "--size", tmp_bytes, "--tmpfs", "/dev/shm"]
         argv += ["--remount-ro", "/"]  # the sandbox's own root tmpfs: only /tmp and /dev/shm stay writable
         argv += ["--chdir", "/tmp", "--clearenv", "--setenv", "PATH", _PATH, "--setenv", "HOME", "/tmp"]
-        argv += ["--setenv", "LANG", "C.UTF-8", "--"]
+        for key, value in SANDBOX_ENV.items():
+            argv += ["--setenv", key, value]
+        argv += ["--"]
         return argv
 
     def _unshare_argv(self, limits: ExecLimits, uid: int | None) -> list[str]:
@@ -143,12 +160,18 @@ class LocalSandbox:
         ]
         tmp_kb = limits.tmp_size_mb << 10
         lines = ["set -e"]
+        lines.append(f"mount -t tmpfs -o size={tmp_kb}k,mode=1777 none /tmp")
+        venv = self.venv if self.venv and "'" not in self.venv else None
+        if venv:  # held at a stage in the new /tmp while the paths above it are hidden, then moved back, read-only
+            lines.append(f"mkdir /tmp/.venv-stage && mount --bind '{venv}' /tmp/.venv-stage")
         for path in dict.fromkeys(hide):
             lines.append(f"if [ -d '{path}' ]; then mount -t tmpfs -o size=4k,mode=0555 none '{path}'; fi")
-        lines.append(f"mount -t tmpfs -o size={tmp_kb}k,mode=1777 none /tmp")
+        if venv:
+            lines.append(f"mkdir -p '{venv}' && mount --move /tmp/.venv-stage '{venv}'")
+            lines.append(f"mount -o remount,bind,ro '{venv}' && rmdir /tmp/.venv-stage")
         lines.append(f"if [ -d /dev/shm ]; then mount -t tmpfs -o size={tmp_kb}k,mode=1777 none /dev/shm; fi")
         lines.append("cd /tmp")
-        env = ["env", "-i", f"PATH={_PATH}", "HOME=/tmp", "LANG=C.UTF-8"]
+        env = ["env", "-i", f"PATH={_PATH}", "HOME=/tmp", *(f"{k}={v}" for k, v in SANDBOX_ENV.items())]
         if uid is not None:  # host is root: drop to the slot's uid, no capabilities, no new privileges
             drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
             drop += ["--bounding-set=-all", "--no-new-privs", "--"]
@@ -181,7 +204,7 @@ class LocalSandbox:
         if uid is not None:
             os.chown(workdir, uid, uid)
         os.chmod(workdir, 0o700)
-        env = {"PATH": _PATH, "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir}
+        env = {"PATH": _PATH, "HOME": workdir, "TMPDIR": workdir, **SANDBOX_ENV}
         wall = 86400 if mode == "session" else int(limits.timeout_s) + 5
         argv = [*_as_uid(uid), "timeout", "-s", "KILL", str(wall), *py]
         return argv, {"cwd": workdir, "env": env}, workdir

@@ -2,67 +2,149 @@
 
 Protocol: one JSON object per line on stdin, one JSON object per line on stdout.
 
-Request: ``{"pairs": [[gold, pred], ...], "parse_timeout": int, "verify_timeout": int}`` (candidate
-LaTeX strings without ``$``, tried in order; the answer is equal when any pair verifies).
-Reply: ``{"equal": bool}`` or ``{"error": str}``. On start the worker prints ``{"ready": true}``.
+Request: ``{"pairs": [[gold, pred], ...], "budget_s": float}`` (candidate LaTeX strings without ``$``, tried
+in order; the answer is equal when any pair verifies; ``budget_s`` is the CPU time, in seconds, that the whole
+request may use, default 5).
+Reply: ``{"equal": bool}`` (a verdict), ``{"timeout": true}`` (the budget ran out before a verdict) or
+``{"error": str}`` (the request or math-verify failed). On start the worker warms math-verify up (its first
+parse builds grammars and regexes) and then prints ``{"ready": true}``.
 
-It runs in its own process so that the caller can enforce a hard wall-clock limit by killing it: inside
-this process math-verify's signal-based time limits work (they need the main thread), and the parent
-kills the process if even those do not fire (time spent inside C code). The worker exits on EOF of
-stdin, i.e. when its parent goes away.
+Time: the budget counts this process's CPU time (``ITIMER_PROF``), not wall-clock time, so a verdict does
+not depend on how loaded the machine is. When it runs out, the work is abandoned by an exception that
+math-verify does not swallow (its own signal-based limits are switched off), so nothing half-done is
+remembered: only parses that finished are cached. The parent kills the process when even the CPU budget
+does not fire (time spent in C code that checks no signal) or the machine is too overloaded to give the
+worker its CPU time (a wall-clock backstop). The worker exits on EOF of stdin, and, even while busy (importing
+sympy takes seconds on a loaded machine), within half a second of the end of its parent (a watchdog thread; the
+parent passes its pid in ``STARE_MV_PARENT_PID``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 from collections import OrderedDict
 
+DEFAULT_BUDGET_S = 5.0
+_CACHE_MAX = 4096
 
-def main() -> int:
-    """Serve requests until stdin closes. Returns the exit status."""
-    logging.disable(logging.CRITICAL)  # math-verify warns on every timeout; the parent reports
+
+class OutOfBudget(BaseException):
+    """The request's CPU budget ran out (a BaseException: math-verify's ``except Exception`` lets it through)."""
+
+
+class _Timer:
+    """A CPU-time alarm that raises ``OutOfBudget`` in the main thread once armed time is used up, and again
+    every 50 ms of CPU after that until disarmed (library code that swallows one exception gets the next)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        signal.signal(signal.SIGPROF, self._fire)
+
+    def _fire(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        if self.armed:
+            raise OutOfBudget
+
+    def arm(self, seconds: float) -> None:
+        self.armed = True
+        signal.setitimer(signal.ITIMER_PROF, max(1e-4, float(seconds)), 0.05)
+
+    def disarm(self) -> None:
+        self.armed = False
+        signal.setitimer(signal.ITIMER_PROF, 0)
+
+
+def make_checker():
+    """``check(pairs) -> bool``: math-verify's verdict over candidate ``(gold, pred)`` pairs, with a parse
+    cache that only ever holds finished parses. Raises ``OutOfBudget`` (from the timer) and anything
+    unexpected; math-verify's own time limits are off (``None``), the caller bounds the time."""
+    import math_verify.grader
+    import math_verify.parser
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
-    cache: OrderedDict[tuple[str, int], list] = OrderedDict()
+    # math-verify warns once that its own limits are off; ours (the CPU budget) bound the time
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = math_verify.parser.TIMEOUT_WARNING_SHOWN = True
 
-    def parsed(s: str, t: int) -> list:
-        key = (s, t)
-        hit = cache.get(key)
+    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
+    cache: OrderedDict[str, list] = OrderedDict()
+
+    def parsed(s: str) -> list:
+        hit = cache.get(s)
         if hit is not None:
-            cache.move_to_end(key)
+            cache.move_to_end(s)
             return hit
-        res = parse("$" + s + "$", extraction_config=configs, parsing_timeout=t)
-        cache[key] = res
-        if len(cache) > 4096:
+        res = parse("$" + s + "$", extraction_config=configs, parsing_timeout=None)
+        cache[s] = res  # only reached when the parse finished: an interrupted parse raised past this line
+        if len(cache) > _CACHE_MAX:
             cache.popitem(last=False)
         return res
 
+    def check(pairs) -> bool:
+        for g, p in pairs:
+            gp = parsed(str(g))
+            pp = parsed(str(p)) if gp else None
+            if gp and pp and verify(gp, pp, timeout_seconds=None):
+                return True
+        return False
+
+    check.cache = cache  # for tests
+    return check
+
+
+def answer(line: str, check, timer: _Timer) -> dict:
+    """The reply to one request line. Never raises (bar KeyboardInterrupt/SystemExit) and always leaves the
+    timer disarmed."""
+    try:
+        req = json.loads(line)
+        budget = float(req.get("budget_s", DEFAULT_BUDGET_S))
+        pairs = [(str(g), str(p)) for g, p in req["pairs"]]
+        timer.arm(budget)
+        reply = {"equal": bool(check(pairs))}
+    except OutOfBudget:
+        reply = {"timeout": True}
+    except Exception as err:  # noqa: BLE001 - a worker must answer every request
+        reply = {"error": f"{type(err).__name__}: {err}"[:300]}
+    while True:  # the alarm may fire once more between the work's end and the disarm
+        try:
+            timer.disarm()
+            return reply
+        except OutOfBudget:
+            reply = {"timeout": True}
+
+
+def _exit_with_parent(ppid: int, period_s: float = 0.5) -> None:
+    """Exit at once (status 0) when the parent is gone, whatever the main thread is doing (importing sympy on
+    a loaded machine takes seconds before stdin's EOF is ever read)."""
+    while True:
+        time.sleep(period_s)
+        if os.getppid() != ppid:
+            os._exit(0)
+
+
+def main() -> int:
+    """Serve requests until stdin closes or the parent process is gone. Returns the exit status."""
+    parent = os.environ.get("STARE_MV_PARENT_PID", "")  # the pool's pid: the parent may be gone already
+    ppid = int(parent) if parent.isdigit() else os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(ppid,), daemon=True, name="exit-with-parent").start()
+    logging.disable(logging.CRITICAL)  # math-verify warns that its own time limits are off; the parent reports
     out = sys.stdout
     sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the reply stream
+    check = make_checker()
+    timer = _Timer()
+    check([(r"\frac{1}{2}", "0.5"), ("x^2+1", "(x+1)^2"), (r"\{1,2\}", "[1,2]")])  # warm-up, no budget
+    check.cache.clear()
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
     for line in sys.stdin:
         line = line.strip()
         if not line:
             continue
-        try:
-            req = json.loads(line)
-            pt = max(1, int(req.get("parse_timeout", 2)))
-            vt = max(1, int(req.get("verify_timeout", 2)))
-            equal = False
-            for g, p in req["pairs"]:
-                gp = parsed(g, pt)
-                pp = parsed(p, pt) if gp else None
-                if gp and pp and verify(gp, pp, timeout_seconds=vt):
-                    equal = True
-                    break
-            reply = {"equal": equal}
-        except Exception as err:  # noqa: BLE001 - a worker must answer every request
-            reply = {"error": f"{type(err).__name__}: {err}"[:300]}
-        out.write(json.dumps(reply) + "\n")
+        out.write(json.dumps(answer(line, check, timer)) + "\n")
         out.flush()
     return 0
 

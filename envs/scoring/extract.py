@@ -6,6 +6,12 @@ wins; braces are matched with escaped ``\\{``/``\\}`` skipped, so ``\\boxed{\\{1
 ``\\{1,2\\}``. A box cut off by the length limit (``\\boxed{12`` with no closing brace) is not an answer;
 an earlier complete box is used instead.
 
+An answer boxed piece by piece is one answer: the last box together with the boxes right before it that
+are separated from it only by whitespace, punctuation (``, ; . :``), math delimiters (``$``, ``\\(``,
+``\\[`` ...), LaTeX spacing or the words "and"/"or" (``\\boxed{1}, \\boxed{2} and \\boxed{3}`` ->
+``1, 2, 3``; repeated contents count once). Any other text between two boxes ends the run: a box written
+after more prose replaces the earlier ones (self-correction).
+
 Long-CoT responses are split at the reasoning delimiter (``</think>``) first: the answer is searched
 only after the reasoning, never inside it.
 """
@@ -80,30 +86,57 @@ def find_boxed_all(text: str) -> list[str]:
     Returns:
         list of the box contents (str).
     """
-    out: list[str] = []
+    return [content for _, _, content in _outermost(_boxes(text))]
+
+
+# What may stand between two boxes of one answer: whitespace, , ; . : punctuation, markdown bold, math
+# delimiters, LaTeX spacing and line breaks, and the words and/or (bare or in \text{}).
+_BOX_SEPARATOR_RE = re.compile(
+    r"(?:\s|[,;.:*]|\$|\\[()\[\]\\]|\\(?:quad|qquad)(?![A-Za-z])|\\[,;:! ]|~|&"
+    r"|\\(?:text|mathrm|textrm|mbox)\s*\{\s*(?:and|or|,)?\s*\}|(?<![A-Za-z])(?:and|or)(?![A-Za-z]))*",
+    re.I,
+)
+
+
+def _outermost(boxes: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    out: list[tuple[int, int, str]] = []
     last_end = -1
-    for start, end, content in _boxes(text):
-        if start >= last_end:
-            out.append(content)
-            last_end = end
+    for box in boxes:
+        if box[0] >= last_end:
+            out.append(box)
+            last_end = box[1]
     return out
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{}``/``\\fbox{}`` of ``text`` (outermost), or None.
+    """The final boxed answer of ``text``: the last complete outermost ``\\boxed{}``/``\\fbox{}``, joined
+    with the boxes right before it that only separators part from it (module docstring), or None.
 
     An incomplete box (no closing brace, e.g. a response cut by the length limit) is skipped; the last
     complete one wins. Nested boxes: the outer box is the answer (its content keeps the inner box,
-    which normalisation unwraps).
+    which normalisation unwraps). Several boxes give their stripped contents joined by ``", "`` in order,
+    a content repeated in the run kept once (``\\boxed{1}, \\boxed{2}`` -> ``"1, 2"``). Linear in
+    ``len(text)``.
     """
     if not text or "\\" not in text:
         return None
-    boxes = _boxes(text)
+    boxes = _outermost(_boxes(text))
     if not boxes:
         return None
-    # The complete box that ends last is outermost and is the last outermost box.
-    best = max(boxes, key=lambda b: (b[1], -b[0]))
-    return best[2].strip()
+    run = [boxes[-1]]
+    for box in reversed(boxes[:-1]):
+        gap_start, gap_end = box[1], run[-1][0]
+        if _BOX_SEPARATOR_RE.fullmatch(text, gap_start, gap_end) is None:
+            break
+        run.append(box)
+    parts: list[str] = []
+    for _, _, content in reversed(run):
+        c = content.strip()
+        if c not in parts:
+            parts.append(c)
+    if len(parts) > 1:
+        parts = [p for p in parts if p]  # an empty box among filled ones adds nothing
+    return ", ".join(parts)
 
 
 _ANSWER_LINE_RE = re.compile(r"(?im)^\s*\**\s*(?:final\s+)?answer\s*\**\s*[:：]\s*\**\s*(.+?)\s*$")

@@ -10,7 +10,13 @@
   words (cm, meters, dollars, degrees, ...) after a number
 - ``\\%``, ``%``, degrees (``^\\circ``, ``°``), currency (``\\$``) removed
 - thousands separators: ``1,000``, ``1{,}000``, ``12,345.5`` -> digits only (only when the whole answer
-  is such a number, so tuples such as ``(1,2)`` are untouched)
+  is such a number, so tuples such as ``(1,2)`` are untouched); digit groups separated by spaces
+  (``1 000 000``, ``1\\,000``) are joined only when they are thousands groups (first group 1-3 digits,
+  the others 3); a whole answer of other space-separated integers is a list (``1 2`` -> ``1,2``: never 12,
+  and not 3 as math-verify would read it); other digits separated by a space (``x^2 3``) keep one space
+- Python/C float literals from tool output (``3.0e+08``, ``2.5e-07``, ``1e-05``, ``6.02E23``) ->
+  ``3.0\\times10^{8}``: a mantissa with a decimal point and any exponent, or an integer mantissa with a
+  signed exponent of two or more digits (``2e+1``, ``2e10`` stay: ``e`` may be Euler's number)
 - an assignment ``x=5`` (a single variable on the left) -> ``5``
 - a whole-answer ``\\text{Monday}`` -> ``Monday``; a trailing full stop removed
 
@@ -47,6 +53,11 @@ _SPACING_RE = re.compile(r"\\[,!;:> ]|~|\\quad|\\qquad")
 _DEGREE_RE = re.compile(r"(?<=[\d}.])\s*\^\s*\{?\s*\\circ\s*\}?|(?<=[\d}.])\s*\\circ(?![A-Za-z])")
 _WS_RE = re.compile(r"(\\[A-Za-z]+)?\s+(?=(.?))", re.S)
 _WRAPPER_RE = re.compile(r"^\\(?:boxed|fbox)\s*\{(.*)\}$", re.S)
+_FLOAT_LITERAL_RE = re.compile(r"(?<![\w.\\])(?P<m>\d+\.\d*|\.\d+|\d+)[eE](?P<e>[-+]?\d+)(?![\w.])")
+_DIGIT_RUN_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+)?(?:[ \t]+\d+(?:\.\d+)?)+(?![\d.])")
+_THOUSANDS_SPACED_RE = re.compile(r"\d{1,3}(?:[ \t]+\d{3})+(?:\.\d+)?")
+_KEPT_SPACE = "\ue000"  # a space between digits that whitespace removal must keep (restored at the end)
+_SPACED_LIST_RE = re.compile("[-+]?\\d+(?:" + _KEPT_SPACE + "\\d+)+")
 
 
 def strip_wrappers(s: str) -> str:
@@ -83,6 +94,24 @@ def _balanced(s: str) -> bool:
                 return False
         i += 1
     return depth == 0
+
+
+def _float_literal(m: re.Match) -> str:
+    mant, exp = m.group("m"), m.group("e")
+    if "." not in mant and not (exp[0] in "+-" and len(exp) >= 3):
+        return m.group(0)  # 2e+1, 2e10: Euler's number times something, or a float: math-verify decides
+    if mant.startswith("."):
+        mant = "0" + mant
+    if mant.endswith("."):
+        mant += "0"
+    return f"{mant}\\times10^{{{int(exp)}}}"
+
+
+def _digit_run(m: re.Match) -> str:
+    run = m.group(0)
+    if _THOUSANDS_SPACED_RE.fullmatch(run):
+        return re.sub(r"[ \t]+", "", run)
+    return re.sub(r"[ \t]+", _KEPT_SPACE, run)
 
 
 def _drop_space(m: re.Match) -> str:
@@ -125,6 +154,11 @@ def _normalize(s: str) -> str:
     if s.startswith("$") and not s.endswith("$"):
         s = s[1:]
     s = s.strip()
+    if "e" in s or "E" in s:
+        s = _FLOAT_LITERAL_RE.sub(_float_literal, s)
+    s = _DIGIT_RUN_RE.sub(_digit_run, s)
+    if _SPACED_LIST_RE.fullmatch(s):  # "1 2": a list of numbers (math-verify would add them up), never 12
+        s = s.replace(_KEPT_SPACE, ",")
     # a whole-answer \text{...}
     m = _WHOLE_TEXT_RE.match(s)
     if m:
@@ -144,7 +178,7 @@ def _normalize(s: str) -> str:
     s = _FRAC_HALF_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
     s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
     s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s)
-    s = _WS_RE.sub(_drop_space, s)
+    s = _WS_RE.sub(_drop_space, s).replace(_KEPT_SPACE, " ")
     if _THOUSANDS_RE.match(s):
         s = s.replace(",", "")
     s = s.rstrip(".")

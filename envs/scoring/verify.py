@@ -4,12 +4,20 @@
 
 1. normalised strings are equal (``normalize_answer``) -> equal;
 2. both sides are plain numbers/fractions/radicals (``numeric.evaluate``) -> compared exactly;
-3. otherwise math-verify (``parse`` + ``verify``, its own time limits) decides, in a worker process from
-   a small pool (``MathVerifyPool``); definite verdicts are remembered per (gold, pred) pair, since the
-   samples of a group often repeat an answer. The caller's limit is a hard wall-clock limit on the
-   check: a worker that does not answer in time is killed (SIGKILL) and replaced on demand. This holds in any thread, where
-   math-verify's own ``signal.alarm`` limits cannot work, and even when the time goes into C code that
-   no signal interrupts.
+3. otherwise math-verify (``parse`` + ``verify``) decides, in a worker process from a small pool
+   (``MathVerifyPool``); definite verdicts are remembered per (gold, pred) pair, since the samples of a
+   group often repeat an answer.
+
+Time limits: the caller's ``timeout_s`` is a budget of the worker's *CPU time* for the check (see
+``_mv_worker``), so the verdict does not depend on the machine's load; a worker that has not answered after
+``wall_factor * timeout_s + wall_margin_s`` seconds of wall-clock time (C code that checks no signal, or a
+machine too loaded to give it its CPU time) is killed (SIGKILL) and replaced on demand. This holds in any
+thread, where math-verify's own ``signal.alarm`` limits cannot work.
+
+A check that did not reach a verdict (budget used up, worker killed or crashed, checker error) is never
+remembered, neither in the worker (its parse cache only holds finished parses) nor here: the same pair is
+checked afresh next time, and its verdict is ``equal=None`` with method ``"timeout"`` or ``"error"``, which
+``envs.reward`` counts as ``timed_out``.
 
 Environment: ``STARE_MATH_VERIFY_WORKERS`` (default ``min(4, cpu_count)``) caps the pool size.
 """
@@ -20,6 +28,7 @@ import atexit
 import json
 import logging
 import os
+import re
 import select
 import subprocess
 import sys
@@ -46,8 +55,14 @@ class Verdict:
     Attributes:
         equal: True / False, or None when undecided (time limit hit or the checker failed).
         method: ``"exact"`` (normalised strings equal), ``"numeric"`` (fast numeric path),
-            ``"math_verify"``, ``"empty"`` (no prediction), ``"timeout"`` or ``"error"``.
+            ``"math_verify"``, ``"empty"`` (no prediction), ``"no_ground_truth"`` (the gold is empty after
+            normalisation), ``"timeout"`` (the checker's time ran out) or ``"error"`` (the checker failed).
     """
+
+    @property
+    def failed(self) -> bool:
+        """True when the checker gave no verdict (``timeout``/``error``): not an answer, never cached."""
+        return self.method in ("timeout", "error")
 
     equal: bool | None
     method: str
@@ -60,6 +75,7 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env["STARE_MV_PARENT_PID"] = str(os.getpid())  # the worker exits when this process is gone
         self.proc = subprocess.Popen(
             command or [sys.executable, "-m", "envs.scoring._mv_worker"],
             stdin=subprocess.PIPE,
@@ -120,8 +136,8 @@ class _Worker:
 class MathVerifyPool:
     """A pool of math-verify worker processes with a hard per-call wall-clock limit.
 
-    Thread-safe; workers start lazily (startup, i.e. importing sympy, takes ~1 s and counts as queueing,
-    not against a check's limit). After ``os.fork`` the child starts its own workers.
+    Thread-safe; workers start lazily (startup, i.e. importing sympy and a warm-up parse, takes ~1-2 s and
+    counts as queueing, not against a check's limit). After ``os.fork`` the child starts its own workers.
 
     Args:
         max_workers: cap on concurrent workers (default env ``STARE_MATH_VERIFY_WORKERS`` or
@@ -129,21 +145,31 @@ class MathVerifyPool:
         startup_timeout_s: a worker that is not ready after this long is killed.
         worker_command: argv of the worker process (default ``python -m envs.scoring._mv_worker``;
             tests substitute a worker that hangs).
+        wall_factor, wall_margin_s: a check whose CPU budget is ``timeout_s`` is killed after
+            ``wall_factor * timeout_s + wall_margin_s`` seconds of wall-clock time.
     """
 
     def __init__(
-        self, max_workers: int | None = None, startup_timeout_s: float = 120.0, worker_command: list[str] | None = None
+        self,
+        max_workers: int | None = None,
+        startup_timeout_s: float = 120.0,
+        worker_command: list[str] | None = None,
+        wall_factor: float = 3.0,
+        wall_margin_s: float = 1.0,
     ) -> None:
         if max_workers is None:
             max_workers = int(os.environ.get("STARE_MATH_VERIFY_WORKERS", min(4, os.cpu_count() or 1)))
         self.max_workers = max(1, max_workers)
         self.startup_timeout_s = startup_timeout_s
         self.worker_command = worker_command
+        self.wall_factor = max(1.0, float(wall_factor))
+        self.wall_margin_s = max(0.0, float(wall_margin_s))
         self._cond = threading.Condition()
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
         self._pid = os.getpid()
         self.kills = 0  # workers killed for exceeding a deadline (for tests and logging)
+        self.failures = 0  # checks that gave no verdict: timeouts, errors, dead workers (for tests and logging)
 
     def _check_fork(self) -> None:
         if os.getpid() != self._pid:  # forked child: the parent's workers are not ours
@@ -200,14 +226,22 @@ class MathVerifyPool:
 
         Args:
             pairs: candidate ``(gold, pred)`` LaTeX strings (no ``$``), tried in order.
-            timeout_s: hard wall-clock limit in seconds for the check itself, counted from the moment a
-                ready worker takes it; the worker is killed when it is exceeded.
+            timeout_s: CPU-time budget in seconds for the check itself (math-verify's parse and verify in the
+                worker); the worker is killed when the check takes longer than ``wall_factor * timeout_s +
+                wall_margin_s`` seconds of wall-clock time, counted from the moment a ready worker takes it.
             queue_timeout_s: bound on waiting for a free, ready worker (default ``max(30, 10 *
                 timeout_s)``), so that a burst of calls from many threads queues instead of timing out.
-                A call never takes longer than ``queue_timeout_s + timeout_s``.
+                A call never takes longer than ``queue_timeout_s`` plus that wall-clock limit.
         Returns:
             Verdict with method ``"math_verify"``, ``"timeout"`` or ``"error"``. Never raises.
         """
+        v = self._equivalent(pairs, timeout_s, queue_timeout_s)
+        if v.failed:
+            with self._cond:
+                self.failures += 1
+        return v
+
+    def _equivalent(self, pairs: list[tuple[str, str]], timeout_s: float, queue_timeout_s: float | None) -> Verdict:
         timeout_s = max(0.0, timeout_s)
         if queue_timeout_s is None:
             queue_timeout_s = max(30.0, 10.0 * timeout_s)
@@ -226,9 +260,8 @@ class MathVerifyPool:
                         logger.warning("math-verify worker not ready after %.0f s; killed", self.startup_timeout_s)
                     self._release(w, dead=not starting)
                     return Verdict(None, "timeout" if starting else "error")
-            deadline = time.monotonic() + timeout_s
-            inner = max(1, int(timeout_s / 3))
-            reply = w.ask({"pairs": [list(p) for p in pairs], "parse_timeout": inner, "verify_timeout": inner}, deadline)
+            deadline = time.monotonic() + self.wall_factor * timeout_s + self.wall_margin_s
+            reply = w.ask({"pairs": [list(p) for p in pairs], "budget_s": timeout_s}, deadline)
         except (EOFError, OSError, ValueError) as err:
             logger.warning("math-verify worker failed (%s: %s); it is replaced on the next call", type(err).__name__, err)
             self._release(w, dead=True)
@@ -240,6 +273,9 @@ class MathVerifyPool:
         self._release(w)
         if "equal" in reply:
             return Verdict(bool(reply["equal"]), "math_verify")
+        if reply.get("timeout"):
+            return Verdict(None, "timeout")
+        logger.warning("math-verify check failed: %s", str(reply.get("error"))[:200])
         return Verdict(None, "error")
 
     def close(self) -> None:
@@ -251,25 +287,32 @@ class MathVerifyPool:
             w.kill()
 
 
-def _inline_verify(pairs: list[tuple[str, str]], timeout_s: float) -> Verdict:
-    """Fallback when no worker process can be started: math-verify in this process.
+_INLINE_CHECK = None
 
-    Only in the main thread, where math-verify's signal-based limits hold; elsewhere undecided.
-    """
+
+def _inline_verify(pairs: list[tuple[str, str]], timeout_s: float) -> Verdict:
+    """Fallback when no worker process can be started: the worker's check in this process, with the same
+    CPU-time budget (a SIGPROF alarm, so only in the main thread; elsewhere undecided)."""
+    global _INLINE_CHECK
     if threading.current_thread() is not threading.main_thread():
         return Verdict(None, "error")
-    try:
-        from math_verify import parse, verify
+    import signal
 
-        t = max(1, int(timeout_s / 3))
-        for g, p in pairs:
-            gp = parse("$" + g + "$", parsing_timeout=t)
-            pp = parse("$" + p + "$", parsing_timeout=t)
-            if gp and pp and verify(gp, pp, timeout_seconds=t):
-                return Verdict(True, "math_verify")
-        return Verdict(False, "math_verify")
+    from envs.scoring import _mv_worker
+
+    old = signal.getsignal(signal.SIGPROF)
+    try:
+        if _INLINE_CHECK is None:
+            _INLINE_CHECK = _mv_worker.make_checker()
+        request = json.dumps({"pairs": [list(p) for p in pairs], "budget_s": timeout_s})
+        reply = _mv_worker.answer(request, _INLINE_CHECK, _mv_worker._Timer())
     except Exception:  # noqa: BLE001
         return Verdict(None, "error")
+    finally:
+        signal.signal(signal.SIGPROF, old)
+    if "equal" in reply:
+        return Verdict(bool(reply["equal"]), "math_verify")
+    return Verdict(None, "timeout" if reply.get("timeout") else "error")
 
 
 _VERDICTS: OrderedDict[tuple, Verdict] = OrderedDict()  # math-verify verdicts of identical answer pairs
@@ -312,12 +355,13 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
     Args:
         pred: extracted answer (box content), None when there was none.
         gold: ground-truth answer (plain or LaTeX; a ``\\boxed{}`` wrapper is removed).
-        timeout_s: hard wall-clock limit of the math-verify check (see ``MathVerifyPool.equivalent``;
-            waiting for a free worker is bounded separately); the fast paths are bounded by input size
-            and take microseconds.
+        timeout_s: CPU-time budget (seconds) of the math-verify check, with a wall-clock backstop (see
+            ``MathVerifyPool.equivalent``; waiting for a free worker is bounded separately); the fast paths
+            are bounded by input size and take microseconds.
         pool: worker pool (default: the process-wide one).
     Returns:
-        Verdict. Never raises.
+        Verdict. Never raises. ``Verdict(None, "timeout" | "error")`` (``.failed``) when the checker gave no
+        verdict; such a result is not remembered.
     """
     try:
         if pred is None:
@@ -326,7 +370,7 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
         if not pn:
             return Verdict(False, "empty")
         if not gn:
-            return Verdict(None, "error")
+            return Verdict(None, "no_ground_truth")
         if pn == gn:
             return Verdict(True, "exact")
         cp, cg = _casefold_words(pn), _casefold_words(gn)
@@ -340,7 +384,8 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
         # normalised forms first; the raw forms once more only if normalisation changed something
         pairs = [(gn, pn)]
         raw = (_clean(strip_wrappers(str(gold))), _clean(strip_wrappers(str(pred))))
-        if raw != pairs[0] and all(raw):
+        # (not when digits are parted by spaces: math-verify adds "1 2" up to 3; normalisation decided those)
+        if raw != pairs[0] and all(raw) and not any(_SPACED_DIGITS_RE.search(r) for r in raw):
             pairs.append(raw)
         key = tuple(pairs)
         with _VERDICTS_LOCK:
@@ -349,7 +394,7 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
                 _VERDICTS.move_to_end(key)
                 return hit
         v = (pool or get_pool()).equivalent(pairs, timeout_s)
-        if v.equal is not None:  # only definite verdicts are remembered (never timeouts or errors)
+        if not v.failed and v.equal is not None:  # only verdicts are remembered (never timeouts or errors)
             with _VERDICTS_LOCK:
                 _VERDICTS[key] = v
                 if len(_VERDICTS) > _VERDICTS_MAX:
@@ -357,6 +402,9 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
         return v
     except Exception:  # noqa: BLE001 - a scorer must never crash a training run
         return Verdict(None, "error")
+
+
+_SPACED_DIGITS_RE = re.compile(r"\d(?:\s|\\[,;: ]|~)+\d")
 
 
 def _clean(x: str) -> str:

@@ -86,12 +86,31 @@ def _tail_lines(text: str, n: int) -> str:
     return "\n".join(lines[-n:])
 
 
+# An uncaught exception's report (the sandbox driver prints it with the model's frames named "<code>"; a
+# SyntaxError has no "Traceback" header but names the line).
+_EXCEPTION_REPORT_RE = re.compile(r'^Traceback \(most recent call last\):$|^\s*File "<code>", line \d+', re.M)
+
+
+def _signal_name(number: int) -> str | None:
+    """``SIGTERM`` for 15; None when ``number`` names no signal (status 128 + that is an ordinary exit)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
+
+
 def format_observation(result: ExecResult, stderr_tail_lines: int = 8, max_chars: int = 2000) -> str:
     """The concise text shown to the model for one :class:`ExecResult`.
 
     stdout first; then, when the program failed, the last ``stderr_tail_lines`` non-empty lines of
     stderr (the end of the traceback) or a notice for timeouts, memory and signals; ``(no output)`` when
     there is nothing to show. The whole is cut to ``max_chars`` (head and tail kept, marker between).
+
+    A non-zero exit that is not an uncaught exception (``sys.exit(1)``, ``sys.exit("message")``,
+    ``os._exit(3)``, a native library exiting) ends with ``The program exited with status N.``; a death by
+    signal (a status of 128 + a signal number, as the shell reports it) with ``The program was killed by
+    SIGNAME (exit status 128+N).`` An uncaught exception's
+    traceback speaks for itself (no status line).
     """
     if result.sandbox_error:
         return _cut(f"Sandbox error: {result.sandbox_error}", max_chars)
@@ -110,15 +129,13 @@ def format_observation(result: ExecResult, stderr_tail_lines: int = 8, max_chars
             parts.append(err_tail)
         if result.oom and "MemoryError" not in err_tail:
             parts.append("MemoryError: the program exceeded the memory limit.")
-        if result.exit_code is not None and result.exit_code > 128:
-            try:
-                name = signal.Signals(result.exit_code - 128).name
-            except ValueError:
-                name = f"signal {result.exit_code - 128}"
-            notes = {"SIGSEGV": " (segmentation fault)", "SIGXCPU": " (CPU time limit)", "SIGKILL": ""}
-            parts.append(f"The program was killed by {name}{notes.get(name, '')}.")
-        elif result.exit_code not in (None, 1) and not err_tail:
-            parts.append(f"Exit code {result.exit_code}.")
+        status = result.exit_code
+        name = _signal_name(status - 128) if status is not None and status > 128 else None
+        if name is not None:
+            notes = {"SIGSEGV": ", segmentation fault", "SIGXCPU": ", CPU time limit"}
+            parts.append(f"The program was killed by {name} (exit status {status}{notes.get(name, '')}).")
+        elif status is not None and not _EXCEPTION_REPORT_RE.search(result.stderr):
+            parts.append(f"The program exited with status {status}.")
     elif err_tail:  # success with warnings: a short tail only
         parts.append(_tail_lines(result.stderr, min(3, stderr_tail_lines)))
     text = "\n".join(parts) if parts else "(no output)"

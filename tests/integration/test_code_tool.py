@@ -180,3 +180,44 @@ def test_verl_tool_agent_loop_call_path_with_trajectory_sessions():
     assert first[0].text == "2" and second[0].text == "6" and second[1] == 0.0
     assert len(flood[0].text) <= 256 + len("...(truncated)") and flood[0].text.endswith("...(truncated)")
     assert tool.sandbox.session_keys == []
+
+
+# Issue 14.7: a non-zero exit without a traceback is shown with its exit status (cold calls and sessions).
+_EXITS = [
+    ("import sys\nprint('checked')\nsys.exit(1)", "checked\nThe program exited with status 1."),
+    ("import sys\nsys.exit(3)", "The program exited with status 3."),
+    ("import sys\nsys.exit('no solution found')", "no solution found\nThe program exited with status 1."),
+    ("import os\nprint('partial', flush=True)\nos._exit(1)", "partial\nThe program exited with status 1."),
+    ("import ctypes\nctypes.CDLL(None).exit(2)", "The program exited with status 2."),  # a native library exits
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", "The program was killed by SIGTERM (exit status 143)."),
+    ("import os\nos.abort()", "The program was killed by SIGABRT (exit status 134)."),
+]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_failed_run_says_so_with_its_exit_status(persistent):
+    tool = _tool(persistent_session=persistent)
+    codes = [c for c, _ in _EXITS] + ["import sys\nsys.exit(0)", "raise SystemExit", "raise ValueError('bad')", "print(1"]
+    results = asyncio.run(_call(tool, *codes))
+    for (code, expected), (resp, _, metrics) in zip(_EXITS, results, strict=False):
+        assert resp.text.endswith(expected), (code, resp.text)
+        assert metrics["exit_code"] == int(expected.rstrip(").").split()[-1]), code
+    clean0, clean_none, raised, syntax = (r[0].text for r in results[len(_EXITS):])
+    assert "status" not in clean0 and "status" not in clean_none  # exit status 0 is no failure
+    if not persistent:  # (a session was restarted by the os.abort() before: the next call says so)
+        assert clean0 == "(no output)" and clean_none == "(no output)"
+    assert raised.endswith("ValueError: bad") and "status" not in raised  # the traceback speaks for itself
+    assert "SyntaxError" in syntax and "status" not in syntax
+    asyncio.run(tool.aclose())
+
+
+def test_exit_status_formatting_without_a_sandbox():
+    assert format_observation(ExecResult(exit_code=1)) == "The program exited with status 1."
+    assert format_observation(ExecResult(stdout="4\n", stderr="fatal: lapack\n", exit_code=255)) == (
+        "4\nfatal: lapack\nThe program exited with status 255."
+    )
+    tb = 'Traceback (most recent call last):\n  File "<code>", line 1, in <module>\nKeyError: 3\n'
+    assert format_observation(ExecResult(stderr=tb, exit_code=1)).endswith("KeyError: 3")
+    assert format_observation(ExecResult(exit_code=128 + 9)) == "The program was killed by SIGKILL (exit status 137)."
+    assert format_observation(ExecResult(exit_code=200)) == "The program exited with status 200."  # no signal 72
+    assert format_observation(ExecResult(exit_code=0)) == "(no output)"

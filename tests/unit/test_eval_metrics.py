@@ -12,7 +12,7 @@ from stare_verl.jobs.evaluation.metrics import (
     mean_pass_at_k,
     pass_at_k,
 )
-from stare_verl.jobs.evaluation.summary import format_table, summarize
+from stare_verl.jobs.evaluation.summary import format_table, partial_pass_at, summarize
 
 
 def _exact(n, c, k):
@@ -88,3 +88,34 @@ def test_summary_per_source_and_uneven_samples():
     assert g["y"]["pass@k"]["4"] == 1.0
     assert g["all"]["pass@k"]["4"] == 1.0 and g["all"]["pass@k"]["4_problems"] == 1
     assert g["all"]["avg@k"] == pytest.approx((0.5 + 0.75) / 2)
+
+
+def test_pass_at_k_is_marked_where_it_covers_only_some_problems():
+    """Issue 14.8: 2 problems, one with 8 samples and one with 2 (failed or resumed requests)."""
+    recs = _recs({"a": [1, 0, 0, 0, 0, 0, 0, 0], "b": [1, 1]}, "aime")
+    s = summarize(recs)
+    g = s["groups"]["aime"]
+    assert g["pass@k"]["8"] == 1.0 and g["pass@k"]["8_problems"] == 1  # the value over the covered problem
+    assert g["pass@k_problems"] == {"1": 2, "2": 2, "4": 1, "8": 1}
+    assert partial_pass_at(s) == [
+        "pass@4 of aime covers 1 of 2 problems (1 has fewer than 4 samples)",
+        "pass@8 of aime covers 1 of 2 problems (1 has fewer than 8 samples)",
+    ]
+    table = format_table(s)
+    row = next(line for line in table.splitlines() if line.startswith("aime"))
+    assert "100.0*" in row and "50.0*" in row  # pass@8 and pass@4 marked
+    assert " 62.5 " in row + " "  # pass@2 covers both problems: not marked
+    assert table.splitlines()[-1] == "* pass@8 of aime covers 1 of 2 problems (1 has fewer than 8 samples)"
+
+
+def test_pass_at_k_marks_per_row_and_a_full_set_has_no_marks():
+    full = _recs({"a": [1, 0, 0, 1], "b": [0, 0, 0, 0]}, "x")
+    assert partial_pass_at(summarize(full)) == [] and "*" not in format_table(summarize(full))
+    mixed = full + _recs({"c": [1]}, "y")
+    s = summarize(mixed)
+    notes = partial_pass_at(s)
+    assert notes == ["pass@2 of all covers 2 of 3 problems (1 has fewer than 2 samples)",
+                     "pass@4 of all covers 2 of 3 problems (1 has fewer than 4 samples)"]
+    rows = {line.split()[0]: line for line in format_table(s).splitlines()[2:] if not line.startswith("*")}
+    assert "*" not in rows["x"] and "*" not in rows["y"] and rows["all"].count("*") == 2
+    assert s["groups"]["all"]["pass@k_problems"] == {"1": 3, "2": 2, "4": 2}

@@ -127,7 +127,7 @@ def run(a: argparse.Namespace) -> int:
         ResumeMismatch,
         load_problems,
     )
-    from stare_verl.jobs.evaluation.summary import format_table, summarize, write_summary
+    from stare_verl.jobs.evaluation.summary import format_table, partial_pass_at, summarize, write_summary
 
     out: Path | None = None
     try:
@@ -181,6 +181,8 @@ def run(a: argparse.Namespace) -> int:
     summary = summarize(records, a.pass_k, meta)
     path = Path(a.summary) if a.summary else out.with_name(out.name.removesuffix(".jsonl") + ".summary.json")
     write_summary(summary, path)
+    for note in partial_pass_at(summary):
+        print(f"warning: {note}: that pass@k is over those problems only (marked * in the table)", file=sys.stderr)
     print(format_table(summary))
     print(f"samples: {out}\nsummary: {path}")
     return 0

@@ -5,7 +5,10 @@ over all rows ("all"). Per group:
 
     problems, samples           counts; ``k`` is the most samples any problem has
     avg@k                       mean over problems of the share of correct samples (metrics.avg_at_k)
-    pass@k                      {k: mean unbiased pass@k over problems with >= k samples} (metrics.pass_at_k)
+    pass@k                      {k: mean unbiased pass@k over problems with >= k samples} (metrics.pass_at_k);
+                                when some problems have fewer than k samples (failed or resumed requests) the
+                                mean covers only the others, and "<k>_problems" says how many it covers
+    pass@k_problems             {k: problems with >= k samples}, for every k of pass@k
     mean_tokens                 model-generated tokens per sample (usage.completion_tokens; None if unknown)
     mean_chars                  characters of the scored response per sample
     truncated_rate, answer_rate share of samples cut by the length limit / with an extracted answer
@@ -25,18 +28,19 @@ from typing import Any
 
 from stare_verl.jobs.evaluation.metrics import aggregate_problems, default_ks, mean_pass_at_k
 
-__all__ = ["format_table", "summarize", "write_summary"]
+__all__ = ["format_table", "partial_pass_at", "summarize", "write_summary"]
 
 
 def _group(records: Sequence[Mapping[str, Any]], ks: Sequence[int] | None) -> dict[str, Any]:
     k_max = max((p.n for p in aggregate_problems(records, [])), default=0)
     ks = list(ks) if ks else default_ks(k_max)
     problems = aggregate_problems(records, ks)
-    pass_at = {}
+    pass_at, pass_at_problems = {}, {}
     for k in ks:
         val, n_prob = mean_pass_at_k(problems, k)
         if val is not None:
             pass_at[str(k)] = val
+            pass_at_problems[str(k)] = n_prob
             if n_prob < len(problems):
                 pass_at[f"{k}_problems"] = n_prob
     toks = [r.get("tokens") for r in records]
@@ -51,6 +55,7 @@ def _group(records: Sequence[Mapping[str, Any]], ks: Sequence[int] | None) -> di
         "min_samples_per_problem": min((p.n for p in problems), default=0),
         "avg@k": fmean(p.avg for p in problems) if problems else None,
         "pass@k": pass_at,
+        "pass@k_problems": pass_at_problems,
         "mean_tokens": fmean(toks) if toks and all(t is not None for t in toks) else None,
         "mean_chars": fmean(int(r.get("chars") or 0) for r in records) if records else None,
         "truncated_rate": fmean(bool(r.get("truncated")) for r in records) if records else None,
@@ -99,8 +104,36 @@ def _fmt(v: Any, pct: bool = True) -> str:
     return str(v)
 
 
+def _partial(g: Mapping[str, Any], k: int) -> int | None:
+    """Problems that pass@k of group ``g`` covers, when that is fewer than all of them; else None."""
+    n = g.get("pass@k_problems", {}).get(str(k), g["pass@k"].get(f"{k}_problems"))
+    return int(n) if n is not None and str(k) in g["pass@k"] and int(n) < int(g["problems"]) else None
+
+
+def partial_pass_at(summary: Mapping[str, Any]) -> list[str]:
+    """One warning per (group, k) whose pass@k covers only some problems (the others have fewer than k
+    samples), with the counts, e.g. ``"pass@8 of aime24 covers 1 of 2 problems (1 has fewer than 8 samples)"``.
+    Empty when every pass@k covers every problem of its group."""
+    out = []
+    for name, g in summary["groups"].items():
+        if name == "all" and len(summary["groups"]) == 2:
+            continue  # "all" is the single source itself
+        for k in sorted(int(k) for k in g["pass@k"] if k.isdigit()):
+            n = _partial(g, k)
+            if n is not None:
+                short = int(g["problems"]) - n
+                out.append(f"pass@{k} of {name} covers {n} of {g['problems']} problems ({short} "
+                           f"{'has' if short == 1 else 'have'} fewer than {k} samples)")
+    return out
+
+
 def format_table(summary: Mapping[str, Any]) -> str:
-    """A fixed-width terminal table: one row per data source (and "all"); accuracies in percent."""
+    """A fixed-width terminal table: one row per data source (and "all"); accuracies in percent.
+
+    A pass@k that covers only some problems of its row (the others have fewer than k samples) is marked with
+    ``*`` and explained under the table with the counts (``partial_pass_at``), never shown as if it covered
+    every problem.
+    """
     groups = summary["groups"]
     ks = sorted({int(k) for g in groups.values() for k in g["pass@k"] if k.isdigit()})
     head = ["data_source", "problems", "k", "avg@k", *[f"pass@{k}" for k in ks], "tokens", "trunc%",
@@ -111,7 +144,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
         g = groups[name]
         rows.append([
             name, str(g["problems"]), str(g["k"]), _fmt(g["avg@k"]),
-            *[_fmt(g["pass@k"].get(str(k))) for k in ks],
+            *[_fmt(g["pass@k"].get(str(k))) + ("*" if _partial(g, k) is not None else "") for k in ks],
             _fmt(g["mean_tokens"], pct=False), _fmt(g["truncated_rate"]),
             _fmt(g["reflections"].get("total"), pct=False),
             f"{g['tools']['mean_calls']:.2f}", _fmt(g["tools"]["error_rate"]),
@@ -121,6 +154,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
     out = [line, "-" * len(line)]
     for r in rows:
         out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    out += [f"* {note}" for note in partial_pass_at(summary)]
     return "\n".join(out)
 
 
