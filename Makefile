@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stare-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps test bench lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
+.PHONY: install system-deps test test-gpu bench lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ system-deps:
 
 test: install system-deps
 	$(BIN)/python -m pytest -q tests
+
+# The GPU checks only (tests marked gpu: stare_sync with the FSDP actor and the hf / SGLang rollout on CUDA, the
+# estimator on CUDA tensors); under 5 minutes on one GPU. Without CUDA they are skipped (make test skips them too).
+test-gpu: install system-deps
+	$(BIN)/python -m pytest -q -m gpu tests
 
 bench: install system-deps
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
