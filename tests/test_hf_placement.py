@@ -18,7 +18,7 @@ from stare_verl.cpu.hf_server import (
     HFServerOptions,
     choose_device,
     choose_dtype,
-    cuda_visible_devices_for_server,
+    server_cuda_ordinal,
 )
 
 
@@ -74,16 +74,17 @@ def test_options_validate_device():
         HFServerOptions(device="gpu")
 
 
-def test_cuda_visible_devices_for_server():
-    # CUDA not initialised yet: narrow to the ranks' GPUs (sorted, deduplicated), use the first one
-    assert cuda_visible_devices_for_server(["3", "1,3"], None, False) == ("1,3", 0)
-    # already initialised: nothing to set; the ordinal of the ranks' first GPU among the visible ones
-    assert cuda_visible_devices_for_server(["5"], None, True) == (None, 5)
-    assert cuda_visible_devices_for_server(["5"], "4,5,6", True) == (None, 1)
+def test_server_cuda_ordinal():
+    # the server sees every GPU (CUDA_VISIBLE_DEVICES unset): the ranks' lowest physical id
+    assert server_cuda_ordinal(["3", "1,3"], None) == 1
+    assert server_cuda_ordinal(["5"], "") == 5
+    # the node's own list (Ray started under CUDA_VISIBLE_DEVICES=4,5,6): the position in it
+    assert server_cuda_ordinal(["5"], "4,5,6") == 1
+    assert server_cuda_ordinal(["10", "9"], "8,9,10") == 1  # numeric order, not text order
     with pytest.raises(ValueError, match="not visible to the hf server"):
-        cuda_visible_devices_for_server(["7"], "4,5", True)
+        server_cuda_ordinal(["7"], "4,5")
     with pytest.raises(ValueError, match="report no CUDA_VISIBLE_DEVICES"):
-        cuda_visible_devices_for_server(["", " "], None, False)
+        server_cuda_ordinal(["", " "], None)
 
 
 def test_server_actor_options():
@@ -115,16 +116,15 @@ def _server(model_path, monkeypatch, platform_device, visible, hf=None, rollout_
 
 
 def test_server_placement_with_faked_cuda(model_path, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     server = _server(model_path, monkeypatch, "cuda", ["2"])
     import os
 
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2"  # narrowed before CUDA starts in the server
-    assert server.resolve_placement(cuda_available=True) == ("cuda:0", "bfloat16")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # left as it is
+    assert server.resolve_placement(cuda_available=True) == ("cuda:2", "bfloat16")
     assert server.resolve_placement(cuda_available=False) == ("cpu", "float32")
     pinned = _server(model_path, monkeypatch, "cuda", ["2"], hf={"dtype": "float32"})
-    assert pinned.resolve_placement(cuda_available=True) == ("cuda:0", "float32")
+    assert pinned.resolve_placement(cuda_available=True) == ("cuda:2", "float32")
 
 
 def test_server_on_cpu_platform_ignores_visible_devices(model_path, monkeypatch):

@@ -3,8 +3,8 @@
 - :class:`HFReplica` launches one :class:`~stare_verl.cpu.hf_server.HFGenerationServer` Ray actor per
   replica, on the node of the replica's first trainer rank, named ``hf_server_<replica_rank>``. On an
   accelerator platform (verl's CUDA platform) the server shares the GPU of that rank, as verl's SGLang replica
-  does: it asks Ray for no GPU, is started with Ray's "do not set CUDA_VISIBLE_DEVICES" variables and narrows
-  its visible devices to the ranks' own (:func:`~stare_verl.cpu.hf_server.cuda_visible_devices_for_server`);
+  does: it asks Ray for no GPU, is started with Ray's "do not set CUDA_VISIBLE_DEVICES" variables and picks
+  the ranks' GPU among those it sees (:func:`~stare_verl.cpu.hf_server.server_cuda_ordinal`);
   on the ``cpu`` platform nothing of this applies.
 - :class:`HFServerAdapter` lives in every FSDP worker (hybrid engine). On each weight sync every rank
   drains verl's weight iterator (it all-gathers FSDP2 shards, so a rank that stopped early would hang

@@ -173,40 +173,38 @@ def choose_dtype(hf_dtype: str | None, rollout_dtype: str | None, device: str) -
     return name
 
 
-def cuda_visible_devices_for_server(
-    worker_visible: list[str], own_visible: str | None, cuda_initialized: bool
-) -> tuple[str | None, int]:
-    """Which GPU the server of a replica uses, as verl's SGLang replica does it (the GPU of its trainer ranks).
+def server_cuda_ordinal(worker_visible: list[str], own_visible: str | None) -> int:
+    """The CUDA ordinal, in the server's own view, of the GPU its replica's first trainer rank uses.
 
-    The server actor asks Ray for no GPU (it shares its first trainer rank's GPU, as the hybrid engine's other
-    rollouts do) and is started with Ray's ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``, so it sees the node's
-    devices; it narrows them to the ranks' devices itself.
+    The server actor asks Ray for no GPU: it shares the GPU of its trainer ranks, as verl's SGLang replica does,
+    and is started with Ray's ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` so that Ray leaves it the node's
+    devices. Its visible devices are not narrowed (CUDA may already be initialised by the time the actor's
+    ``__init__`` runs: unpickling verl's config imports verl, whose platform probe queries CUDA); the ordinal is
+    looked up instead.
 
     Args:
-        worker_visible: ``CUDA_VISIBLE_DEVICES`` of the replica's trainer ranks (each a comma list of ids).
-        own_visible: the server process's ``CUDA_VISIBLE_DEVICES`` (None: unset, every GPU visible).
-        cuda_initialized: whether CUDA is already initialised in the server (then the variable is too late).
-
-    Returns:
-        ``(value to set as CUDA_VISIBLE_DEVICES or None, device ordinal to use)``.
+        worker_visible: ``CUDA_VISIBLE_DEVICES`` of the replica's trainer ranks on the server's node (each a comma
+            list of device ids, as Ray sets it); the lowest id is used.
+        own_visible: the server process's ``CUDA_VISIBLE_DEVICES`` (None or empty: unset, every GPU visible).
 
     Raises:
-        ValueError: no device id among ``worker_visible``, or (CUDA already initialised) the ranks' first GPU
-            is not visible to the server.
+        ValueError: no device id among ``worker_visible``, or that GPU is not visible to the server.
     """
     ids = sorted({d.strip() for v in worker_visible for d in (v or "").split(",") if d.strip()}, key=_id_key)
     if not ids:
         raise ValueError(f"the replica's trainer ranks report no CUDA_VISIBLE_DEVICES ({worker_visible!r})")
-    if not cuda_initialized:
-        return ",".join(ids), 0
-    own = [d.strip() for d in own_visible.split(",")] if own_visible else None
+    own = [d.strip() for d in own_visible.split(",")] if own_visible and own_visible.strip() else None
     if own is None:
-        return None, int(ids[0]) if ids[0].isdigit() else 0
+        if not ids[0].isdigit():
+            raise ValueError(
+                f"GPU {ids[0]!r} of the trainer ranks is not an index and the server sees every GPU"
+            )
+        return int(ids[0])
     if ids[0] not in own:
         raise ValueError(
             f"GPU {ids[0]} of the trainer ranks is not visible to the hf server ({own_visible!r})"
         )
-    return None, own.index(ids[0])
+    return own.index(ids[0])
 
 
 def _id_key(device_id: str):
@@ -635,12 +633,9 @@ class HFGenerationServer:
         self.platform_device = platform_device
         self.cuda_ordinal = 0
         if platform_device != "cpu" and self.options.device != "cpu" and cuda_visible_devices:
-            # before anything initialises CUDA in this process (the variable is read once, at CUDA init)
-            env, self.cuda_ordinal = cuda_visible_devices_for_server(
-                cuda_visible_devices, os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_initialized()
+            self.cuda_ordinal = server_cuda_ordinal(
+                cuda_visible_devices, os.environ.get("CUDA_VISIBLE_DEVICES")
             )
-            if env is not None:
-                os.environ["CUDA_VISIBLE_DEVICES"] = env
         self.device: str | None = None  # "cpu" or "cuda:<n>", set by launch()
         self.dtype: str | None = None
         self.engine: GenerationEngine | None = None
