@@ -60,8 +60,9 @@ eval: install system-deps
 	$(BIN)/python -m stare_verl.jobs.evaluation $(if $(URL),--url $(URL)) $(if $(MODEL),--model $(MODEL)) $(if $(DATA),--data $(DATA)) $(EVAL_ARGS)
 
 # The main job. CPU default here (tiny model, cold-start SFT cached under runs/cache, STARE RL with verl's V1
-# trainer on the hf backend); on a GPU node with `pip install -e '.[gpu]'`: verl + SGLang with the recipe.
-# MODEL=... (GPU), RUN_DIR=..., ARGS="--steps 40 --seed 1 --method grpo", OVERRIDES="hydra.key=value ...".
+# trainer on the hf backend); on a GPU node with `pip install -e '.[gpu]'`: verl + SGLang with the recipe; on a
+# GPU node without SGLang: the tiny recipe with the FSDP actor and the hf rollout on the GPU (or MODEL=... there).
+# The run says which rollout backend, platform, device and sandbox ran. MODEL=... (GPU), RUN_DIR=..., ARGS="--steps 40 --seed 1 --method grpo", OVERRIDES="hydra.key=value ...".
 train-tooluse: install system-deps
 	$(BIN)/python -m stare_verl.jobs.train --family tooluse $(ARGS) $(OVERRIDES)
 
