@@ -51,8 +51,10 @@ data-hf: install system-deps
 	@set -e; for n in dapo_math aime2024 aime2025; do $(BIN)/python -m envs.tool_use.task hub $$n --out data; done
 	$(BIN)/python -m stare_verl.jobs.sft data --retool
 
+# ruff, then the import contract of the layers (pyproject [tool.importlinter]).
 lint: install
 	$(BIN)/ruff check stare_verl envs tests bench
+	$(BIN)/lint-imports
 
 # avg@k / pass@k: URL=http://host:port/v1 MODEL=name DATA=file.parquet EVAL_ARGS="--k 32"; without URL, the
 # latest local checkpoint that make train-tooluse wrote is evaluated on this machine.

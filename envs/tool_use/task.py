@@ -5,7 +5,7 @@ needs: ``agent_name: stare_tool_agent`` (``envs.tool_use.agent_loop``) and ``ext
 ``code_interpreter`` tool. Sources:
 
     offline      reasoning-gym arithmetic where running code helps a small model (no network), the
-                 calibrated CPU demo set (``shared/specs/cpu-demo-calibration.md``): basic_arithmetic
+                 calibrated CPU demo set (``docs/cpu-demo-calibration.md``): basic_arithmetic
                  (+, -, *; 2-4 terms, 1-3 digits), chain_sum (2-5 terms), products (2 terms, 1-4 digits).
                  ``extra_info.expression`` holds the Python expression of each problem.
     aime2024, aime2025, dapo_math, math500, gsm8k

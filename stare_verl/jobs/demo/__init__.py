@@ -16,6 +16,6 @@ Entry points:
 - ``python -m stare_verl.jobs.demo.sft [--family F] --out DIR [--steps N]``.
 
 Numbers (model size, tokenizer, task mix, SFT batch / lr / steps) follow the measured calibration in
-``shared/specs/cpu-demo-calibration.md`` (tool use) and the measurements in ``sft.py`` (CoT families). Nothing
+``docs/cpu-demo-calibration.md`` (tool use) and the measurements in ``sft.py`` (CoT families). Nothing
 here downloads anything.
 """

@@ -1,7 +1,7 @@
 """Tool-use problems and demonstrations for the CPU default run, and the RL parquet of the same task.
 
 Problems are real reasoning-gym questions (``basic_arithmetic`` with +, -, * only; ``chain_sum``;
-``products``), mixed evenly, as in the calibration (``shared/specs/cpu-demo-calibration.md``). Each carries
+``products``), mixed evenly, as in the calibration (``docs/cpu-demo-calibration.md``). Each carries
 its generator's ``metadata["expression"]``, which is valid Python, and its ground-truth answer.
 
 A demonstration is one hermes-style episode::

@@ -24,7 +24,7 @@ Token layout (built with verl's Continuous Token builder, as the agent loop buil
 
 Loss: mean token cross-entropy over mask-1 tokens only (labels -100 elsewhere).
 
-Defaults follow the calibration (``shared/specs/cpu-demo-calibration.md``): batch 32, AdamW lr 2e-3, 1000
+Defaults follow the calibration (``docs/cpu-demo-calibration.md``): batch 32, AdamW lr 2e-3, 1000
 steps; held-out greedy accuracy >= 0.5 is the check before RL.
 
 Measured here (defaults, 4096 demonstrations of 111 tokens on average, 41.5 of them model tokens, 0.84 M
