@@ -214,3 +214,39 @@ def test_estimator_on_cuda_equals_cpu(variant, scope):
 def test_cuda_is_what_these_tests_ran_on():
     assert torch.cuda.is_available() and torch.cuda.device_count() >= 1
     assert os.environ.get("VERL_PLATFORM", "") != "cpu"
+
+
+def test_hf_server_on_cuda_matches_cpu(assets):
+    """The hf server alone (no Ray) on the GPU in float32: greedy tokens as on the CPU, log-probs within 1e-4,
+    weights loaded from CPU tensors, sampling seeded on the device."""
+    import asyncio
+
+    from verl.workers.config import HFModelConfig, RolloutConfig
+
+    from stare_verl.cpu.hf_server import HFGenerationServer
+
+    _, models, _, _ = assets
+    prompts = [[5 + i, 40 + 7 * i, 20 + i, 100 + i] * (1 + i % 3) for i in range(6)]
+    greedy = {"temperature": 0, "logprobs": True, "max_tokens": 12, "ignore_eos": True}
+
+    async def run(device):
+        config = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=32, response_length=16,
+                               engine_kwargs={"hf": {"device": device, "dtype": "float32"}})  # fmt: skip
+        server = HFGenerationServer(config, HFModelConfig(path=models["hf"]), platform_device="cuda")
+        await server.launch()
+        outs = await asyncio.gather(*[server.generate(p, greedy, f"r{i}") for i, p in enumerate(prompts)])
+        name, weight = next(iter(server.engine.model.state_dict().items()))
+        await server.load_weights([(name, torch.zeros_like(weight, device="cpu"))])
+        assert float(server.engine.model.state_dict()[name].abs().sum()) == 0.0
+        sampled = await server.generate(prompts[0], {"temperature": 1.0, "max_tokens": 8, "seed": 3}, "s")
+        stats = await server.get_stats()
+        await server.shutdown()
+        return outs, stats, sampled
+
+    cpu_outs, cpu_stats, _ = asyncio.run(run("cpu"))
+    cuda_outs, cuda_stats, sampled = asyncio.run(run("cuda"))
+    assert cpu_stats["device"] == "cpu" and cuda_stats["device"].startswith("cuda:")
+    assert len(sampled.token_ids) == 8
+    for c, g in zip(cpu_outs, cuda_outs, strict=True):
+        assert c.token_ids == g.token_ids
+        assert np.allclose(c.log_probs, g.log_probs, atol=1e-4)
