@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stare-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps sandbox-python test bench lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
+.PHONY: install system-deps sandbox-python test test-gpu bench lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
 
 install: $(STAMP)
 
@@ -49,6 +49,11 @@ $(SANDBOX_VENV)/.stare-installed: envs/sandbox/requirements-sandbox.txt
 test: install system-deps
 	$(BIN)/python -m pytest -q tests
 
+# The GPU checks only (tests marked gpu: stare_sync with the FSDP actor and the hf / SGLang rollout on CUDA, the
+# estimator on CUDA tensors); under 5 minutes on one GPU. Without CUDA they are skipped (make test skips them too).
+test-gpu: install system-deps
+	$(BIN)/python -m pytest -q -m gpu tests
+
 bench: install system-deps
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
 
@@ -75,8 +80,9 @@ eval: install system-deps
 	$(BIN)/python -m stare_verl.jobs.evaluation $(if $(URL),--url $(URL)) $(if $(MODEL),--model $(MODEL)) $(if $(DATA),--data $(DATA)) $(EVAL_ARGS)
 
 # The main job. CPU default here (tiny model, cold-start SFT cached under runs/cache, STARE RL with verl's V1
-# trainer on the hf backend); on a GPU node with `pip install -e '.[gpu]'`: verl + SGLang with the recipe.
-# MODEL=... (GPU), RUN_DIR=..., ARGS="--steps 40 --seed 1 --method grpo", OVERRIDES="hydra.key=value ...".
+# trainer on the hf backend); on a GPU node with `pip install -e '.[gpu]'`: verl + SGLang with the recipe; on a
+# GPU node without SGLang: the tiny recipe with the FSDP actor and the hf rollout on the GPU (or MODEL=... there).
+# The run says which rollout backend, platform, device and sandbox ran. MODEL=... (GPU), RUN_DIR=..., ARGS="--steps 40 --seed 1 --method grpo", OVERRIDES="hydra.key=value ...".
 train-tooluse: install system-deps
 	$(BIN)/python -m stare_verl.jobs.train --family tooluse $(ARGS) $(OVERRIDES)
 

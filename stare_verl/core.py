@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 
 import numpy as np
 
@@ -54,13 +55,19 @@ def select_top_surprisal(
         return np.zeros_like(candidates), None
     if k >= n:
         return candidates.copy(), -float(values.max())
-    thr = np.partition(values, k - 1)[k - 1]  # k-th smallest log-prob = k-th highest surprisal
-    selected = candidates & (log_probs < thr)
-    need = k - int(np.count_nonzero(selected))
-    ties = candidates & (log_probs == thr)
-    if int(np.count_nonzero(ties)) > need:
-        ties &= (np.cumsum(ties.ravel()) <= need).reshape(ties.shape)
-    return selected | ties, -float(thr)
+    values.partition(k - 1)  # in place: `values` is already a copy
+    thr = values[k - 1]  # k-th smallest log-prob = k-th highest surprisal
+    with np.errstate(invalid="ignore"):  # NaN off the candidates compares False
+        selected = np.less(log_probs, thr)
+        selected &= candidates
+        need = k - int(np.count_nonzero(selected))
+        ties = np.equal(log_probs, thr)
+    ties &= candidates
+    tied = np.flatnonzero(ties)
+    if tied.size > need:  # the earliest `need` tied tokens in row-major order win
+        ties.reshape(-1)[tied[need:]] = False
+    selected |= ties
+    return selected, -float(thr)
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,14 @@ class Selection:
     count: int
     threshold: float | None
 
+    @cached_property
+    def positions(self) -> np.ndarray:
+        """``[count]`` int64 flat indices ``row * T + col`` of the chosen tokens in the full ``[B, T]`` batch,
+        ascending (row-major). One 1-D scan of ``selected``: far cheaper than a 2-D ``np.nonzero``."""
+        t = self.selected.shape[1]
+        flat = np.flatnonzero(self.selected)
+        return self.rows[flat // t].astype(np.int64, copy=False) * t + flat % t
+
 
 def select_token_set(
     row_advantages: np.ndarray,
@@ -196,10 +211,10 @@ def reweight_advantages(advantages: np.ndarray, sets: list[tuple[Selection, floa
         A new ``[B, T]`` array of the dtype of ``advantages``.
     """
     out = advantages.copy()
+    flat_out, flat_in = out.reshape(-1), advantages.reshape(-1)
     for sel, weight in sets:
         if sel.count == 0:
             continue
-        r, c = np.nonzero(sel.selected)
-        rows = sel.rows[r]
-        out[rows, c] = advantages[rows, c] * np.asarray(weight, dtype=advantages.dtype)
+        pos = sel.positions
+        flat_out[pos] = flat_in[pos] * np.asarray(weight, dtype=advantages.dtype)
     return out

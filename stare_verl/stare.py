@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stare_verl import core_torch
 from stare_verl.controller import StareController
 from stare_verl.core import reweight_advantages, select_token_set, token_masks
 
@@ -28,8 +29,13 @@ def stare_reweight(
     old_log_probs: torch.Tensor,
     entropys: torch.Tensor,
     controller: StareController,
+    impl: str = "auto",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Apply STARE's surprisal-guided reweighting to GRPO advantages.
+    """Apply STARE's surprisal-guided reweighting to GRPO advantages, where the batch lives.
+
+    CPU tensors go through NumPy (:mod:`stare_verl.core`), tensors on an accelerator through torch on that device
+    (:mod:`stare_verl.core_torch`: selection on the device, only scalars copied to the host). Both give the same
+    advantages bit for bit, ties at the threshold included; the entropy sum may differ in its last bits.
 
     Args:
         advantages: ``[B, T]`` float, GRPO advantages (0 where ``response_mask`` is 0).
@@ -38,6 +44,7 @@ def stare_reweight(
             surprisal is ``-old_log_probs``. Masked positions may hold any value (sentinels, NaN, inf).
         entropys: ``[B, T]`` float, per-token policy entropy (nats) from the same forward pass.
         controller: gate/schedule state; advanced by one step.
+        impl: ``"auto"`` (by device, as above), ``"numpy"`` or ``"torch"`` (either path on any device; tests).
 
     Returns:
         ``(advantages_eff, metrics)``: ``[B, T]`` tensor ``omega * advantages`` (exactly 0 where the mask is 0),
@@ -50,12 +57,18 @@ def stare_reweight(
     advantage is unchanged) and counted in ``stare/nonfinite_tokens``.
 
     Raises:
-        ValueError: tensors are not all ``[B, T]`` of one shape.
+        ValueError: tensors are not all ``[B, T]`` of one shape, or an unknown ``impl``.
     """
     if advantages.shape != response_mask.shape:
         raise ValueError(
             f"advantages {tuple(advantages.shape)} vs response_mask {tuple(response_mask.shape)}"
         )
+    if impl == "auto":
+        impl = "numpy" if advantages.device.type == "cpu" else "torch"
+    if impl == "torch":
+        return _stare_reweight_torch(advantages, response_mask, old_log_probs, entropys, controller)
+    if impl != "numpy":
+        raise ValueError(f"impl must be auto, numpy or torch, got {impl!r}")
     cfg = controller.config
     adv_np, mask_np = _numpy(advantages), _numpy(response_mask)
     lp_np, ent_np = _numpy(old_log_probs), _numpy(entropys)
@@ -66,21 +79,56 @@ def stare_reweight(
     row_adv = adv_np.sum(axis=1)
     w_eff, m_eff = 1.0, 1.0
     out = advantages
-    l_plus, l_minus, n_plus, n_minus = None, None, 0, 0
+    l_plus, l_minus = None, None
     if decision.gate_on:  # with the gate off nothing is reweighted, so nothing is selected
         l_plus = select_token_set(row_adv, lp_np, masks.valid, cfg.top_p_ratio, +1, chunk)
-        n_plus = l_plus.count
         if cfg.variant == "C2":
             l_minus = select_token_set(row_adv, lp_np, masks.valid, cfg.top_p_ratio, -1, chunk)
-            n_minus = l_minus.count
         w_eff = decision.w
         sets = [(l_plus, w_eff)]
         if l_minus is not None:
             m_eff = decision.m
             sets.append((l_minus, m_eff))
         out = torch.from_numpy(reweight_advantages(adv_np, sets)).to(advantages.device)
+    return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff)
+
+
+def _stare_reweight_torch(advantages, response_mask, old_log_probs, entropys, controller):
+    """:func:`stare_reweight` with every ``[B, T]`` step on the tensors' device (:mod:`stare_verl.core_torch`)."""
+    cfg = controller.config
+    lp, ent = _widen(old_log_probs.detach()), _widen(entropys.detach())
+    adv = advantages.detach()
+    masks = core_torch.token_masks(response_mask.detach(), lp, ent)
+    decision = controller.step(masks.batch_entropy)
+    chunk = cfg.chunk_size if cfg.scope == "chunk" else None
+    w_eff, m_eff = 1.0, 1.0
+    out = advantages
+    l_plus, l_minus = None, None
+    if decision.gate_on:
+        # outcome advantages are constant along a row and 0 off the mask: the row sum has the row's sign
+        row_adv = _widen(adv).sum(dim=1)
+        l_plus = core_torch.select_token_set(row_adv, lp, masks.valid, cfg.top_p_ratio, +1, chunk)
+        w_eff = decision.w
+        sets = [(l_plus, w_eff)]
+        if cfg.variant == "C2":
+            l_minus = core_torch.select_token_set(row_adv, lp, masks.valid, cfg.top_p_ratio, -1, chunk)
+            m_eff = decision.m
+            sets.append((l_minus, m_eff))
+        out = core_torch.reweight_advantages(_widen(adv), sets)
+    return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff)
+
+
+def _widen(t: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 (verl's mixed precision) as float32, as :func:`_numpy` does for the NumPy path."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
+def _metrics(cfg, decision, masks, l_plus, l_minus, w_eff: float, m_eff: float) -> dict[str, float]:
+    """The ``stare/*`` metrics of one step (see :func:`stare_reweight`), from either path's masks and sets."""
+    n_plus = l_plus.count if l_plus is not None else 0
+    n_minus = l_minus.count if l_minus is not None else 0
     n = max(masks.n_model, 1)
-    metrics = {
+    return {
         "stare/gate_on": float(decision.gate_on),
         "stare/batch_entropy": decision.batch_entropy if decision.batch_entropy is not None else 0.0,
         "stare/target_entropy": cfg.target_entropy,
@@ -94,7 +142,6 @@ def stare_reweight(
         "stare/model_tokens": float(masks.n_model),
         "stare/nonfinite_tokens": float(masks.n_nonfinite),
     }
-    return out, metrics
 
 
 def _threshold(selected) -> float:

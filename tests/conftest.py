@@ -1,26 +1,35 @@
-"""Shared test configuration: the test tier follows the folder (``unit/``, ``integration/``, ``e2e/``).
+"""Shared pytest hooks.
 
-Tests under ``tests/e2e/`` get the ``e2e`` marker (registered in pyproject): ``pytest -m "not e2e"``
-skips the end-to-end runs (minutes each on a CPU), ``pytest -m e2e`` runs only them; ``make test`` runs
-everything.
+- The test tier follows the folder (``unit/``, ``integration/``, ``e2e/``): tests under ``tests/e2e/`` get the
+  ``e2e`` marker (registered in pyproject): ``pytest -m "not e2e"`` skips the end-to-end runs (minutes each on a
+  CPU), ``pytest -m e2e`` runs only them; ``make test`` runs everything.
+- Tests marked ``gpu`` are skipped where CUDA is not available (``make test-gpu`` runs them).
 """
+
+from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from tests.support import FIXTURES
-
 _E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _E2E in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
-
-
-@pytest.fixture
-def fixtures_dir() -> Path:
-    """``tests/fixtures``: the small local data files (JSONL samples of the hub sets)."""
-    return FIXTURES
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items or _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (an NVIDIA GPU): run make test-gpu on a GPU machine")
+    for item in gpu_items:
+        item.add_marker(skip)

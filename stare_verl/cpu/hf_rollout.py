@@ -1,7 +1,11 @@
 """verl glue of the ``hf`` rollout: the in-worker adapter (``BaseRollout``) and the ``RolloutReplica``.
 
 - :class:`HFReplica` launches one :class:`~stare_verl.cpu.hf_server.HFGenerationServer` Ray actor per
-  replica, on the node of the replica's first trainer rank, named ``hf_server_<replica_rank>``.
+  replica, on the node of the replica's first trainer rank, named ``hf_server_<replica_rank>``. On an
+  accelerator platform (verl's CUDA platform) the server shares the GPU of that rank, as verl's SGLang replica
+  does: it asks Ray for no GPU, is started with Ray's "do not set CUDA_VISIBLE_DEVICES" variables and picks
+  the ranks' GPU among those it sees (:func:`~stare_verl.cpu.hf_server.server_cuda_ordinal`);
+  on the ``cpu`` platform nothing of this applies.
 - :class:`HFServerAdapter` lives in every FSDP worker (hybrid engine). On each weight sync every rank
   drains verl's weight iterator (it all-gathers FSDP2 shards, so a rank that stopped early would hang
   the others); the replica's first rank sends the tensors to its server in buckets of
@@ -10,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
@@ -47,7 +52,7 @@ async def _iterate(weights):
 class HFServerAdapter(_BaseRollout):
     """verl ``BaseRollout`` for the ``hf`` backend, one per trainer rank (hybrid engine).
 
-    Memory calls (``resume``/``release``) are no-ops: the server keeps its CPU weights resident.
+    Memory calls (``resume``/``release``) are no-ops: the server keeps its weights resident (CPU or GPU).
     """
 
     def __init__(self, config, model_config, device_mesh, replica_rank: int = -1):
@@ -107,8 +112,29 @@ class HFServerAdapter(_BaseRollout):
             await server.set_global_steps.remote(global_steps)
 
 
+def server_actor_options(
+    name: str, node_id: str, max_concurrency: int, platform_device: str, noset_envvars: list[str]
+) -> dict:
+    """Ray ``.options(...)`` of a replica's server actor.
+
+    No CPU or GPU is requested (the trainer ranks hold the replica's resources); it is pinned to the node of its
+    first trainer rank. On an accelerator platform (``platform_device != "cpu"``) the actor's environment sets
+    each of ``noset_envvars`` (e.g. ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) to "1" so that Ray leaves
+    the GPUs visible to it.
+    """
+    options = dict(
+        name=name,
+        num_cpus=0,
+        max_concurrency=max_concurrency,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+    )
+    if platform_device != "cpu":
+        options["runtime_env"] = {"env_vars": {var: "1" for var in noset_envvars}}
+    return options
+
+
 class HFReplica(_RolloutReplica):
-    """verl ``RolloutReplica`` of the ``hf`` backend: one CPU generation server per replica."""
+    """verl ``RolloutReplica`` of the ``hf`` backend: one generation server per replica (CPU or its ranks' GPU)."""
 
     async def launch_servers(self):
         """Start this replica's server actor and load the model (hybrid mode: next to its trainer ranks)."""
@@ -121,22 +147,30 @@ class HFReplica(_RolloutReplica):
             raise RuntimeError(
                 f"replica {self.replica_rank}: {len(self.workers)} workers for world size {self.world_size}"
             )
-        node_id = await self.workers[0].__ray_call__.remote(
-            lambda self: ray.get_runtime_context().get_node_id()
+        platform_device, visible_var, noset_vars = verl_compat.platform_device_info()
+        infos = await asyncio.gather(
+            *[
+                w.__ray_call__.remote(
+                    lambda self, var=visible_var: (
+                        ray.get_runtime_context().get_node_id(),
+                        os.environ.get(var, ""),
+                    )
+                )
+                for w in self.workers
+            ]
         )
+        node_id = infos[0][0]
         role = "reward" if self.is_reward_model else "teacher" if self.is_teacher_model else ""
         name = server_actor_name(self.replica_rank, self.name_suffix, role)
         server_cls = ray.remote(HFGenerationServer)
-        server = server_cls.options(
-            name=name,
-            num_cpus=0,
-            max_concurrency=self.max_concurrency,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-        ).remote(
+        options = server_actor_options(name, node_id, self.max_concurrency, platform_device, noset_vars)
+        server = server_cls.options(**options).remote(
             config=self.config,
             model_config=self.model_config,
             replica_rank=self.replica_rank,
             rollout_mode=self.rollout_mode,
+            platform_device=platform_device,
+            cuda_visible_devices=[info[1] for info in infos if info[0] == node_id],
         )
         await server.launch.remote()
         self.servers = [server]
@@ -144,4 +178,4 @@ class HFReplica(_RolloutReplica):
         self._server_address = name
 
 
-__all__ = ["HFServerAdapter", "HFReplica", "server_actor_name"]
+__all__ = ["HFServerAdapter", "HFReplica", "server_actor_name", "server_actor_options"]

@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections import defaultdict
@@ -38,13 +39,20 @@ STOP_ABORTED = "aborted"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+DeviceChoice = Literal["auto", "cpu", "cuda"]
+
+
 class HFServerOptions(BaseModel):
     """Options of the ``hf`` backend, from ``actor_rollout_ref.rollout.engine_kwargs.hf``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights/compute dtype of the server's model; float32 matches an fp32 FSDP actor on CPU."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Weights/compute dtype of the server's model. None: float32 on the CPU (matches an fp32 FSDP actor),
+    verl's ``rollout.dtype`` (default bfloat16) on a GPU; see :func:`choose_dtype`."""
+    device: DeviceChoice = "auto"
+    """Where the model runs: ``auto`` = the GPU the replica's trainer ranks use when verl's platform is an
+    accelerator and CUDA is available in the server, else the CPU; see :func:`choose_device`."""
     max_batch_size: int = Field(default=64, ge=1)
     """Most sequences decoded together; further requests wait in a queue."""
     num_threads: int | None = Field(default=None, ge=1)
@@ -104,6 +112,105 @@ class SamplingParams(BaseModel):
         return self.temperature == 0.0 or self.top_k == 1
 
 
+_DTYPE_ALIASES = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+}  # fmt: skip
+
+
+def choose_device(requested: str, cuda_available: bool, platform_device: str) -> str:
+    """Device of the ``hf`` server's model: ``"cpu"`` or ``"cuda"``.
+
+    Args:
+        requested: ``engine_kwargs.hf.device`` (``auto``, ``cpu`` or ``cuda``).
+        cuda_available: whether CUDA works in the server process (``torch.cuda.is_available()`` there,
+            after the replica's visible devices were applied).
+        platform_device: verl's platform device name seen by the replica (``"cpu"`` under ``VERL_PLATFORM=cpu``,
+            ``"cuda"`` on NVIDIA); ``auto`` never leaves the CPU on the ``cpu`` platform, so a run forced onto
+            the CPU backend stays there on a GPU machine.
+
+    Raises:
+        RuntimeError: ``cuda`` requested but CUDA is not available.
+        ValueError: an unknown ``requested`` value.
+    """
+    if requested == "cpu":
+        return "cpu"
+    if requested == "cuda":
+        if not cuda_available:
+            raise RuntimeError(
+                "actor_rollout_ref.rollout.engine_kwargs.hf.device=cuda, but CUDA is not available in the hf "
+                "server process (no GPU visible to it); use device=auto or cpu"
+            )
+        return "cuda"
+    if requested != "auto":
+        raise ValueError(f"engine_kwargs.hf.device must be auto, cpu or cuda, got {requested!r}")
+    return "cuda" if cuda_available and platform_device != "cpu" else "cpu"
+
+
+def choose_dtype(hf_dtype: str | None, rollout_dtype: str | None, device: str) -> str:
+    """Model dtype name of the ``hf`` server (a key of ``_DTYPES``).
+
+    ``engine_kwargs.hf.dtype`` wins when set; otherwise float32 on the CPU (what the CPU path always used) and
+    verl's ``rollout.dtype`` on a GPU (``bf16``/``fp16``/``fp32`` spellings accepted; None or ``auto``:
+    bfloat16, verl's default).
+
+    Raises:
+        ValueError: an unknown ``rollout.dtype``.
+    """
+    if hf_dtype is not None:
+        return hf_dtype
+    if device == "cpu":
+        return "float32"
+    if rollout_dtype is None or str(rollout_dtype).lower() == "auto":
+        return "bfloat16"
+    name = _DTYPE_ALIASES.get(str(rollout_dtype).lower().removeprefix("torch."))
+    if name is None:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.dtype={rollout_dtype!r} is not a dtype the hf rollout supports "
+            f"({', '.join(sorted(_DTYPES))})"
+        )
+    return name
+
+
+def server_cuda_ordinal(worker_visible: list[str], own_visible: str | None) -> int:
+    """The CUDA ordinal, in the server's own view, of the GPU its replica's first trainer rank uses.
+
+    The server actor asks Ray for no GPU: it shares the GPU of its trainer ranks, as verl's SGLang replica does,
+    and is started with Ray's ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` so that Ray leaves it the node's
+    devices. Its visible devices are not narrowed (CUDA may already be initialised by the time the actor's
+    ``__init__`` runs: unpickling verl's config imports verl, whose platform probe queries CUDA); the ordinal is
+    looked up instead.
+
+    Args:
+        worker_visible: ``CUDA_VISIBLE_DEVICES`` of the replica's trainer ranks on the server's node (each a comma
+            list of device ids, as Ray sets it); the lowest id is used.
+        own_visible: the server process's ``CUDA_VISIBLE_DEVICES`` (None or empty: unset, every GPU visible).
+
+    Raises:
+        ValueError: no device id among ``worker_visible``, or that GPU is not visible to the server.
+    """
+    ids = sorted({d.strip() for v in worker_visible for d in (v or "").split(",") if d.strip()}, key=_id_key)
+    if not ids:
+        raise ValueError(f"the replica's trainer ranks report no CUDA_VISIBLE_DEVICES ({worker_visible!r})")
+    own = [d.strip() for d in own_visible.split(",")] if own_visible and own_visible.strip() else None
+    if own is None:
+        if not ids[0].isdigit():
+            raise ValueError(
+                f"GPU {ids[0]!r} of the trainer ranks is not an index and the server sees every GPU"
+            )
+        return int(ids[0])
+    if ids[0] not in own:
+        raise ValueError(
+            f"GPU {ids[0]} of the trainer ranks is not visible to the hf server ({own_visible!r})"
+        )
+    return own.index(ids[0])
+
+
+def _id_key(device_id: str):
+    return (0, int(device_id), "") if device_id.isdigit() else (1, 0, device_id)
+
+
 @dataclass
 class GenerationResult:
     """What one request produced: ``token_ids`` (list[int]), their processed log-probs, stop reason."""
@@ -127,7 +234,10 @@ class _Request:
 
 
 class GenerationEngine:
-    """Continuous-batching generation over a transformers causal LM (CPU), in a background thread.
+    """Continuous-batching generation over a transformers causal LM, in a background thread.
+
+    Every tensor of the batch (ids, masks, KV cache, sampling) lives on the model's device (CPU or a GPU);
+    the per-request generators too, so a seed gives the same samples on one device, not across devices.
 
     Args:
         model: a ``transformers`` causal LM in eval mode (left-padded batches, ``DynamicCache``).
@@ -155,6 +265,7 @@ class GenerationEngine:
         self.seed = int(seed)
         self.pad_token_id = int(pad_token_id)
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        self.device = model.get_input_embeddings().weight.device
         self.global_steps: Any = None
         self.steps_run = 0  # decode/prefill forward passes, for tests and benchmarks
 
@@ -204,7 +315,9 @@ class GenerationEngine:
                 raise RuntimeError("generation engine is shut down")
             generator = None
             if not params.greedy:
-                generator = torch.Generator().manual_seed(self._request_seed(prompt, params))
+                generator = torch.Generator(device=self.device).manual_seed(
+                    self._request_seed(prompt, params)
+                )
             request = _Request(prompt, params, max_tokens, stop_ids, generator, future)
             if max_tokens == 0:
                 future.set_result(GenerationResult([], [], STOP_COMPLETED, self.global_steps))
@@ -334,6 +447,7 @@ class GenerationEngine:
         for i, r in enumerate(new):
             ids[i, length - len(r.prompt) :] = torch.tensor(r.prompt)
             mask[i, length - len(r.prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)  # built on the host, one copy each
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         logits, cache = self._forward(ids, mask, pos, DynamicCache())
         for layer in cache.layers:
@@ -346,7 +460,9 @@ class GenerationEngine:
         self._merge(new, cache, mask, lengths, tokens)
 
     def _decode(self) -> None:
-        mask = torch.cat([self._mask, torch.ones((len(self._rows), 1), dtype=torch.long)], dim=1)
+        mask = torch.cat(
+            [self._mask, torch.ones((len(self._rows), 1), dtype=torch.long, device=self.device)], dim=1
+        )
         logits, self._cache = self._forward(self._last[:, None], mask, self._next_pos[:, None], self._cache)
         self._mask = mask
         self._next_pos = self._next_pos + 1
@@ -395,7 +511,7 @@ class GenerationEngine:
         if not keep:
             self._reset_batch()
             return
-        idx = torch.tensor(keep, dtype=torch.long)
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         self._cache.batch_select_indices(idx)
         self._rows = [self._rows[i] for i in keep]
         self._mask, self._next_pos, self._last = self._mask[idx], self._next_pos[idx], self._last[idx]
@@ -409,12 +525,14 @@ class GenerationEngine:
     def _sample(self, logits: torch.Tensor, rows: list[_Request]) -> torch.Tensor:
         """Pick one token per row; record it and its processed log-prob. logits: [B, V] float32."""
         logits = logits.clone()
-        tokens = torch.empty(len(rows), dtype=torch.long)
+        tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         for i, r in enumerate(rows):
             p = r.params
             row = logits[i]
             if p.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(r.prompt) | set(r.tokens)), dtype=torch.long)
+                seen = torch.tensor(
+                    sorted(set(r.prompt) | set(r.tokens)), dtype=torch.long, device=row.device
+                )
                 vals = row[seen]
                 row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
             if p.greedy:
@@ -445,7 +563,7 @@ def _left_pad(t: torch.Tensor, n: int, dim: int = 2) -> torch.Tensor:
         return t
     shape = list(t.shape)
     shape[dim] = n
-    return torch.cat([torch.zeros(shape, dtype=t.dtype), t], dim=dim)
+    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
 
 
 def eos_token_ids_of(model_config) -> list[int]:
@@ -464,8 +582,14 @@ def eos_token_ids_of(model_config) -> list[int]:
     return sorted(set(int(i) for i in ids))
 
 
-def load_model(path: str, dtype: str = "float32", attn_implementation: str = "sdpa", trust_remote_code=False):
-    """Load a causal LM for generation on CPU (eval mode, no grad)."""
+def load_model(
+    path: str,
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+    trust_remote_code=False,
+    device: str | torch.device = "cpu",
+):
+    """Load a causal LM for generation (eval mode, no grad) in ``dtype`` on ``device`` ("cpu", "cuda:0", ...)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -474,6 +598,7 @@ def load_model(path: str, dtype: str = "float32", attn_implementation: str = "sd
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )
+    model.to(device)
     model.eval()
     model.requires_grad_(False)
     return model
@@ -490,13 +615,29 @@ class HFGenerationServer:
         rollout_mode: verl ``RolloutMode`` (informational).
     """
 
-    def __init__(self, config, model_config, replica_rank: int = 0, rollout_mode=None):
+    def __init__(
+        self,
+        config,
+        model_config,
+        replica_rank: int = 0,
+        rollout_mode=None,
+        platform_device: str = "cpu",
+        cuda_visible_devices: list[str] | None = None,
+    ):
         self.config = verl_compat.to_dataclass(config)
         self.model_config = verl_compat.to_dataclass(model_config, verl_compat.hf_model_config_cls())
         self.replica_rank = int(replica_rank)
         self.rollout_mode = rollout_mode
         engine_kwargs = dict(self.config.engine_kwargs or {})
         self.options = HFServerOptions(**dict(engine_kwargs.get("hf") or {}))
+        self.platform_device = platform_device
+        self.cuda_ordinal = 0
+        if platform_device != "cpu" and self.options.device != "cpu" and cuda_visible_devices:
+            self.cuda_ordinal = server_cuda_ordinal(
+                cuda_visible_devices, os.environ.get("CUDA_VISIBLE_DEVICES")
+            )
+        self.device: str | None = None  # "cpu" or "cuda:<n>", set by launch()
+        self.dtype: str | None = None
         self.engine: GenerationEngine | None = None
         self.global_steps = None
         self._paused = False
@@ -504,19 +645,40 @@ class HFGenerationServer:
         self._resume_event: asyncio.Event | None = None
         self._weights_loaded = 0
 
+    def resolve_placement(self, cuda_available: bool | None = None) -> tuple[str, str]:
+        """``(device, dtype)`` the model will use: ``("cpu" | "cuda:<n>", "float32" | "bfloat16" | "float16")``.
+
+        Args:
+            cuda_available: the CUDA probe's answer (None: ``torch.cuda.is_available()`` in this process).
+
+        Raises:
+            RuntimeError / ValueError: see :func:`choose_device` and :func:`choose_dtype`.
+        """
+        if cuda_available is None:
+            cuda_available = torch.cuda.is_available()
+        kind = choose_device(self.options.device, cuda_available, self.platform_device)
+        dtype = choose_dtype(self.options.dtype, getattr(self.config, "dtype", None), kind)
+        return ("cpu" if kind == "cpu" else f"cuda:{self.cuda_ordinal}"), dtype
+
     async def launch(self) -> None:
-        """Load the model from ``model_config.local_path`` and start the engine."""
+        """Load the model from ``model_config.local_path`` on its device and start the engine."""
         if self.engine is not None:
             return
         if self.options.num_threads is not None:
             torch.set_num_threads(self.options.num_threads)
+        self.device, self.dtype = self.resolve_placement()
+        if self.device != "cpu":
+            torch.cuda.set_device(self.device)
         model = await asyncio.to_thread(
             load_model,
             self.model_config.local_path,
-            self.options.dtype,
+            self.dtype,
             self.options.attn_implementation,
             self.model_config.trust_remote_code,
+            self.device,
         )
+        # one line in the run's log (Ray forwards actor stdout to the driver): where generation runs
+        print(f"hf rollout replica {self.replica_rank}: model on {self.device} in {self.dtype}", flush=True)
         max_len = self.config.max_model_len or getattr(model.config, "max_position_embeddings", None)
         if max_len is None:
             max_len = self.config.prompt_length + self.config.response_length
@@ -624,24 +786,31 @@ class HFGenerationServer:
         """Counters for tests and benchmarks."""
         engine = self._require_engine()
         return {
+            "device": self.device,
+            "dtype": self.dtype,
             "forward_passes": engine.steps_run,
             "weights_loaded": self._weights_loaded,
             "global_steps": self.global_steps,
             "in_flight": engine.num_requests(),
         }
 
-    # Memory management is meaningless for a CPU model that stays resident: accepted, no effect.
+    # The weights stay resident (on the CPU or the GPU) and the KV cache lives only while requests run, so
+    # sleeping frees nothing but the CUDA allocator's cached blocks (for the colocated FSDP actor's update).
     async def wake_up(self) -> None:
         return None
 
     async def sleep(self) -> None:
-        return None
+        self._empty_device_cache()
 
     async def clear_kv_cache(self) -> None:
         return None
 
     async def release_kv_cache(self) -> None:
-        return None
+        self._empty_device_cache()
+
+    def _empty_device_cache(self) -> None:
+        if self.device is not None and self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
 
     async def resume_kv_cache(self) -> None:
         return None

@@ -5,7 +5,8 @@ verl 0.9.1 has no CPU path for its V1 trainer. The CPU backend needs:
 1. a platform registered under ``cpu`` (``verl.plugin.platform.PlatformRegistry``, a supported hook);
 2. the ``hf`` rollout in verl's two rollout registries: the private dict
    ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` (in-worker adapter) and the public
-   ``RolloutReplicaRegistry`` (server replica);
+   ``RolloutReplicaRegistry`` (server replica), on any platform; its replica reads verl's platform
+   (``get_platform()``: device name, visible-devices and Ray "noset" variables) to share a GPU;
 3. three patches of verl internals that assume an accelerator:
    - ``verl.utils.distributed.initialize_global_process_group_ray`` (Ray workers) and
      ``initialize_global_process_group`` (torchrun: ``verl.trainer.sft_trainer``) build the backend string
@@ -318,6 +319,16 @@ def hf_model_config_cls():
     from verl.workers.config import HFModelConfig
 
     return HFModelConfig
+
+
+def platform_device_info() -> tuple[str, str, list[str]]:
+    """verl's current platform as a rollout replica needs it: ``(device_name, visible-devices env var,
+    Ray's "do not set the visible devices" env vars)``, e.g. ``("cuda", "CUDA_VISIBLE_DEVICES",
+    ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"])``; the ``cpu`` platform answers ``"cpu"`` first."""
+    from verl.plugin.platform import get_platform
+
+    platform = get_platform()
+    return platform.device_name, platform.visible_devices_envvar(), list(platform.ray_noset_envvars())
 
 
 def cuda_platform_cls():

@@ -12,24 +12,32 @@ reasoning-gym sums of 3-4 one-digit terms, solved step by step in a freely chose
 (``runs/<family>-<method>-seed<seed>`` or ``RUN_DIR``) holds ``metrics.jsonl``, ``checkpoints/`` (verl's; a second invocation resumes from them),
 ``plots/*.png``, ``eval_before.json``/``eval_after.json``, ``summary.json`` and ``train.log``.
 
-GPU (an NVIDIA GPU and SGLang installed): ``main_ppo`` with the family's recipe under ``recipes/``
-(``MODEL=...`` and extra Hydra overrides passed through).
+GPU (an NVIDIA GPU; never a silent CPU fallback, see ``stare_verl.jobs.backend``): with SGLang installed,
+``main_ppo`` with the family's recipe under ``recipes/`` (``MODEL=...`` and extra Hydra overrides passed
+through); without SGLang, the tiny recipe above on verl's CUDA platform (``trainer.device=cuda``: the FSDP actor
+and the ``hf`` rollout on the GPU), from ``MODEL=...`` when set (any Hugging Face causal LM that fits; no SFT and
+no held-out evaluation then) or else from the tiny model's SFT checkpoint. The console's second line, the first
+line of ``train.log`` and ``summary.json["backend"]`` say which rollout backend, platform, device and sandbox
+backend ran; verl's import-time warnings go to ``train.log`` only.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_tagged
 from stare_verl.jobs.recipes import RECIPES_DIR
 
@@ -43,22 +51,17 @@ GPU_RECIPES = {
 }
 
 
-def gpu_available() -> bool:
-    """True when an NVIDIA GPU is visible and SGLang (the ``gpu`` extra) is importable."""
-    import importlib.util
-
-    if shutil.which("nvidia-smi") is None or importlib.util.find_spec("sglang") is None:
-        return False
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
-
-
 # --------------------------------------------------------------------------------------------------------------
 # processes
-def run_env(tag: str, metrics_part: Path) -> dict[str, str]:
-    """Environment of this run's ``main_ppo`` subprocess on the CPU backend (tagged for clean-up)."""
-    return cpu_env(
+def run_env(tag: str, metrics_part: Path, platform: str = "cpu") -> dict[str, str]:
+    """Environment of this run's ``main_ppo`` subprocess (tagged for clean-up): ``cpu`` sets ``VERL_PLATFORM=cpu``
+    (``stare_verl.cpu``'s platform); ``cuda`` leaves verl to detect its NVIDIA platform."""
+    env = cpu_env(
         {RUN_TAG_ENV: tag, "VERL_FILE_LOGGER_PATH": str(metrics_part), "STARE_VERL_REPO": str(REPO)}
     )
+    if platform != "cpu":
+        env.pop("VERL_PLATFORM", None)
+    return env
 
 
 def run_main_ppo(
@@ -167,11 +170,17 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
     return train_cpu(args)
 
 
-def train_cpu(args: argparse.Namespace) -> int:
-    """The CPU default run of ``args.family`` (see the module docstring); returns the exit status."""
-    from stare_verl.jobs.demo.sft import SFTConfig, ensure_sft_checkpoint, read_report, write_rl_data
-    from stare_verl.jobs.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
+def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> int:
+    """The tiny-recipe run of ``args.family`` (see the module docstring); returns the exit status.
 
+    ``backend`` (default: the CPU default) says where it runs: ``gpu-hf`` runs the same recipe on verl's CUDA
+    platform (FSDP actor and the ``hf`` rollout on the GPU), from ``MODEL`` when set (no cold-start SFT and no
+    held-out evaluation then: they are the tiny model's) or else from the tiny model's SFT checkpoint.
+    """
+    from stare_verl.jobs.demo.sft import SFTConfig, ensure_sft_checkpoint, read_report
+
+    backend = backend or choose_backend(probe_gpu(), force_cpu=True)
+    model = os.environ.get("MODEL") if backend.path == "gpu-hf" else None
     family = getattr(args, "family", "tooluse")
     name = f"train-{family}"
     run_dir = Path(
@@ -182,21 +191,35 @@ def train_cpu(args: argparse.Namespace) -> int:
         print(f"error: --steps must be >= 1 (got {args.steps})", file=sys.stderr)
         return 2
     t0 = time.time()
-    print(f"[{name}] CPU default, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
+    what = "CPU default" if backend.path == "cpu" else f"GPU ({backend.path}: no SGLang installed)"
+    print(f"[{name}] {what}, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
     recipe = f"{family}_tiny_{args.method}"
+    # verl's import-time warnings (optional engines, the accelerator probe) go to train.log, not the console
+    os.environ.setdefault("STARE_VERL_REPO", str(REPO))  # recipes name their tool config under it
+    noise = tempfile.TemporaryFile()
     try:  # a bad override fails now, not after the SFT and the held-out evaluation
-        from stare_verl.jobs.recipes import compose_recipe, validate_recipe
+        with stderr_to(noise):
+            from stare_verl.jobs.recipes import compose_recipe, validate_recipe
 
-        placeholders = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x",
-                        "trainer.default_local_dir=x"]  # fmt: skip
-        validate_recipe(compose_recipe(recipe, placeholders + list(args.overrides), RECIPES_DIR / "cpu"))
+            placeholders = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x",
+                            "trainer.default_local_dir=x"]  # fmt: skip
+            cfg = compose_recipe(recipe, placeholders + list(args.overrides), RECIPES_DIR / "cpu")
+            validate_recipe(cfg)
+            tool_config = cfg.actor_rollout_ref.rollout.multi_turn.get("tool_config_path")
+            backend = dataclasses.replace(backend, sandbox=sandbox_backend(tool_config))
     except Exception as err:
         print(
             f"error: recipes/cpu/{recipe}.yaml with your overrides would fail at launch: {err}",
             file=sys.stderr,
         )
         return 2
+    print(f"[{name}] {backend.line()}", flush=True)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "train.log", "ab") as log:  # the run's own lines first, then what verl printed
+        log.write(f"[{name}] {time.strftime('%Y-%m-%d %H:%M:%S')} {backend.line()}\n".encode())
+        noise.seek(0)
+        shutil.copyfileobj(noise, log)
+    noise.close()
     done = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     if (
         done.exists()
@@ -217,6 +240,9 @@ def train_cpu(args: argparse.Namespace) -> int:
     if args.sft_cache:
         sft_kw["cache_dir"] = args.sft_cache
     sft_cfg = SFTConfig(family=family, **sft_kw)
+    if model:
+        print(f"[{name}] MODEL={model}: RL from it (no cold-start SFT, no held-out evaluation)", flush=True)
+        return _train_tiny_recipe(args, backend, sft_cfg, Path(model), run_dir, recipe, name, t0, None)
     sft_dir = ensure_sft_checkpoint(sft_cfg)
     sft_acc = read_report(sft_dir)["heldout"]["T=0.0"]["accuracy"]
     min_acc = MIN_SFT_ACCURACY[family] if args.min_sft_accuracy is None else args.min_sft_accuracy
@@ -228,14 +254,27 @@ def train_cpu(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    data = write_rl_data(sft_cfg, run_dir / "data", n_train=args.n_train, n_val=args.n_eval)
-
     eval_before = run_dir / "eval_before.json"
     if not eval_before.exists():
-        eval_before.write_text(json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns), indent=1))
+        eval_before.write_text(
+            json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns), indent=1)
+        )
     before = json.loads(eval_before.read_text())
     print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
+    return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run_dir, recipe, name, t0, before)
 
+
+def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_dir: Path, recipe: str, name: str,
+                       t0: float, before: dict | None) -> int:  # fmt: skip
+    """RL with ``recipes/cpu/<recipe>.yaml`` from ``model_dir``, then the held-out evaluation (when ``before`` is
+    given), plots and ``summary.json``; returns the exit status."""
+    from stare_verl.jobs.demo.sft import write_rl_data
+    from stare_verl.jobs.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
+
+    family = sft_cfg.family
+    sft_dir = model_dir
+    data = write_rl_data(sft_cfg, run_dir / "data", n_train=args.n_train, n_val=args.n_eval)
+    on_gpu = backend.platform != "cpu"
     overrides = [
         f"actor_rollout_ref.model.path={sft_dir}",
         f"data.train_files={data['train']}",
@@ -243,13 +282,19 @@ def train_cpu(args: argparse.Namespace) -> int:
         f"trainer.default_local_dir={run_dir / 'checkpoints'}",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.save_freq={args.save_freq or args.steps}",
-        *([f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}"]
-          if family == "tooluse" else []),
+        *(
+            [f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}"]
+            if family == "tooluse"
+            else []
+        ),
         f"data.seed={args.seed}",
         f"actor_rollout_ref.actor.data_loader_seed={args.seed}",
         f"actor_rollout_ref.rollout.seed={args.seed}",
         f"trainer.experiment_name={run_dir.name}",
         f"hydra.run.dir={run_dir / 'logs' / 'hydra'}",
+        *(["trainer.device=cuda"] if on_gpu else []),
+        # a real model's chat template makes longer prompts than the tiny tokenizer's
+        *(["data.max_prompt_length=1024"] if before is None else []),
         *args.overrides,
     ]
     cmd = [
@@ -257,7 +302,7 @@ def train_cpu(args: argparse.Namespace) -> int:
         f"--config-path={RECIPES_DIR / 'cpu'}", f"--config-name={recipe}", *overrides,
     ]  # fmt: skip
     part = run_dir / "logs" / f"verl_metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-    env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part)
+    env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part, backend.platform)
     print(f"[{name}] verl main_ppo ({args.steps} steps); log: {run_dir / 'train.log'}", flush=True)
     rc = run_main_ppo(cmd, env, run_dir / "train.log", part, args.steps)
 
@@ -273,13 +318,14 @@ def train_cpu(args: argparse.Namespace) -> int:
         return rc if rc > 0 else 1
 
     ckpt = latest_hf_checkpoint(run_dir)
-    after = _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns) if ckpt else {}
+    after = _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns) if ckpt and before is not None else {}
     (run_dir / "eval_after.json").write_text(json.dumps(after, indent=1))
     summary = {
         "family": family,
         "method": args.method,
         "seed": args.seed,
         "steps": rows[-1]["step"] if rows else 0,
+        "backend": backend.to_dict(),
         "sft_checkpoint": str(sft_dir),
         "rl_checkpoint": str(ckpt) if ckpt else None,
         "eval_before": before,
@@ -288,7 +334,8 @@ def train_cpu(args: argparse.Namespace) -> int:
         "plots": [str(p) for p in plots],
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"[{name}] held-out after RL:  {_fmt_eval(after) if after else 'no checkpoint'}", flush=True)
+    if before is not None:
+        print(f"[{name}] held-out after RL:  {_fmt_eval(after) if after else 'no checkpoint'}", flush=True)
     print(
         f"[{name}] done in {summary['wall_s']:.0f} s: {run_dir}/metrics.jsonl, plots/, summary.json",
         flush=True,
@@ -303,7 +350,13 @@ def train_gpu(args: argparse.Namespace) -> int:
         sys.executable, "-m", "verl.trainer.main_ppo",
         f"--config-path={RECIPES_DIR}", f"--config-name={recipe}", *args.overrides,
     ]  # fmt: skip
-    print(f"[train-{args.family}] GPU: {' '.join(cmd)}", flush=True)
+    backend = dataclasses.replace(
+        choose_backend(probe_gpu()),
+        sandbox=sandbox_backend(REPO / "recipes" / "tool_use" / "tool_config.yaml") if args.family == "tooluse"
+        else "none",
+    )  # fmt: skip
+    print(f"[train-{args.family}] GPU recipe {recipe}: {backend.line()}", flush=True)
+    print(f"[train-{args.family}] {' '.join(cmd)}", flush=True)
     return subprocess.call(cmd, cwd=REPO)
 
 
@@ -326,10 +379,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-train", type=int, default=1024, help="RL training problems")
     p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL")
     p.add_argument("--max-turns", type=int, default=3, help="assistant turns per episode (tool use)")
-    p.add_argument("--min-sft-accuracy", type=float, default=None,
-                   help="held-out greedy accuracy the SFT checkpoint needs before RL (default: the family's)")
+    p.add_argument(
+        "--min-sft-accuracy",
+        type=float,
+        default=None,
+        help="held-out greedy accuracy the SFT checkpoint needs before RL (default: the family's)",
+    )
     p.add_argument("--sft-threads", type=int, default=0, help="torch threads of the SFT (0: torch's default)")
-    p.add_argument("--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the family's calibrated count)")
+    p.add_argument(
+        "--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the family's calibrated count)"
+    )
     p.add_argument(
         "--sft-cache", default=None, help="SFT cache folder (default: $STARE_CACHE_DIR or runs/cache)"
     )
@@ -340,17 +399,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point (``python -m stare_verl.jobs.train``); returns the exit status."""
     args = build_parser().parse_args(argv)
-    if not args.cpu and gpu_available():
+    backend = choose_backend(probe_gpu(), force_cpu=args.cpu)
+    if backend.path == "gpu-sglang":
         return train_gpu(args)
-    if os.environ.get("MODEL"):
+    if backend.path == "cpu" and os.environ.get("MODEL"):
         print(
-            f"error: MODEL={os.environ['MODEL']} is for GPU runs (verl + SGLang with recipes/), and this machine has "
-            "no GPU with SGLang (pip install -e '.[gpu]' on a GPU node). The CPU default trains its own tiny "
-            f"model: run without MODEL (unset MODEL; make train-{args.family}).",
+            f"error: MODEL={os.environ['MODEL']} is for GPU runs, and "
+            + (
+                "--cpu was given"
+                if args.cpu
+                else "this machine has no NVIDIA GPU (with a CUDA build of torch)"
+            )
+            + ". The CPU default trains its own tiny model: run without MODEL "
+            f"(unset MODEL; make train-{args.family}).",
             file=sys.stderr,
         )
         return 2
-    return train_cpu(args)
+    return train_cpu(args, backend)
 
 
 if __name__ == "__main__":

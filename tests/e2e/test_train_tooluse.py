@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from stare_verl.jobs.backend import GpuProbe
 from stare_verl.jobs.procs import RUN_TAG_ENV, leftover_processes
 from stare_verl.jobs.train import main
 
@@ -78,7 +79,9 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):
 
 def test_model_without_gpu_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setenv("MODEL", "/models/qwen")
-    monkeypatch.setattr("stare_verl.jobs.train.gpu_available", lambda: False)
+    monkeypatch.setattr(
+        "stare_verl.jobs.train.probe_gpu", lambda: GpuProbe(gpu=False, name=None, sglang=True)
+    )
     assert main(["--family", "shortcot"]) == 2
     err = capsys.readouterr().err
     assert "MODEL=/models/qwen is for GPU runs" in err and "make train-shortcot" in err
@@ -88,7 +91,10 @@ def test_bad_steps_or_override_fail_before_anything_is_written(tmp_path, capsys)
     run = tmp_path / "run"
     assert main(["--cpu", "--family", "longcot", "--run-dir", str(run), "--steps", "0"]) == 2
     assert "--steps must be >= 1" in capsys.readouterr().err
-    assert main(["--cpu", "--family", "shortcot", "--run-dir", str(run), "+algorithm.stare.reweight_ww=1.2"]) == 2
+    assert (
+        main(["--cpu", "--family", "shortcot", "--run-dir", str(run), "+algorithm.stare.reweight_ww=1.2"])
+        == 2
+    )
     out, err = capsys.readouterr()
     assert "reweight_ww" in err and "checks passed" not in out
     assert not run.exists()

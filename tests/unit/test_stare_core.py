@@ -1,5 +1,10 @@
-"""STARE selection, gate and weights on hand-made batches (pure PyTorch path)."""
+"""STARE selection, gate and weights on hand-made batches.
 
+Every test runs through each path of :func:`stare_verl.stare.stare_reweight`: NumPy (CPU tensors), torch on
+CPU tensors, and torch on CUDA tensors (marked ``gpu``, skipped without CUDA).
+"""
+
+import functools
 import math
 
 import numpy as np
@@ -10,6 +15,27 @@ from stare_verl.config import StareConfig
 from stare_verl.controller import StareController
 from stare_verl.core import select_top_surprisal, top_count
 from stare_verl.stare import stare_reweight
+
+
+def _on_cuda(fn):
+    """``fn`` with its tensor arguments moved to CUDA and its result back on the CPU."""
+
+    def wrapped(*args, **kwargs):
+        args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+        out, metrics = fn(*args, **kwargs)
+        assert out.device.type == "cuda"
+        return out.cpu(), metrics
+
+    return wrapped
+
+
+@pytest.fixture(autouse=True, params=["numpy", "torch", pytest.param("cuda", marks=pytest.mark.gpu)])
+def path(request, monkeypatch):
+    """Run the test with ``stare_reweight`` bound to one path (NumPy, torch on CPU, torch on CUDA)."""
+    impl = "torch" if request.param == "cuda" else request.param
+    fn = functools.partial(stare_reweight, impl=impl)
+    monkeypatch.setitem(globals(), "stare_reweight", _on_cuda(fn) if request.param == "cuda" else fn)
+    return request.param
 
 
 def _batch(seed=0, b=4, t=10, adv=(1.0, -1.0, 0.5, -0.5), mask=None):

@@ -1,0 +1,158 @@
+"""STARE's token selection and reweighting on torch tensors, where the batch lives (a GPU): pure torch, no verl.
+
+The same steps, inputs and results as :mod:`stare_verl.core` (STARE steps 3-6, ``shared/specs/stare.md``), with
+every ``[B, T]`` array a tensor on one device: nothing is copied to the host but a few scalars (the counts,
+the threshold and the entropy sum). Selection is exact: the k-th smallest candidate log-prob comes from a sort
+on the device, ties at the threshold go to the earliest tokens in row-major order (a cumulative count over the
+tied tokens, no branch), exactly as in :func:`stare_verl.core.select_top_surprisal`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stare_verl.core import top_count
+
+
+def kth_smallest(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k``-th smallest entry (1-based) of a 1-D tensor, as a 0-dim tensor on its device.
+
+    A full sort on an accelerator (a radix sort there beats a single-slice selection), ``kthvalue`` on the CPU.
+    """
+    if values.device.type == "cpu":
+        return torch.kthvalue(values, k).values
+    return torch.sort(values).values[k - 1]
+
+
+def select_top_surprisal(
+    log_probs: torch.Tensor, candidates: torch.Tensor, ratio: float
+) -> tuple[torch.Tensor, float | None]:
+    """:func:`stare_verl.core.select_top_surprisal` on tensors.
+
+    Args:
+        log_probs: ``[R, T]`` float, old log-probs (nats); values off ``candidates`` are ignored.
+        candidates: ``[R, T]`` bool, the eligible tokens (n = number of True).
+        ratio: P in (0, 1].
+
+    Returns:
+        ``(selected, threshold)``: ``[R, T]`` bool tensor with exactly ``ceil(P * n)`` True entries, all within
+        ``candidates`` (earliest tied tokens in row-major order win); the smallest selected surprisal (nats), None
+        when nothing is selected.
+    """
+    values = log_probs[candidates]
+    n = values.numel()
+    k = top_count(ratio, n)
+    if k == 0:
+        return torch.zeros_like(candidates), None
+    if k >= n:
+        return candidates.clone(), -float(values.max())
+    thr = kth_smallest(values, k)
+    below = candidates & (log_probs < thr)
+    ties = candidates & (log_probs == thr)
+    need = k - below.sum()  # 0-dim tensor: no host round trip
+    # the earliest `need` tied tokens in row-major order (all of them when fewer tie)
+    rank = ties.reshape(-1).cumsum(0, dtype=torch.int32).reshape(ties.shape)
+    return below | (ties & (rank <= need)), -float(thr)
+
+
+@dataclass(frozen=True)
+class TokenMasks:
+    """:class:`stare_verl.core.TokenMasks` with a ``valid`` tensor: ``[B, T]`` bool on the batch's device."""
+
+    valid: torch.Tensor
+    n_model: int
+    n_valid: int
+    entropy_sum: float
+
+    @property
+    def n_nonfinite(self) -> int:
+        """Model tokens dropped because their log-prob or entropy was NaN or +-inf."""
+        return self.n_model - self.n_valid
+
+    @property
+    def batch_entropy(self) -> float | None:
+        """The gate's H_batch: token-mean entropy over valid tokens (nats); None when there is none."""
+        return self.entropy_sum / self.n_valid if self.n_valid else None
+
+
+def token_masks(
+    response_mask: torch.Tensor, old_log_probs: torch.Tensor, entropys: torch.Tensor
+) -> TokenMasks:
+    """:func:`stare_verl.core.token_masks` on tensors (one host round trip for the three scalars).
+
+    The entropy sum accumulates in float64 on the device (NumPy's float32 dot may differ in the last bits).
+
+    Raises:
+        ValueError: the three tensors are not 2-D of one shape.
+    """
+    if response_mask.ndim != 2:
+        raise ValueError(f"response_mask must be [B, T], got shape {tuple(response_mask.shape)}")
+    for name, a in (("old_log_probs", old_log_probs), ("entropys", entropys)):
+        if a.shape != response_mask.shape:
+            raise ValueError(f"{name} has shape {tuple(a.shape)}, response_mask {tuple(response_mask.shape)}")
+    model = response_mask if response_mask.dtype == torch.bool else response_mask > 0
+    valid = model & torch.isfinite(old_log_probs) & torch.isfinite(entropys)
+    ent_sum = torch.where(valid, entropys, 0).sum(dtype=torch.float64)
+    n_model, n_valid, ent = torch.stack([model.sum().double(), valid.sum().double(), ent_sum]).tolist()
+    return TokenMasks(valid=valid, n_model=int(n_model), n_valid=int(n_valid), entropy_sum=float(ent))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """L+ or L- of one batch: ``selected`` ``[B, T]`` bool tensor (full batch, rows of the other sign all False),
+    ``count`` chosen tokens, ``threshold`` the smallest chosen surprisal (nats; mean over chunks), None if empty."""
+
+    selected: torch.Tensor
+    count: int
+    threshold: float | None
+
+
+def select_token_set(
+    row_advantages: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    valid: torch.Tensor,
+    ratio: float,
+    sign: int,
+    chunk_size: int | None = None,
+) -> Selection:
+    """:func:`stare_verl.core.select_token_set` on tensors: L+ (``sign=+1``, A > 0) or L- (``sign=-1``, A < 0).
+
+    Args:
+        row_advantages: ``[B]`` float, each response's outcome advantage (or anything of its sign).
+        old_log_probs: ``[B, T]`` float log-probs (nats). valid: ``[B, T]`` bool.
+        ratio: P in (0, 1]. sign: +1 or -1.
+        chunk_size: None for whole-batch selection, else sequences per chunk (``ceil(P * n_c)`` per chunk).
+    """
+    in_set = row_advantages > 0 if sign > 0 else row_advantages < 0
+    cand = valid & in_set[:, None]
+    b = old_log_probs.shape[0]
+    if chunk_size is None or chunk_size >= b:
+        sel, thr = select_top_surprisal(old_log_probs, cand, ratio)
+    else:
+        sel = torch.zeros_like(cand)
+        thresholds = []
+        for start in range(0, b, chunk_size):
+            part = slice(start, start + chunk_size)
+            sel[part], t = select_top_surprisal(old_log_probs[part], cand[part], ratio)
+            if t is not None:
+                thresholds.append(t)
+        thr = sum(thresholds) / len(thresholds) if thresholds else None
+    return Selection(selected=sel, count=int(sel.sum()), threshold=thr)
+
+
+def reweight_advantages(advantages: torch.Tensor, sets: list[tuple[Selection, float]]) -> torch.Tensor:
+    """``A_eff = omega * A`` (STARE steps 5-6) on tensors: ``A * weight`` on each set's tokens (the weight in
+    ``A``'s dtype, as :func:`stare_verl.core.reweight_advantages`), ``A`` bit for bit elsewhere.
+
+    Returns:
+        A new ``[B, T]`` tensor of ``advantages``' dtype and device.
+    """
+    out = advantages
+    for sel, weight in sets:
+        if sel.count == 0:
+            continue
+        w = torch.tensor(weight, dtype=advantages.dtype, device=advantages.device)
+        out = torch.where(sel.selected, advantages * w, out)
+    return out.clone() if out is advantages else out

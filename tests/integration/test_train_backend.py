@@ -1,0 +1,127 @@
+"""Which machine path ``make train-*`` takes (a monkeypatched GPU probe), and what the run says about it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from stare_verl.jobs import backend, train
+from stare_verl.jobs.backend import GpuProbe, RunBackend, choose_backend, probe_gpu
+
+H200 = GpuProbe(gpu=True, name="NVIDIA H200", sglang=False)
+
+
+def test_choose_backend():
+    assert choose_backend(GpuProbe(False, None, False)) == RunBackend("cpu", "hf", "cpu", "cpu")
+    assert choose_backend(GpuProbe(False, None, True)).path == "cpu"  # SGLang without a GPU: still the CPU
+    assert choose_backend(H200) == RunBackend("gpu-hf", "hf", "cuda", "cuda (NVIDIA H200)")
+    sg = choose_backend(GpuProbe(True, "NVIDIA H200", True))
+    assert (sg.path, sg.rollout, sg.platform) == ("gpu-sglang", "sglang", "cuda")
+    assert choose_backend(H200, force_cpu=True).path == "cpu"
+    line = RunBackend("gpu-hf", "hf", "cuda", "cuda (NVIDIA H200)", "bwrap").line()
+    assert line == "rollout backend hf, platform cuda, device cuda (NVIDIA H200), sandbox bwrap"
+
+
+def test_probe_reads_nvidia_smi(monkeypatch):
+    monkeypatch.setattr(backend.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    listing = "GPU 0: NVIDIA H200 (UUID: GPU-0d1c)\nGPU 1: NVIDIA H200 (UUID: GPU-77aa)\n"
+    monkeypatch.setattr(
+        backend.subprocess,
+        "run",
+        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=listing, stderr=""),
+    )
+    monkeypatch.setattr(backend.torch.backends.cuda, "is_built", lambda: True)
+    probe = probe_gpu()
+    assert (probe.gpu, probe.name) == (True, "NVIDIA H200")
+    monkeypatch.setattr(backend.torch.backends.cuda, "is_built", lambda: False)  # a CPU-only torch build
+    assert probe_gpu().gpu is False
+    monkeypatch.setattr(backend.shutil, "which", lambda name: None)
+    assert probe_gpu() == GpuProbe(gpu=False, name=None, sglang=probe.sglang)
+
+
+def test_stderr_to_keeps_verl_noise_off_the_console(capfd):
+    import os
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryFile() as sink:
+        with backend.stderr_to(sink):
+            os.write(2, b"WARNING: No supported accelerator detected\n")  # a C-level or logging write
+            print("UserWarning: torchtitan engine is not available", file=sys.stderr)  # what warnings.warn does
+        sink.seek(0)
+        text = sink.read().decode()
+    assert "No supported accelerator detected" in text and "torchtitan engine is not available" in text
+    print("after", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert "accelerator" not in err and "torchtitan" not in err and "after" in err
+
+
+def test_sandbox_backend_of_the_tool_config():
+    from envs.sandbox import make_sandbox
+
+    assert backend.sandbox_backend(None) == "none"
+    name = backend.sandbox_backend(train.REPO / "recipes" / "tool_use" / "tool_config.yaml")
+    assert name in ("bwrap", "unshare") or name.startswith("unavailable (")
+    if not name.startswith("unavailable"):
+        assert name == make_sandbox().name  # the tool config asks for backend auto, as the default does
+
+
+@pytest.mark.parametrize(
+    ("probe", "argv", "expected"),
+    [
+        (GpuProbe(True, "NVIDIA H200", True), [], "gpu-sglang"),
+        (H200, [], "gpu-hf"),
+        (H200, ["--cpu"], "cpu"),
+        (GpuProbe(False, None, True), [], "cpu"),
+    ],
+)
+def test_main_takes_the_gpu_when_there_is_one(monkeypatch, probe, argv, expected):
+    taken = {}
+    monkeypatch.setattr(train, "probe_gpu", lambda: probe)
+    monkeypatch.setattr(train, "train_gpu", lambda args: taken.setdefault("path", "gpu-sglang") and 0)
+    monkeypatch.setattr(train, "train_cpu", lambda args, b: taken.setdefault("path", b.path) and 0)
+    monkeypatch.delenv("MODEL", raising=False)
+    assert train.main(["--family", "shortcot", *argv]) == 0
+    assert taken["path"] == expected
+
+
+def test_gpu_hf_run_with_model_says_where_it_runs(monkeypatch, tmp_path, capsys):
+    """No SGLang on a GPU machine: the tiny recipe on verl's CUDA platform (no VERL_PLATFORM=cpu, trainer.device
+    cuda), from MODEL without SFT or held-out evaluation; the console, the first line of train.log and
+    summary.json say which rollout backend, platform, device and sandbox ran."""
+    launched = {}
+
+    def fake_main_ppo(cmd, env, log_path, metrics_part, total_steps):
+        launched.update(cmd=cmd, env=env, log=log_path.read_text())
+        return 0
+
+    monkeypatch.setattr(train, "probe_gpu", lambda: H200)
+    monkeypatch.setattr(train, "run_main_ppo", fake_main_ppo)
+    monkeypatch.setenv("MODEL", str(tmp_path / "my-model"))
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")  # even when the caller's environment says cpu
+    run = tmp_path / "run"
+    assert train.main(["--family", "tooluse", "--run-dir", str(run), "--steps", "2", "--n-train", "16",
+                       "--n-eval", "8"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    sandbox = backend.sandbox_backend(train.REPO / "recipes" / "tool_use" / "tool_config.yaml")
+    line = f"rollout backend hf, platform cuda, device cuda (NVIDIA H200), sandbox {sandbox}"
+    assert line in out.splitlines()[1]
+    assert "GPU (gpu-hf: no SGLang installed)" in out.splitlines()[0]
+    assert launched["log"].splitlines()[0].endswith(line)
+    assert "VERL_PLATFORM" not in launched["env"]
+    cmd = launched["cmd"]
+    assert "trainer.device=cuda" in cmd and f"actor_rollout_ref.model.path={tmp_path / 'my-model'}" in cmd
+    assert any(c.endswith("--config-name=tooluse_tiny_stare") for c in cmd)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["backend"] == {"path": "gpu-hf", "rollout": "hf", "platform": "cuda",
+                                  "device": "cuda (NVIDIA H200)", "sandbox": sandbox}  # fmt: skip
+    assert summary["eval_before"] is None and summary["eval_after"] == {}
+    assert not (run / "eval_before.json").exists()
+
+
+def test_cpu_run_env_keeps_the_cpu_platform():
+    env = train.run_env("t", train.REPO / "x.jsonl")
+    assert env["VERL_PLATFORM"] == "cpu"
+    assert "VERL_PLATFORM" not in train.run_env("t", train.REPO / "x.jsonl", "cuda")
