@@ -63,6 +63,77 @@ def select_top_surprisal(
     return selected | ties, -float(thr)
 
 
+ZERO_VARIANCE_TOL = 1e-5
+"""Default ``algorithm.stare.zero_variance_tol``: see :func:`zero_variance_groups`."""
+
+
+def group_codes(index) -> tuple[np.ndarray, int]:
+    """Map group labels (verl's ``uid``: strings, ints, any hashable) to contiguous codes.
+
+    Args:
+        index: ``[B]`` array-like of hashable labels; responses of one prompt share a label.
+
+    Returns:
+        ``(codes, n_groups)``: ``[B]`` int64 codes in ``0..n_groups-1``, numbered by first appearance.
+    """
+    lookup: dict = {}
+    labels = index.tolist() if hasattr(index, "tolist") else list(index)
+    codes = np.fromiter((lookup.setdefault(u, len(lookup)) for u in labels), dtype=np.int64, count=len(labels))
+    return codes, len(lookup)
+
+
+def zero_variance_groups(
+    scores: np.ndarray, codes: np.ndarray, n_groups: int, finite: np.ndarray, tol: float = ZERO_VARIANCE_TOL
+) -> np.ndarray:
+    """Groups whose outcome rewards are all equal, up to floating-point residue: ``[n_groups]`` bool.
+
+    A group of two or more responses with finite rewards is zero-variance when
+
+        ``max_i r_i - min_i r_i <= tol * max(1, max_i |r_i|)``
+
+    over its finite rewards (absolute on the usual reward scale |r| <= 1, relative beyond). Its GRPO advantage
+    ``(r_i - mean) / (std + eps)`` is 0 in exact arithmetic, but verl's ``grpo_vectorized`` computes the mean
+    as a float32 sum / count, which leaves a residue (8 copies of 0.7 give advantages of +0.056, Dr.GRPO
+    +6e-8) whose sign would put the group's tokens into L+ or L- (STARE step 4 selects by surprisal among
+    A > 0, whatever |A|). The caller sets such groups' advantage to exactly 0 (STARE step 1 as written:
+    no reward difference, no advantage).
+
+    Why a tolerance rather than exact equality: rewards reach verl through Python float64 and a float32
+    tensor, and one reward can be written several ways (``0.1 + 0.2`` vs ``0.3``, a format bonus added before
+    or after a penalty, per-turn rewards summed along the row in float32). Such values differ by a few
+    float32 ulps (1 ulp of 1.0 is 1.2e-7); ``tol = 1e-5`` (about 80 ulps of 1) covers sums and differences of
+    components up to ~10x the result, and is far below any difference a verifier is designed to express.
+    ``tol = 0`` gives exact equality of the float32 rewards.
+
+    Singleton groups (one finite reward) are not zero-variance: verl's convention (mean 0, std 1, so
+    A = r) is kept. A group with no finite reward is not zero-variance either (its responses get 0 anyway).
+
+    Args:
+        scores: ``[B]`` float outcome rewards (row sums of the token-level rewards); non-finite entries ignored.
+        codes: ``[B]`` int group codes in ``0..n_groups-1`` (see :func:`group_codes`).
+        n_groups: number of groups.
+        finite: ``[B]`` bool, the rewards to use (``np.isfinite(scores)``).
+        tol: tolerance as above (>= 0).
+
+    Raises:
+        ValueError: ``scores``, ``codes`` and ``finite`` are not 1-D of one length, or ``tol < 0``.
+    """
+    if scores.ndim != 1 or codes.shape != scores.shape or finite.shape != scores.shape:
+        raise ValueError(f"scores/codes/finite must be [B]: {scores.shape}, {codes.shape}, {finite.shape}")
+    if not tol >= 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
+    r = scores[finite].astype(np.float64)
+    c = codes[finite]
+    hi = np.full(n_groups, -np.inf)
+    lo = np.full(n_groups, np.inf)
+    np.maximum.at(hi, c, r)
+    np.minimum.at(lo, c, r)
+    count = np.bincount(c, minlength=n_groups)
+    with np.errstate(invalid="ignore"):
+        scale = np.maximum(1.0, np.maximum(np.abs(hi), np.abs(lo)))
+        return (count >= 2) & (hi - lo <= tol * scale)
+
+
 @dataclass(frozen=True)
 class TokenMasks:
     """Token masks of one batch.

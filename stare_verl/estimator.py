@@ -15,6 +15,7 @@ import torch
 
 from stare_verl.config import parse_stare_config
 from stare_verl.controller import StareController
+from stare_verl.core import group_codes, zero_variance_groups
 from stare_verl.stare import stare_reweight
 
 ESTIMATOR_NAME = "stare"
@@ -117,8 +118,11 @@ def compute_stare_advantage(
 
     Returns:
         ``(advantages, returns)``, both the same ``[B, T]`` float tensor, exactly 0 where the mask is 0.
-        A response whose outcome reward is NaN/inf gets advantage 0 and stays out of its group's mean/std
-        (counted in ``stare/nonfinite_rewards``); with finite rewards the base is verl's GRPO exactly.
+        The base is verl's ``grpo_vectorized`` (GRPO or Dr.GRPO) bit for bit, except: a zero-variance group
+        (all rewards equal up to float residue, ``zero_variance_tol``) gets exactly 0 where verl leaves a
+        rounding residue whose sign would decide L+/L- (``stare/zero_variance_groups``: their share of the
+        groups); a response whose outcome reward is NaN/inf gets 0 and stays out of its group's mean/std
+        (``stare/nonfinite_rewards``). See ``_group_advantage``.
 
     Raises:
         StareInputsMissing: ``old_log_probs``/``entropys`` not given (a trainer mode other than ``stare_*``).
@@ -142,9 +146,10 @@ def compute_stare_advantage(
     if controller is None:
         controller = StareController(parse_stare_config(config))
     cfg = controller.config
-    advantages, n_bad = _group_advantage(token_level_rewards, response_mask, index, cfg)
+    advantages, n_bad, zero_var_share = _group_advantage(token_level_rewards, response_mask, index, cfg)
     advantages, step_metrics = stare_reweight(advantages, response_mask, old_log_probs, entropys, controller)
     step_metrics["stare/nonfinite_rewards"] = float(n_bad)
+    step_metrics["stare/zero_variance_groups"] = zero_var_share
     if metrics is not None:
         metrics.update(step_metrics)
     return advantages, advantages
@@ -152,25 +157,42 @@ def compute_stare_advantage(
 
 def _group_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, cfg: Any
-) -> tuple[torch.Tensor, int]:
-    """verl's GRPO advantage (``grpo_vectorized``), ``[B, T]`` float, and the number of responses whose outcome
-    reward (row sum) is NaN or +-inf.
+) -> tuple[torch.Tensor, int, float]:
+    """GRPO's advantage (STARE step 1), ``[B, T]`` float; the number of responses whose outcome reward (row sum)
+    is NaN or +-inf; and the share of zero-variance groups.
 
-    With every reward finite this is verl's function unchanged. A non-finite reward (a broken reward function)
-    would make its whole group's mean and std NaN and the loss NaN; instead such responses get advantage 0 and
-    are left out of their group's statistics, which the finite responses of the group keep.
+    This is verl's ``grpo_vectorized`` (std-normalised, or Dr.GRPO with ``norm_adv_by_std_in_grpo=False``)
+    with two deliberate differences, both only where verl's value is an artefact:
+
+    - **Zero-variance groups** (the one place where finite rewards get a different advantage): a group whose
+      rewards are all equal up to floating-point residue (``core.zero_variance_groups``,
+      ``zero_variance_tol``) gets advantage exactly 0. verl's float32 mean leaves a residue there (8 rewards
+      of 0.7 give +0.056 each), and its sign would decide whether the group's tokens enter L+ or L-.
+      Everywhere else the advantage is verl's, bit for bit.
+    - A non-finite reward (a broken reward function) would make its whole group's mean and std NaN and the
+      loss NaN; instead such responses get advantage 0 and are left out of their group's statistics, which
+      the finite responses of the group keep.
     """
     scores = token_level_rewards.sum(dim=-1)
     bad = ~torch.isfinite(scores)
     n_bad = int(bad.sum())
-    kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": bool(cfg.norm_adv_by_std_in_grpo)}
+    # None (a StareConfig built by hand) means verl's default, std-normalised GRPO
+    kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": cfg.norm_adv_by_std_in_grpo is not False}
     if n_bad == 0:
         adv, _ = compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, **kw)
-        return adv, 0
-    adv = torch.zeros_like(token_level_rewards)
-    keep = (~bad).nonzero(as_tuple=True)[0]
-    if keep.numel():
-        idx = np.asarray(index)[keep.cpu().numpy()]
-        sub, _ = compute_grpo_vectorized_outcome_advantage(token_level_rewards[keep], response_mask[keep], idx, **kw)
-        adv[keep] = sub.to(adv.dtype)
-    return adv, n_bad
+    else:
+        adv = torch.zeros_like(token_level_rewards)
+        keep = (~bad).nonzero(as_tuple=True)[0]
+        if keep.numel():
+            idx = np.asarray(index)[keep.cpu().numpy()]
+            sub, _ = compute_grpo_vectorized_outcome_advantage(
+                token_level_rewards[keep], response_mask[keep], idx, **kw
+            )
+            adv[keep] = sub.to(adv.dtype)
+    scores_np = scores.detach().double().cpu().numpy()
+    codes, n_groups = group_codes(np.asarray(index))
+    zero_var = zero_variance_groups(scores_np, codes, n_groups, ~bad.cpu().numpy(), cfg.zero_variance_tol)
+    rows = zero_var[codes]
+    if rows.any():
+        adv[torch.from_numpy(rows).to(adv.device)] = 0.0
+    return adv, n_bad, float(np.count_nonzero(zero_var)) / max(n_groups, 1)
