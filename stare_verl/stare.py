@@ -10,7 +10,13 @@ import numpy as np
 import torch
 
 from stare_verl.controller import StareController
-from stare_verl.core import reweight_advantages, select_token_set, token_masks
+from stare_verl.core import (
+    covariance_sums,
+    reweight_advantages,
+    reweighted_covariance_sums,
+    select_token_set,
+    token_masks,
+)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -44,7 +50,12 @@ def stare_reweight(
         and ``stare/*`` metrics (floats): gate_on, batch_entropy, target_entropy, w, m, frac_l_plus,
         frac_l_minus (share of model tokens reweighted: 0 with the gate off, when L+/L- are not selected),
         mean_weight, surprisal_threshold_plus/minus (nats; -1 when the set is empty or the gate is off),
-        model_tokens, nonfinite_tokens.
+        model_tokens, nonfinite_tokens; and the entropy-dynamics metrics over valid model tokens (see
+        ``core.CovarianceSums.terms``): ``stare/cov_logp_adv`` = Cov(old log-prob, GRPO advantage),
+        ``stare/cov_logp_adv_eff`` = the same with ``advantages_eff`` (equal to the former when nothing is
+        reweighted), and their contributions ``stare/cov_quadrant[_eff]/{pos_high, pos_low, neg_high,
+        neg_low, zero_adv}`` (A > 0 / A < 0 x surprisal above / at-or-below ``batch_entropy``, and A == 0),
+        which sum to the covariance. Units: nats x advantage units; dH ~ -eta * Cov (Cui et al. 2025).
 
     Model tokens whose log-prob or entropy is NaN/inf are left out of the gate and the selection (their
     advantage is unchanged) and counted in ``stare/nonfinite_tokens``.
@@ -62,8 +73,11 @@ def stare_reweight(
     masks = token_masks(mask_np, lp_np, ent_np)
     decision = controller.step(masks.batch_entropy)
     chunk = cfg.chunk_size if cfg.scope == "chunk" else None
-    # outcome advantages are constant along a row and 0 off the mask: the row sum has the row's sign
-    row_adv = adv_np.sum(axis=1)
+    # outcome advantages are constant along a row's model tokens: read each row at its first model token
+    model = mask_np if mask_np.dtype == np.bool_ else mask_np > 0
+    row_adv = adv_np[np.arange(adv_np.shape[0]), model.argmax(axis=1)] * model.any(axis=1)
+    cov_base = covariance_sums(row_adv, lp_np, masks, decision.batch_entropy)
+    cov_eff = cov_base
     w_eff, m_eff = 1.0, 1.0
     out = advantages
     l_plus, l_minus, n_plus, n_minus = None, None, 0, 0
@@ -79,6 +93,7 @@ def stare_reweight(
             m_eff = decision.m
             sets.append((l_minus, m_eff))
         out = torch.from_numpy(reweight_advantages(adv_np, sets)).to(advantages.device)
+        cov_eff = reweighted_covariance_sums(cov_base, row_adv, lp_np, sets, decision.batch_entropy)
     n = max(masks.n_model, 1)
     metrics = {
         "stare/gate_on": float(decision.gate_on),
@@ -94,6 +109,10 @@ def stare_reweight(
         "stare/model_tokens": float(masks.n_model),
         "stare/nonfinite_tokens": float(masks.n_nonfinite),
     }
+    for name, sums in (("", cov_base), ("_eff", cov_eff)):
+        cov, parts = sums.terms()
+        metrics[f"stare/cov_logp_adv{name}"] = cov
+        metrics.update({f"stare/cov_quadrant{name}/{q}": v for q, v in parts.items()})
     return out, metrics
 
 
