@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from stare_verl.core import ZERO_VARIANCE_TOL
+
 
 class StareConfigError(ValueError):
     """Raised when ``algorithm.stare`` holds an invalid or unknown key; the message names the key."""
@@ -32,6 +34,8 @@ class StareConfig(BaseModel):
         norm_adv_by_std_in_grpo: divide the group-centred reward by the group std (GRPO) or not (Dr.GRPO).
             ``None`` means: use ``algorithm.norm_adv_by_std_in_grpo``.
         epsilon: added to the group std (> 0: a group with equal rewards has std 0).
+        zero_variance_tol: a group whose rewards span at most ``tol * max(1, max |r|)`` is zero-variance:
+            advantage exactly 0, never in L+/L- (``stare_verl.core.zero_variance_groups``); 0 = exact equality.
         scope: ``"batch"`` selects L+/L- once over all model tokens of the training batch (default);
             ``"chunk"`` selects within consecutive chunks of ``chunk_size`` sequences, reproducing the
             reference code's per-micro-batch selection for ablations.
@@ -51,6 +55,7 @@ class StareConfig(BaseModel):
     m_min: float = Field(0.5, gt=0.0, le=1.0)
     norm_adv_by_std_in_grpo: bool | None = None
     epsilon: float = Field(1e-6, gt=0.0)
+    zero_variance_tol: float = Field(ZERO_VARIANCE_TOL, ge=0.0, lt=1.0)
     scope: Literal["batch", "chunk"] = "batch"
     chunk_size: int | None = Field(None, ge=1)
 
@@ -111,6 +116,8 @@ def parse_stare_config(algorithm_config: Any) -> StareConfig:
     if algorithm_config is None:
         return StareConfig(norm_adv_by_std_in_grpo=True)
     if isinstance(algorithm_config, StareConfig):
+        if algorithm_config.norm_adv_by_std_in_grpo is None:  # verl's default baseline: std-normalised GRPO
+            return algorithm_config.model_copy(update={"norm_adv_by_std_in_grpo": True})
         return algorithm_config
     get = (
         algorithm_config.get

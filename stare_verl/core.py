@@ -70,6 +70,77 @@ def select_top_surprisal(
     return selected, -float(thr)
 
 
+ZERO_VARIANCE_TOL = 1e-5
+"""Default ``algorithm.stare.zero_variance_tol``: see :func:`zero_variance_groups`."""
+
+
+def group_codes(index) -> tuple[np.ndarray, int]:
+    """Map group labels (verl's ``uid``: strings, ints, any hashable) to contiguous codes.
+
+    Args:
+        index: ``[B]`` array-like of hashable labels; responses of one prompt share a label.
+
+    Returns:
+        ``(codes, n_groups)``: ``[B]`` int64 codes in ``0..n_groups-1``, numbered by first appearance.
+    """
+    lookup: dict = {}
+    labels = index.tolist() if hasattr(index, "tolist") else list(index)
+    codes = np.array([lookup.setdefault(u, len(lookup)) for u in labels], dtype=np.int64)
+    return codes, len(lookup)
+
+
+def zero_variance_groups(
+    scores: np.ndarray, codes: np.ndarray, n_groups: int, finite: np.ndarray, tol: float = ZERO_VARIANCE_TOL
+) -> np.ndarray:
+    """Groups whose outcome rewards are all equal, up to floating-point residue: ``[n_groups]`` bool.
+
+    A group of two or more responses with finite rewards is zero-variance when
+
+        ``max_i r_i - min_i r_i <= tol * max(1, max_i |r_i|)``
+
+    over its finite rewards (absolute on the usual reward scale |r| <= 1, relative beyond). Its GRPO advantage
+    ``(r_i - mean) / (std + eps)`` is 0 in exact arithmetic, but verl's ``grpo_vectorized`` computes the mean
+    as a float32 sum / count, which leaves a residue (8 copies of 0.7 give advantages of +0.056, Dr.GRPO
+    +6e-8) whose sign would put the group's tokens into L+ or L- (STARE step 4 selects by surprisal among
+    A > 0, whatever |A|). The caller sets such groups' advantage to exactly 0 (STARE step 1 as written:
+    no reward difference, no advantage).
+
+    Why a tolerance rather than exact equality: rewards reach verl through Python float64 and a float32
+    tensor, and one reward can be written several ways (``0.1 + 0.2`` vs ``0.3``, a format bonus added before
+    or after a penalty, per-turn rewards summed along the row in float32). Such values differ by a few
+    float32 ulps (1 ulp of 1.0 is 1.2e-7); ``tol = 1e-5`` (about 80 ulps of 1) covers sums and differences of
+    components up to ~10x the result, and is far below any difference a verifier is designed to express.
+    ``tol = 0`` gives exact equality of the float32 rewards.
+
+    Singleton groups (one finite reward) are not zero-variance: verl's convention (mean 0, std 1, so
+    A = r) is kept. A group with no finite reward is not zero-variance either (its responses get 0 anyway).
+
+    Args:
+        scores: ``[B]`` float outcome rewards (row sums of the token-level rewards); non-finite entries ignored.
+        codes: ``[B]`` int group codes in ``0..n_groups-1`` (see :func:`group_codes`).
+        n_groups: number of groups.
+        finite: ``[B]`` bool, the rewards to use (``np.isfinite(scores)``).
+        tol: tolerance as above (>= 0).
+
+    Raises:
+        ValueError: ``scores``, ``codes`` and ``finite`` are not 1-D of one length, or ``tol < 0``.
+    """
+    if scores.ndim != 1 or codes.shape != scores.shape or finite.shape != scores.shape:
+        raise ValueError(f"scores/codes/finite must be [B]: {scores.shape}, {codes.shape}, {finite.shape}")
+    if not tol >= 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
+    r = scores[finite].astype(np.float64)
+    c = codes[finite]
+    hi = np.full(n_groups, -np.inf)
+    lo = np.full(n_groups, np.inf)
+    np.maximum.at(hi, c, r)
+    np.minimum.at(lo, c, r)
+    count = np.bincount(c, minlength=n_groups)
+    with np.errstate(invalid="ignore"):
+        scale = np.maximum(1.0, np.maximum(np.abs(hi), np.abs(lo)))
+        return (count >= 2) & (hi - lo <= tol * scale)
+
+
 @dataclass(frozen=True)
 class TokenMasks:
     """Token masks of one batch.
@@ -80,12 +151,19 @@ class TokenMasks:
         n_model: number of model tokens.
         n_valid: number of valid tokens.
         entropy_sum: sum of the entropy over valid tokens (nats).
+        row_count: ``[B]`` int64, valid tokens per response.
+        row_log_prob_sum: ``[B]`` float64, sum of the old log-probs over each response's valid tokens (nats).
+        all_finite: every entry of the log-probs and entropy (masked positions included) is finite, so
+            products with a 0/1 mask need no NaN guard.
     """
 
     valid: np.ndarray
     n_model: int
     n_valid: int
     entropy_sum: float
+    row_count: np.ndarray
+    row_log_prob_sum: np.ndarray
+    all_finite: bool
 
     @property
     def n_nonfinite(self) -> int:
@@ -98,15 +176,32 @@ class TokenMasks:
         return self.entropy_sum / self.n_valid if self.n_valid else None
 
 
+def _row_sum(values: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """``[B]`` float64 row sums of ``values`` over the True entries of the bool ``where`` (both ``[B, T]``).
+
+    One einsum pass (no BLAS, whose threads stall on a loaded CPU). A NaN/inf anywhere in a row, selected or
+    not, makes that row's sum NaN: callers use it as the finiteness check of the fast path.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.einsum("ij,ij->i", values, where).astype(np.float64)
+
+
+def _row_count(where: np.ndarray) -> np.ndarray:
+    """``[B]`` int64 number of True entries per row of a ``[B, T]`` bool array (a byte sum: several times
+    faster than ``np.count_nonzero(axis=1)``)."""
+    return np.add.reduce(np.ascontiguousarray(where).view(np.uint8), axis=1, dtype=np.int32).astype(np.int64)
+
+
 def token_masks(response_mask: np.ndarray, old_log_probs: np.ndarray, entropys: np.ndarray) -> TokenMasks:
-    """Find the valid model tokens of a batch and their entropy sum (STARE step 3's H_batch numerator).
+    """Find the valid model tokens of a batch, their entropy sum (STARE step 3's H_batch numerator) and per-row
+    counts and log-prob sums (for the covariance metrics).
 
     Args:
         response_mask: ``[B, T]`` bool/int/float, 1 (or True) for model tokens, 0 elsewhere.
         old_log_probs: ``[B, T]`` float log-probs (nats). entropys: ``[B, T]`` float entropy (nats).
 
-    The common case (every model token finite) needs two dot products; a NaN/inf in either switches to
-    an exact per-token check.
+    The common case (every entry finite) needs two sum-of-product passes; a NaN/inf anywhere
+    switches to an exact per-token check.
 
     Raises:
         ValueError: the three arrays are not 2-D of one shape.
@@ -117,18 +212,21 @@ def token_masks(response_mask: np.ndarray, old_log_probs: np.ndarray, entropys: 
         if a.shape != response_mask.shape:
             raise ValueError(f"{name} has shape {tuple(a.shape)}, response_mask {tuple(response_mask.shape)}")
     model = response_mask if response_mask.dtype == np.bool_ else response_mask > 0
-    n_model = int(np.count_nonzero(model))
-    weights = model.ravel().astype(entropys.dtype)
+    row_model = _row_count(model)
+    n_model = int(row_model.sum())
+    flat_model = model.ravel()
     with np.errstate(invalid="ignore", over="ignore"):
-        ent_sum = np.dot(entropys.ravel(), weights)
-        lp_sum = np.dot(old_log_probs.ravel(), weights.astype(old_log_probs.dtype, copy=False))
-    if np.isfinite(ent_sum) and np.isfinite(lp_sum):
-        return TokenMasks(valid=model, n_model=n_model, n_valid=n_model, entropy_sum=float(ent_sum))
+        ent_sum = np.einsum("i,i->", entropys.ravel(), flat_model)
+    row_lp = _row_sum(old_log_probs, model)
+    if np.isfinite(ent_sum) and np.isfinite(row_lp).all():
+        return TokenMasks(model, n_model, n_model, float(ent_sum), row_model, row_lp, all_finite=True)
     valid = model & np.isfinite(old_log_probs) & np.isfinite(entropys)
     # same dot over the same terms as the fast path, so both paths give bit-identical sums
-    ent_sum = np.dot(np.where(valid, entropys, 0).ravel(), weights)
+    ent_sum = np.einsum("i,i->", np.where(valid, entropys, 0).ravel(), flat_model)
+    row_count = _row_count(valid)
+    row_lp = np.where(valid, old_log_probs, 0).sum(axis=1, dtype=np.float64)
     return TokenMasks(
-        valid=valid, n_model=n_model, n_valid=int(np.count_nonzero(valid)), entropy_sum=float(ent_sum)
+        valid, n_model, int(row_count.sum()), float(ent_sum), row_count, row_lp, all_finite=False
     )
 
 
@@ -156,6 +254,12 @@ class Selection:
         t = self.selected.shape[1]
         flat = np.flatnonzero(self.selected)
         return self.rows[flat // t].astype(np.int64, copy=False) * t + flat % t
+
+    @property
+    def coords(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, cols)``: 1-D int64 arrays, the batch coordinates of the chosen tokens (from :attr:`positions`)."""
+        t = self.selected.shape[1]
+        return self.positions // t, self.positions % t
 
 
 def select_token_set(
@@ -218,3 +322,120 @@ def reweight_advantages(advantages: np.ndarray, sets: list[tuple[Selection, floa
         pos = sel.positions
         flat_out[pos] = flat_in[pos] * np.asarray(weight, dtype=advantages.dtype)
     return out
+
+
+QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low", "zero_adv")
+"""Token classes of :class:`CovarianceSums`: advantage sign (A > 0, A < 0, A == 0) x surprisal above
+(``high``: ``-log_prob > H_batch``) or at/below (``low``) the batch entropy; A == 0 tokens form one class."""
+
+
+@dataclass(frozen=True)
+class CovarianceSums:
+    """Sufficient statistics of Cov(log pi, A) over valid model tokens, per token class (see ``QUADRANTS``).
+
+    Attributes (each a ``[5]`` float64 array in ``QUADRANTS`` order):
+        n: number of tokens. lp: sum of log-probs (nats). adv: sum of advantages. lp_adv: sum of log-prob x
+            advantage.
+    """
+
+    n: np.ndarray
+    lp: np.ndarray
+    adv: np.ndarray
+    lp_adv: np.ndarray
+
+    def terms(self) -> tuple[float, dict[str, float]]:
+        """``(cov, contributions)``: the token-level covariance over valid model tokens (nats x advantage units)
+
+            ``Cov(log pi, A) = (1/N) sum_t (lp_t - mean lp)(A_t - mean A)``
+
+        and each class's share ``(1/N) sum_{t in class} (lp_t - mean lp)(A_t - mean A)``, centred by the batch
+        means, so the five contributions sum to ``cov``. 0.0 everywhere when there is no valid token.
+
+        Source: Cui et al. 2025 (arXiv 2505.22617), the entropy change of a softmax policy under one policy-
+        gradient step, ``H(t+1) - H(t) ~ -eta * Cov(log pi, A)``: a positive covariance (confident tokens
+        rewarded, rare tokens penalised) lowers the entropy, a negative one raises it.
+        """
+        total = float(self.n.sum())
+        if total == 0:
+            return 0.0, dict.fromkeys(QUADRANTS, 0.0)
+        m_lp, m_adv = self.lp.sum() / total, self.adv.sum() / total
+        parts = (self.lp_adv - m_adv * self.lp - m_lp * self.adv + self.n * m_lp * m_adv) / total
+        return float(parts.sum()), {q: float(v) for q, v in zip(QUADRANTS, parts, strict=True)}
+
+
+def covariance_sums(
+    row_advantages: np.ndarray, log_probs: np.ndarray, masks: TokenMasks, batch_entropy: float | None
+) -> CovarianceSums:
+    """Per-class sums for Cov(log pi, A) of outcome advantages (constant along each response's model tokens).
+
+    Args:
+        row_advantages: ``[B]`` float, each response's advantage (the value on its model tokens).
+        log_probs: ``[B, T]`` float, log-probs (nats) of the sampled tokens under the pre-update policy; values
+            off ``masks.valid`` are ignored (may be NaN/inf).
+        masks: the batch's :class:`TokenMasks` (valid tokens, their per-row counts and log-prob sums).
+        batch_entropy: H_batch (nats), the surprisal threshold between ``high`` and ``low``; None when there
+            is no valid token.
+
+    Returns:
+        :class:`CovarianceSums` (float64). Built from per-row sums: a compare, a byte count and a row sum
+        over ``[B, T]`` on top of what :func:`token_masks` computed.
+    """
+    thr = -float(batch_entropy or 0.0)  # high surprisal: -log p > H  <=>  log p < -H
+    with np.errstate(invalid="ignore"):
+        high = np.less(log_probs, thr)
+    high &= masks.valid
+    n_hi = _row_count(high).astype(np.float64)
+    if masks.all_finite:
+        s_hi = _row_sum(log_probs, high)
+    else:
+        s_hi = np.where(high, log_probs, 0).sum(axis=1, dtype=np.float64)
+    return class_sums(row_advantages, n_hi, s_hi, masks.row_count.astype(np.float64), masks.row_log_prob_sum)
+
+
+def class_sums(
+    row_advantages: np.ndarray, n_hi: np.ndarray, s_hi: np.ndarray, n_all: np.ndarray, s_all: np.ndarray
+) -> CovarianceSums:
+    """:class:`CovarianceSums` from per-response sums (all ``[B]``): ``n_hi`` / ``s_hi`` the number and log-prob sum
+    (nats) of a row's valid tokens with surprisal above the batch entropy, ``n_all`` / ``s_all`` those of all its
+    valid tokens (float64). Shared by the NumPy and the torch path (which computes the row sums on the device)."""
+    a = row_advantages.astype(np.float64)
+    n, s = np.zeros(5), np.zeros(5)
+    sa, sla = np.zeros(5), np.zeros(5)
+    for k, rows in enumerate((a > 0, a < 0)):
+        for j, (cnt, tot) in enumerate(((n_hi, s_hi), (n_all - n_hi, s_all - s_hi))):
+            q = 2 * k + j
+            n[q], s[q] = cnt[rows].sum(), tot[rows].sum()
+            sa[q], sla[q] = (a * cnt)[rows].sum(), (a * tot)[rows].sum()
+    zero = a == 0
+    n[4], s[4] = n_all[zero].sum(), s_all[zero].sum()
+    return CovarianceSums(n=n, lp=s, adv=sa, lp_adv=sla)
+
+
+def reweighted_covariance_sums(
+    base: CovarianceSums,
+    row_advantages: np.ndarray,
+    log_probs: np.ndarray,
+    sets: list[tuple[Selection, float]],
+    batch_entropy: float | None,
+) -> CovarianceSums:
+    """The sums of :func:`covariance_sums` for the effective advantage ``A_eff = omega * A`` (STARE step 6).
+
+    Only the reweighted tokens change: each adds ``(omega - 1) * A`` (and times its log-prob) to its class.
+    With no set (gate off) or omega == 1 the result equals ``base``.
+
+    Args:
+        base: sums of the GRPO advantage. row_advantages, log_probs, batch_entropy: as in
+            :func:`covariance_sums`. sets: ``(selection, weight)`` pairs as in :func:`reweight_advantages`.
+    """
+    adv, lp_adv = base.adv.copy(), base.lp_adv.copy()
+    thr = -float(batch_entropy or 0.0)
+    for sel, weight in sets:
+        if sel.count == 0 or weight == 1.0:
+            continue
+        rows = sel.positions // log_probs.shape[1]
+        lp = np.ascontiguousarray(log_probs).reshape(-1)[sel.positions].astype(np.float64)
+        delta = (float(weight) - 1.0) * row_advantages[rows].astype(np.float64)
+        cls = np.where(row_advantages[rows] > 0, 0, 2) + (lp >= thr)
+        adv += np.bincount(cls, weights=delta, minlength=5)
+        lp_adv += np.bincount(cls, weights=delta * lp, minlength=5)
+    return CovarianceSums(n=base.n, lp=base.lp, adv=adv, lp_adv=lp_adv)

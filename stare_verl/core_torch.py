@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from stare_verl.core import top_count
@@ -156,3 +157,57 @@ def reweight_advantages(advantages: torch.Tensor, sets: list[tuple[Selection, fl
         w = torch.tensor(weight, dtype=advantages.dtype, device=advantages.device)
         out = torch.where(sel.selected, advantages * w, out)
     return out.clone() if out is advantages else out
+
+
+def covariance_row_stats(
+    log_probs: torch.Tensor, valid: torch.Tensor, batch_entropy: float | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-response sums for the covariance metrics, computed on the device; only ``[B]`` vectors reach the host.
+
+    Returns:
+        ``(n_high, s_high, n_valid, s_valid)``: float64 NumPy ``[B]`` arrays: the number and the log-prob sum
+        (nats) of each row's valid tokens with surprisal above ``batch_entropy`` (``log p < -H``), and of all its
+        valid tokens; the inputs of :func:`stare_verl.core.class_sums`.
+    """
+    thr = -float(batch_entropy or 0.0)
+    high = valid & (log_probs < thr)
+    lp64 = log_probs.double()
+    stats = (
+        torch.stack(
+            [
+                high.sum(dim=1, dtype=torch.float64),
+                torch.where(high, lp64, 0.0).sum(dim=1),
+                valid.sum(dim=1, dtype=torch.float64),
+                torch.where(valid, lp64, 0.0).sum(dim=1),
+            ]
+        )
+        .cpu()
+        .numpy()
+    )
+    return stats[0], stats[1], stats[2], stats[3]
+
+
+def reweighted_class_deltas(
+    row_advantages: torch.Tensor, log_probs: torch.Tensor, sets: list[tuple[Selection, float]], batch_entropy
+) -> tuple[np.ndarray, np.ndarray]:
+    """What reweighting adds to the covariance sums' ``adv`` and ``lp_adv`` (``[5]`` float64 NumPy arrays, in
+    :data:`stare_verl.core.QUADRANTS` order), as :func:`stare_verl.core.reweighted_covariance_sums` computes it:
+    each chosen token adds ``(omega - 1) * A`` (and times its log-prob) to its class. Gathers and class sums run on
+    the device."""
+    adv = torch.zeros(5, dtype=torch.float64, device=log_probs.device)
+    lp_adv = torch.zeros_like(adv)
+    thr = -float(batch_entropy or 0.0)
+    t = log_probs.shape[1]
+    for sel, weight in sets:
+        if sel.count == 0 or weight == 1.0:
+            continue
+        pos = sel.selected.reshape(-1).nonzero().squeeze(1)
+        rows = pos // t
+        lp = log_probs.reshape(-1)[pos].double()
+        a = row_advantages[rows]
+        delta = (float(weight) - 1.0) * a.double()
+        cls = torch.where(a > 0, 0, 2) + (lp >= thr).long()
+        adv += torch.bincount(cls, weights=delta, minlength=5)
+        lp_adv += torch.bincount(cls, weights=delta * lp, minlength=5)
+    out = torch.stack([adv, lp_adv]).cpu().numpy()
+    return out[0], out[1]

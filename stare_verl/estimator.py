@@ -1,13 +1,15 @@
-"""The ``stare`` advantage estimator, registered in verl's advantage-estimator registry.
+"""The ``stare`` advantage estimator, registered in verl's advantage-estimator registry by :func:`register`
+(called from ``stare_verl.plugin``).
 
 verl's ``compute_advantage`` passes only rewards, mask, uid and config to registered estimators; STARE also
-needs the pre-update policy's log-probs and entropy. The ``stare_*`` trainer modes
-(``stare_verl.trainer``) pass them; any other caller gets a clear error instead of silent GRPO.
+needs the pre-update policy's log-probs and entropy. The ``stare_*`` trainer modes (``stare_verl.trainer``)
+call :func:`compute_stare_advantage` directly with them; any other caller (verl's own trainers through the
+registry) gets a clear error instead of silent GRPO. verl is imported only inside the functions, so importing
+this module never runs verl's plugin loader (and with it ``stare_verl.plugin``) half-way through this file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ import torch
 
 from stare_verl.config import parse_stare_config
 from stare_verl.controller import StareController
+from stare_verl.core import group_codes, zero_variance_groups
 from stare_verl.stare import stare_reweight
 
 ESTIMATOR_NAME = "stare"
@@ -25,70 +28,13 @@ class StareInputsMissing(RuntimeError):
     """The estimator was called without old log-probs / entropy, i.e. from a trainer that cannot feed it."""
 
 
-class StareInputs(Mapping):
-    """verl's ``algorithm`` config plus STARE's per-batch inputs, passed as ``config`` to verl's
-    ``compute_advantage(data, adv_estimator="stare", config=...)`` (which forwards only ``config`` to
-    registered estimators). Reads like the wrapped config (``get``, ``[]``, attributes).
+def register() -> None:
+    """Register :func:`compute_stare_advantage` as verl's advantage estimator ``stare`` (idempotent)."""
+    from verl.trainer.ppo.core_algos import register_adv_est
 
-    Args:
-        algorithm: verl's ``algorithm`` DictConfig (or a dict).
-        old_log_probs: ``[B, T]`` float log-probs (nats) of the pre-update policy.
-        entropys: ``[B, T]`` float per-token entropy (nats).
-        controller: STARE state kept across steps (None: fresh, stateless).
-        metrics: dict updated in place with the ``stare/*`` metrics (None: not reported).
-    """
-
-    def __init__(
-        self,
-        algorithm: Any,
-        old_log_probs: torch.Tensor,
-        entropys: torch.Tensor,
-        controller: StareController | None = None,
-        metrics: dict | None = None,
-    ):
-        self.algorithm = algorithm
-        self.old_log_probs = old_log_probs
-        self.entropys = entropys
-        self.controller = controller
-        self.metrics = metrics
-
-    @classmethod
-    def from_data(
-        cls, algorithm: Any, data: Any, controller: StareController | None = None, metrics: dict | None = None
-    ) -> StareInputs:
-        """Take ``old_log_probs`` and ``entropys`` (or verl's field name ``entropy``) from a DataProto's batch.
-
-        Raises:
-            KeyError: the batch holds no old log-probs or no entropy.
-        """
-        batch = data.batch
-        ent_key = "entropys" if "entropys" in batch.keys() else "entropy"
-        return cls(algorithm, batch["old_log_probs"], batch[ent_key], controller, metrics)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.algorithm[key]
-
-    def __iter__(self):
-        return iter(self.algorithm)
-
-    def __len__(self) -> int:
-        return len(self.algorithm)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "algorithm":  # not yet set (e.g. during unpickling)
-            raise AttributeError(name)
-        return getattr(self.algorithm, name)
+    register_adv_est(ESTIMATOR_NAME)(compute_stare_advantage)
 
 
-# verl is imported only here, after the names stare_verl.trainer needs: importing verl runs our plugin, which
-# imports stare_verl.trainer, which imports those names, also when this module is the first one imported.
-from verl.trainer.ppo.core_algos import (  # noqa: E402
-    compute_grpo_vectorized_outcome_advantage,
-    register_adv_est,
-)
-
-
-@register_adv_est(ESTIMATOR_NAME)
 def compute_stare_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -107,8 +53,6 @@ def compute_stare_advantage(
         response_mask: ``[B, T]``, 1 for model-generated tokens, 0 for padding and tool output.
         index: ``[B]`` group ids (verl's ``uid``, any hashable dtype); responses of one prompt share one.
         config: verl's ``algorithm`` section; STARE keys under ``algorithm.stare`` (see ``StareConfig``).
-            Through verl's ``compute_advantage`` pass a ``StareInputs`` here, which also carries the
-            log-probs, entropy, controller and metrics dict.
         old_log_probs: ``[B, T]`` float log-probs (nats) of the pre-update policy.
         entropys: ``[B, T]`` float per-token entropy (nats) from the same forward pass.
         controller: gate/schedule state kept across steps; a fresh one (stateless behaviour) if None.
@@ -117,20 +61,17 @@ def compute_stare_advantage(
 
     Returns:
         ``(advantages, returns)``, both the same ``[B, T]`` float tensor, exactly 0 where the mask is 0.
-        A response whose outcome reward is NaN/inf gets advantage 0 and stays out of its group's mean/std
-        (counted in ``stare/nonfinite_rewards``); with finite rewards the base is verl's GRPO exactly.
+        The base is verl's ``grpo_vectorized`` (GRPO or Dr.GRPO) bit for bit, except: a zero-variance group
+        (all rewards equal up to float residue, ``zero_variance_tol``) gets exactly 0 where verl leaves a
+        rounding residue whose sign would decide L+/L- (``stare/zero_variance_groups``: their share of the
+        groups); a response whose outcome reward is NaN/inf gets 0 and stays out of its group's mean/std
+        (``stare/nonfinite_rewards``). See ``_group_advantage``.
 
     Raises:
         StareInputsMissing: ``old_log_probs``/``entropys`` not given (a trainer mode other than ``stare_*``).
         StareConfigError: invalid ``algorithm.stare``.
         ValueError: ``index`` missing or shapes that do not match.
     """
-    if isinstance(config, StareInputs):
-        old_log_probs = config.old_log_probs if old_log_probs is None else old_log_probs
-        entropys = config.entropys if entropys is None else entropys
-        controller = config.controller if controller is None else controller
-        metrics = config.metrics if metrics is None else metrics
-        config = config.algorithm
     if old_log_probs is None or entropys is None:
         raise StareInputsMissing(
             "algorithm.adv_estimator=stare needs the old log-probs and entropy of each token, which this "
@@ -142,9 +83,10 @@ def compute_stare_advantage(
     if controller is None:
         controller = StareController(parse_stare_config(config))
     cfg = controller.config
-    advantages, n_bad = _group_advantage(token_level_rewards, response_mask, index, cfg)
+    advantages, n_bad, zero_var_share = _group_advantage(token_level_rewards, response_mask, index, cfg)
     advantages, step_metrics = stare_reweight(advantages, response_mask, old_log_probs, entropys, controller)
     step_metrics["stare/nonfinite_rewards"] = float(n_bad)
+    step_metrics["stare/zero_variance_groups"] = zero_var_share
     if metrics is not None:
         metrics.update(step_metrics)
     return advantages, advantages
@@ -152,25 +94,44 @@ def compute_stare_advantage(
 
 def _group_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, cfg: Any
-) -> tuple[torch.Tensor, int]:
-    """verl's GRPO advantage (``grpo_vectorized``), ``[B, T]`` float, and the number of responses whose outcome
-    reward (row sum) is NaN or +-inf.
+) -> tuple[torch.Tensor, int, float]:
+    """GRPO's advantage (STARE step 1), ``[B, T]`` float; the number of responses whose outcome reward (row sum)
+    is NaN or +-inf; and the share of zero-variance groups.
 
-    With every reward finite this is verl's function unchanged. A non-finite reward (a broken reward function)
-    would make its whole group's mean and std NaN and the loss NaN; instead such responses get advantage 0 and
-    are left out of their group's statistics, which the finite responses of the group keep.
+    This is verl's ``grpo_vectorized`` (std-normalised, or Dr.GRPO with ``norm_adv_by_std_in_grpo=False``)
+    with two deliberate differences, both only where verl's value is an artefact:
+
+    - **Zero-variance groups** (the one place where finite rewards get a different advantage): a group whose
+      rewards are all equal up to floating-point residue (``core.zero_variance_groups``,
+      ``zero_variance_tol``) gets advantage exactly 0. verl's float32 mean leaves a residue there (8 rewards
+      of 0.7 give +0.056 each), and its sign would decide whether the group's tokens enter L+ or L-.
+      Everywhere else the advantage is verl's, bit for bit.
+    - A non-finite reward (a broken reward function) would make its whole group's mean and std NaN and the
+      loss NaN; instead such responses get advantage 0 and are left out of their group's statistics, which
+      the finite responses of the group keep.
     """
+    from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
+
     scores = token_level_rewards.sum(dim=-1)
     bad = ~torch.isfinite(scores)
     n_bad = int(bad.sum())
-    kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": bool(cfg.norm_adv_by_std_in_grpo)}
+    # None (a StareConfig built by hand) means verl's default, std-normalised GRPO
+    kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": cfg.norm_adv_by_std_in_grpo is not False}
     if n_bad == 0:
         adv, _ = compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, **kw)
-        return adv, 0
-    adv = torch.zeros_like(token_level_rewards)
-    keep = (~bad).nonzero(as_tuple=True)[0]
-    if keep.numel():
-        idx = np.asarray(index)[keep.cpu().numpy()]
-        sub, _ = compute_grpo_vectorized_outcome_advantage(token_level_rewards[keep], response_mask[keep], idx, **kw)
-        adv[keep] = sub.to(adv.dtype)
-    return adv, n_bad
+    else:
+        adv = torch.zeros_like(token_level_rewards)
+        keep = (~bad).nonzero(as_tuple=True)[0]
+        if keep.numel():
+            idx = np.asarray(index)[keep.cpu().numpy()]
+            sub, _ = compute_grpo_vectorized_outcome_advantage(
+                token_level_rewards[keep], response_mask[keep], idx, **kw
+            )
+            adv[keep] = sub.to(adv.dtype)
+    scores_np = scores.detach().double().cpu().numpy()
+    codes, n_groups = group_codes(np.asarray(index))
+    zero_var = zero_variance_groups(scores_np, codes, n_groups, ~bad.cpu().numpy(), cfg.zero_variance_tol)
+    rows = zero_var[codes]
+    if rows.any():
+        adv[torch.from_numpy(rows).to(adv.device)] = 0.0
+    return adv, n_bad, float(np.count_nonzero(zero_var)) / max(n_groups, 1)

@@ -6,12 +6,21 @@ Source: STARE steps 2-6 (``docs/stare.md``). The GRPO advantage (step 1) comes f
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from stare_verl import core_torch
 from stare_verl.controller import StareController
-from stare_verl.core import reweight_advantages, select_token_set, token_masks
+from stare_verl.core import (
+    class_sums,
+    covariance_sums,
+    reweight_advantages,
+    reweighted_covariance_sums,
+    select_token_set,
+    token_masks,
+)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -51,7 +60,12 @@ def stare_reweight(
         and ``stare/*`` metrics (floats): gate_on, batch_entropy, target_entropy, w, m, frac_l_plus,
         frac_l_minus (share of model tokens reweighted: 0 with the gate off, when L+/L- are not selected),
         mean_weight, surprisal_threshold_plus/minus (nats; -1 when the set is empty or the gate is off),
-        model_tokens, nonfinite_tokens.
+        model_tokens, nonfinite_tokens; and the entropy-dynamics metrics over valid model tokens (see
+        ``core.CovarianceSums.terms``): ``stare/cov_logp_adv`` = Cov(old log-prob, GRPO advantage),
+        ``stare/cov_logp_adv_eff`` = the same with ``advantages_eff`` (equal to the former when nothing is
+        reweighted), and their contributions ``stare/cov_quadrant[_eff]/{pos_high, pos_low, neg_high,
+        neg_low, zero_adv}`` (A > 0 / A < 0 x surprisal above / at-or-below ``batch_entropy``, and A == 0),
+        which sum to the covariance. Units: nats x advantage units; dH ~ -eta * Cov (Cui et al. 2025).
 
     Model tokens whose log-prob or entropy is NaN/inf are left out of the gate and the selection (their
     advantage is unchanged) and counted in ``stare/nonfinite_tokens``.
@@ -75,8 +89,11 @@ def stare_reweight(
     masks = token_masks(mask_np, lp_np, ent_np)
     decision = controller.step(masks.batch_entropy)
     chunk = cfg.chunk_size if cfg.scope == "chunk" else None
-    # outcome advantages are constant along a row and 0 off the mask: the row sum has the row's sign
-    row_adv = adv_np.sum(axis=1)
+    # outcome advantages are constant along a row's model tokens: read each row at its first model token
+    model = mask_np if mask_np.dtype == np.bool_ else mask_np > 0
+    row_adv = adv_np[np.arange(adv_np.shape[0]), model.argmax(axis=1)] * model.any(axis=1)
+    cov_base = covariance_sums(row_adv, lp_np, masks, decision.batch_entropy)
+    cov_eff = cov_base
     w_eff, m_eff = 1.0, 1.0
     out = advantages
     l_plus, l_minus = None, None
@@ -90,23 +107,33 @@ def stare_reweight(
             m_eff = decision.m
             sets.append((l_minus, m_eff))
         out = torch.from_numpy(reweight_advantages(adv_np, sets)).to(advantages.device)
-    return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff)
+        cov_eff = reweighted_covariance_sums(cov_base, row_adv, lp_np, sets, decision.batch_entropy)
+    return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff, cov_base, cov_eff)
 
 
 def _stare_reweight_torch(advantages, response_mask, old_log_probs, entropys, controller):
-    """:func:`stare_reweight` with every ``[B, T]`` step on the tensors' device (:mod:`stare_verl.core_torch`)."""
+    """:func:`stare_reweight` with every ``[B, T]`` step on the tensors' device (:mod:`stare_verl.core_torch`);
+    only scalars and ``[B]`` / ``[5]`` vectors reach the host."""
     cfg = controller.config
     lp, ent = _widen(old_log_probs.detach()), _widen(entropys.detach())
-    adv = advantages.detach()
-    masks = core_torch.token_masks(response_mask.detach(), lp, ent)
+    adv = _widen(advantages.detach())
+    mask = response_mask.detach()
+    masks = core_torch.token_masks(mask, lp, ent)
     decision = controller.step(masks.batch_entropy)
     chunk = cfg.chunk_size if cfg.scope == "chunk" else None
+    # outcome advantages are constant along a row's model tokens: read each row at its first model token
+    model = (mask if mask.dtype == torch.bool else mask > 0).to(torch.uint8)
+    first = model.argmax(dim=1, keepdim=True)
+    row_adv = adv.gather(1, first).squeeze(1) * model.amax(dim=1).to(adv.dtype)
+    row_adv_np = row_adv.double().cpu().numpy()
+    cov_base = class_sums(
+        row_adv_np, *core_torch.covariance_row_stats(lp, masks.valid, decision.batch_entropy)
+    )
+    cov_eff = cov_base
     w_eff, m_eff = 1.0, 1.0
     out = advantages
     l_plus, l_minus = None, None
     if decision.gate_on:
-        # outcome advantages are constant along a row and 0 off the mask: the row sum has the row's sign
-        row_adv = _widen(adv).sum(dim=1)
         l_plus = core_torch.select_token_set(row_adv, lp, masks.valid, cfg.top_p_ratio, +1, chunk)
         w_eff = decision.w
         sets = [(l_plus, w_eff)]
@@ -114,8 +141,10 @@ def _stare_reweight_torch(advantages, response_mask, old_log_probs, entropys, co
             l_minus = core_torch.select_token_set(row_adv, lp, masks.valid, cfg.top_p_ratio, -1, chunk)
             m_eff = decision.m
             sets.append((l_minus, m_eff))
-        out = core_torch.reweight_advantages(_widen(adv), sets)
-    return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff)
+        out = core_torch.reweight_advantages(adv, sets)
+        d_adv, d_lp_adv = core_torch.reweighted_class_deltas(row_adv, lp, sets, decision.batch_entropy)
+        cov_eff = dataclasses.replace(cov_base, adv=cov_base.adv + d_adv, lp_adv=cov_base.lp_adv + d_lp_adv)
+    return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff, cov_base, cov_eff)
 
 
 def _widen(t: torch.Tensor) -> torch.Tensor:
@@ -123,12 +152,12 @@ def _widen(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
-def _metrics(cfg, decision, masks, l_plus, l_minus, w_eff: float, m_eff: float) -> dict[str, float]:
+def _metrics(cfg, decision, masks, l_plus, l_minus, w_eff: float, m_eff: float, cov_base, cov_eff) -> dict:
     """The ``stare/*`` metrics of one step (see :func:`stare_reweight`), from either path's masks and sets."""
     n_plus = l_plus.count if l_plus is not None else 0
     n_minus = l_minus.count if l_minus is not None else 0
     n = max(masks.n_model, 1)
-    return {
+    metrics = {
         "stare/gate_on": float(decision.gate_on),
         "stare/batch_entropy": decision.batch_entropy if decision.batch_entropy is not None else 0.0,
         "stare/target_entropy": cfg.target_entropy,
@@ -142,6 +171,11 @@ def _metrics(cfg, decision, masks, l_plus, l_minus, w_eff: float, m_eff: float) 
         "stare/model_tokens": float(masks.n_model),
         "stare/nonfinite_tokens": float(masks.n_nonfinite),
     }
+    for name, sums in (("", cov_base), ("_eff", cov_eff)):
+        cov, parts = sums.terms()
+        metrics[f"stare/cov_logp_adv{name}"] = cov
+        metrics.update({f"stare/cov_quadrant{name}/{q}": v for q, v in parts.items()})
+    return metrics
 
 
 def _threshold(selected) -> float:

@@ -3,30 +3,41 @@
 verl's own ``_compute_advantage`` hands estimators only rewards, mask, uid and config. These modes behave
 exactly like verl's ``sync`` and ``colocate_async`` (they read the same ``trainer.v1.<mode>`` sections and
 replay buffers), except that with ``algorithm.adv_estimator=stare`` they also fetch the pre-update
-policy's ``old_log_probs`` and ``entropy`` and keep STARE's controller state in verl's checkpoints
-(``global_step_N/stare_state.json``). For every other estimator they defer to verl unchanged.
+policy's ``old_log_probs`` and ``entropy``, call the estimator with them, and keep STARE's controller state in
+verl's checkpoints (``global_step_N/stare_state.json``). For every other estimator they defer to verl
+unchanged.
+
+Registered by :func:`register` (called from ``stare_verl.plugin``). verl is imported only inside functions:
+the two trainer classes subclass verl's, so they are built on first use (:func:`trainer_classes`, also reached
+as the module attributes ``StareTrainerSync`` / ``StareTrainerColocateAsync``), and importing this module
+first never runs verl's plugin loader half-way through it.
+
+Why the estimator is called directly rather than through ``verl.trainer.ppo.ray_trainer.compute_advantage``:
+in verl 0.9.1 that function, for a registered estimator (any name but ``gae``/``grpo``), only fills a missing
+``response_mask``, passes ``token_level_rewards``, ``response_mask``, ``config`` and, when present, ``uid`` as
+``index`` and ``reward_baselines`` (extras only for ``gdpo`` and the optimal-token baselines), and stores the
+returned pair as ``advantages`` / ``returns``; the V1 trainer's ``compute_advantage_for_multi_trajectories``
+hands every estimator but ``grpo`` to it unchanged. Nothing else happens there, so the direct call below is
+the same computation without smuggling tensors through ``config``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 
 import numpy as np
-import transfer_queue as tq
-from tensordict import TensorDict
-from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
-from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
-from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
-from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.workers.utils.padding import response_to_nested
 
 from stare_verl.config import parse_stare_config
 from stare_verl.controller import StareController
-from stare_verl.estimator import ESTIMATOR_NAME, STARE_TRAINER_MODES, StareInputs, StareInputsMissing
+from stare_verl.estimator import (
+    ESTIMATOR_NAME,
+    STARE_TRAINER_MODES,
+    StareInputsMissing,
+    compute_stare_advantage,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +79,20 @@ class StareTrainerMixin:
     def _compute_advantage(self, batch, metrics: dict):
         if self.stare_controller is None:
             return super()._compute_advantage(batch, metrics)
+        import transfer_queue as tq
+        from tensordict import TensorDict
+        from verl.protocol import DataProto
+        from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+        from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+        from verl.workers.utils.padding import response_to_nested
+
         fields = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "entropy"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         nested_mask = data["response_mask"]
         data = DataProto(batch=data.to_padded_tensor())
         data.batch["token_level_scores"] = data.batch["rm_scores"]
-        data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
+        uid = np.array(data.batch.pop("uid").tolist(), dtype=object)
+        data.non_tensor_batch["uid"] = uid
 
         algo = self.config.algorithm
         if algo.use_kl_in_reward:
@@ -90,11 +109,17 @@ class StareTrainerMixin:
             data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rc)
             metrics.update(is_metrics)
 
-        data = compute_advantage(
-            data,
-            adv_estimator=ESTIMATOR_NAME,
-            config=StareInputs.from_data(algo, data, controller=self.stare_controller, metrics=metrics),
+        advantages, returns = compute_stare_advantage(
+            token_level_rewards=data.batch["token_level_rewards"],
+            response_mask=data.batch["response_mask"],
+            index=uid,
+            config=algo,
+            old_log_probs=data.batch["old_log_probs"],
+            entropys=data.batch["entropy"],
+            controller=self.stare_controller,
+            metrics=metrics,
         )
+        data.batch["advantages"], data.batch["returns"] = advantages, returns
         metrics.update(reward_extra_means(batch))
 
         out_fields = ["advantages", "returns"]
@@ -140,6 +165,8 @@ def reward_extra_means(batch) -> dict[str, float]:
     DAPO's overlong shaping) is added. Keys a reward function does not return are left out; a metric never
     stops training, so any failure to read them is logged and returns {}."""
     try:
+        import transfer_queue as tq
+
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
         values: dict[str, list[float]] = {k: [] for k in REWARD_EXTRA_METRICS}
         for item in list(data["extra_fields"]):
@@ -182,41 +209,65 @@ def load_controller_state(controller: StareController, folder: str) -> bool:
     return True
 
 
-def _refuse_stare_without_inputs(init):
-    """Wrap verl's ``PPOTrainer.__init__`` so that ``adv_estimator=stare`` with a trainer that cannot feed it
-    (any mode but ``stare_*``) stops at start-up, before workers and rollouts, instead of at the first
-    advantage computation. The one patch of verl that STARE needs; the estimator refuses such calls too."""
-    if getattr(init, "_stare_guard", False):
-        return init
+def refuse_stare_without_inputs(trainer, config) -> None:
+    """The trainer guard (installed on verl's ``PPOTrainer.__init__`` by :func:`register`, through
+    ``stare_verl.verl_compat``): ``adv_estimator=stare`` with a trainer that cannot feed it (any mode but
+    ``stare_*``) stops at start-up. The estimator refuses such calls too.
 
-    def __init__(self, config, *args, **kwargs):
-        if config.algorithm.get("adv_estimator") == ESTIMATOR_NAME and not isinstance(
-            self, StareTrainerMixin
-        ):
-            raise StareInputsMissing(
-                f"algorithm.adv_estimator=stare with trainer.v1.trainer_mode="
-                f"{config.trainer.v1.get('trainer_mode')}: this trainer does not pass old log-probs and entropy "
-                f"to advantage estimators. Use trainer.v1.trainer_mode={' or '.join(STARE_TRAINER_MODES)}."
-            )
-        init(self, config, *args, **kwargs)
-
-    __init__._stare_guard = True
-    __init__.__wrapped__ = init
-    return __init__
+    Raises:
+        StareInputsMissing: the estimator is ``stare`` and ``trainer`` is not a STARE trainer mode.
+    """
+    if config.algorithm.get("adv_estimator") == ESTIMATOR_NAME and not isinstance(trainer, StareTrainerMixin):
+        raise StareInputsMissing(
+            f"algorithm.adv_estimator=stare with trainer.v1.trainer_mode="
+            f"{config.trainer.v1.get('trainer_mode')}: this trainer does not pass old log-probs and entropy "
+            f"to advantage estimators. Use trainer.v1.trainer_mode={' or '.join(STARE_TRAINER_MODES)}."
+        )
 
 
-PPOTrainer.__init__ = _refuse_stare_without_inputs(PPOTrainer.__init__)
+@functools.cache
+def trainer_classes() -> dict[str, type]:
+    """The STARE trainer modes by name: verl's ``sync`` and ``colocate_async`` trainers with
+    :class:`StareTrainerMixin` (built once, on first use: their bases are verl classes)."""
+    from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    class StareTrainerSync(StareTrainerMixin, PPOTrainerSync):
+        """verl's ``sync`` trainer that feeds the ``stare`` estimator (``trainer.v1.trainer_mode=stare_sync``)."""
+
+        VERL_MODE = "sync"
+
+    class StareTrainerColocateAsync(StareTrainerMixin, PPOTrainerColocateAsync):
+        """verl's ``colocate_async`` trainer that feeds the ``stare`` estimator."""
+
+        VERL_MODE = "colocate_async"
+
+    classes = {"stare_sync": StareTrainerSync, "stare_colocate_async": StareTrainerColocateAsync}
+    for cls in classes.values():  # pickled by reference through this module's __getattr__
+        cls.__module__, cls.__qualname__ = __name__, cls.__name__
+    return classes
 
 
-@register_trainer("stare_sync")
-class StareTrainerSync(StareTrainerMixin, PPOTrainerSync):
-    """verl's ``sync`` trainer that feeds the ``stare`` estimator (``trainer.v1.trainer_mode=stare_sync``)."""
-
-    VERL_MODE = "sync"
+_CLASS_NAMES = {"StareTrainerSync": "stare_sync", "StareTrainerColocateAsync": "stare_colocate_async"}
 
 
-@register_trainer("stare_colocate_async")
-class StareTrainerColocateAsync(StareTrainerMixin, PPOTrainerColocateAsync):
-    """verl's ``colocate_async`` trainer that feeds the ``stare`` estimator."""
+def __getattr__(name: str):
+    if name in _CLASS_NAMES:
+        return trainer_classes()[_CLASS_NAMES[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    VERL_MODE = "colocate_async"
+
+def register() -> None:
+    """Register the ``stare_*`` trainer modes in verl's trainer registry and install the trainer guard
+    (idempotent).
+
+    Raises:
+        stare_verl.verl_compat.VerlVersionError: the installed verl is not the pinned version.
+    """
+    from verl.trainer.ppo.v1.trainer_base import register_trainer
+
+    from stare_verl.verl_compat import install_trainer_guard
+
+    for mode, cls in trainer_classes().items():
+        register_trainer(mode)(cls)
+    install_trainer_guard(refuse_stare_without_inputs)

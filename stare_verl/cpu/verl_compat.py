@@ -16,8 +16,9 @@ verl 0.9.1 has no CPU path for its V1 trainer. The CPU backend needs:
    - ``verl.trainer.ppo.v1.replay_buffer.ReplayBuffer`` polls every 2 s (hard-coded default), which
      dominates a tiny CPU step: the default becomes ``STARE_VERL_CPU_POLL_INTERVAL`` (0.05 s).
 
-These move between verl releases, so this module checks the installed verl version at import and
-raises :class:`VerlVersionError` on anything but :data:`PINNED_VERL_VERSION`.
+These move between verl releases, so this module checks the installed verl version at import (the one gate
+of ``stare_verl.verl_compat``) and raises :class:`VerlVersionError` on anything but
+:data:`PINNED_VERL_VERSION`.
 
 Patches 2 and 3 are applied lazily, when verl imports the module they touch (an import hook), so that
 the plugin stays cheap while ``verl/__init__`` is still importing.
@@ -26,7 +27,6 @@ the plugin stays cheap while ``verl/__init__`` is still importing.
 from __future__ import annotations
 
 import importlib.abc
-import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -34,35 +34,9 @@ import sys
 import threading
 from collections.abc import Callable
 
+from stare_verl.verl_compat import PINNED_VERL_VERSION, VerlVersionError, check_verl_version  # noqa: F401
+
 logger = logging.getLogger(__name__)
-
-PINNED_VERL_VERSION = "0.9.1"
-
-
-class VerlVersionError(RuntimeError):
-    """Raised when the installed verl is not the version the CPU backend was written against."""
-
-
-def _installed_verl_version() -> str:
-    try:
-        return importlib.metadata.version("verl")
-    except importlib.metadata.PackageNotFoundError as e:  # pragma: no cover - verl is a dependency
-        raise VerlVersionError(
-            "stare_verl.cpu needs verl installed (pip install 'verl[verl-core]==0.9.1')"
-        ) from e
-
-
-def check_verl_version() -> str:
-    """Return the installed verl version; raise :class:`VerlVersionError` unless it is the pinned one."""
-    version = _installed_verl_version()
-    if version != PINNED_VERL_VERSION:
-        raise VerlVersionError(
-            f"stare_verl's CPU backend (platform 'cpu', rollout 'hf') patches verl internals and supports "
-            f"verl=={PINNED_VERL_VERSION} only; found verl=={version}. Install verl[verl-core]=="
-            f"{PINNED_VERL_VERSION} or run without VERL_PLATFORM=cpu / rollout.name=hf."
-        )
-    return version
-
 
 check_verl_version()
 

@@ -18,7 +18,7 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from stare_verl.config import StareConfigError, parse_stare_config
 from stare_verl.controller import StareController
-from stare_verl.estimator import StareInputs, StareInputsMissing, compute_stare_advantage
+from stare_verl.estimator import StareInputsMissing, compute_stare_advantage
 
 
 def _data(b=16, t=24, group=4, seed=0):
@@ -99,25 +99,13 @@ def test_reweighting_changes_exactly_top_tokens():
     assert metrics["stare/gate_on"] == 1.0 and metrics["stare/w"] == pytest.approx(1.1)
 
 
-def test_through_verl_compute_advantage_dataproto():
+def test_verl_compute_advantage_refuses_without_inputs():
+    """verl's own path (compute_advantage -> registry) cannot feed STARE: a loud error, never silent GRPO."""
     rewards, mask, uid, logp, ent = _data()
     data = DataProto.from_dict(
-        tensors={
-            "token_level_rewards": rewards,
-            "response_mask": mask,
-            "old_log_probs": logp,
-            "entropy": ent,
-        },
+        tensors={"token_level_rewards": rewards, "response_mask": mask, "old_log_probs": logp, "entropy": ent},
         non_tensors={"uid": uid},
     )
-    metrics = {}
-    out = compute_advantage(
-        data, adv_estimator="stare", config=StareInputs.from_data(_algo(), data, metrics=metrics)
-    )
-    direct, _ = compute_stare_advantage(rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent)
-    assert torch.equal(out.batch["advantages"], direct)
-    assert metrics["stare/frac_l_plus"] > 0
-    # a trainer that cannot feed STARE fails loudly, never silent GRPO
     with pytest.raises(StareInputsMissing, match="trainer_mode=stare_sync"):
         compute_advantage(data, adv_estimator="stare", config=_algo())
     assert get_adv_estimator_fn("stare") is compute_stare_advantage
@@ -127,11 +115,15 @@ def test_whole_batch_equals_batch_built_from_parts():
     rewards, mask, uid, logp, ent = _data(b=16)
     tensors = {"token_level_rewards": rewards, "response_mask": mask, "old_log_probs": logp, "entropy": ent}
     whole = DataProto.from_dict(tensors=tensors, non_tensors={"uid": uid})
-    parts = [whole.slice(0, 8), whole.slice(8, 16)]
-    rebuilt = DataProto.concat(parts)
-    a = compute_advantage(whole, adv_estimator="stare", config=StareInputs.from_data(_algo(), whole))
-    b = compute_advantage(rebuilt, adv_estimator="stare", config=StareInputs.from_data(_algo(), rebuilt))
-    assert torch.equal(a.batch["advantages"], b.batch["advantages"])
+    rebuilt = DataProto.concat([whole.slice(0, 8), whole.slice(8, 16)])
+    a, b = (
+        compute_stare_advantage(
+            d.batch["token_level_rewards"], d.batch["response_mask"], d.non_tensor_batch["uid"], _algo(),
+            old_log_probs=d.batch["old_log_probs"], entropys=d.batch["entropy"],
+        )[0]
+        for d in (whole, rebuilt)
+    )  # fmt: skip
+    assert torch.equal(a, b)
 
 
 def test_group_of_one_and_batch_of_one():

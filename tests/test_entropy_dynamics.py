@@ -1,0 +1,125 @@
+"""Entropy-dynamics metrics (issue 13 item 2): Cov(log pi, A) over model tokens, before and after STARE's
+reweighting, and its quadrant contributions, checked against a brute-force computation."""
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from stare_verl.config import StareConfig
+from stare_verl.controller import StareController
+from stare_verl.core import QUADRANTS
+from stare_verl.estimator import compute_stare_advantage
+from stare_verl.stare import stare_reweight
+
+
+def _batch(b=12, t=20, seed=0, nonfinite=False):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(b, t, generator=g) > 0.2).float()
+    row = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0, 2.0, -2.0, 1.0, 1.0, -1.0, 0.0][:b])
+    adv = row.unsqueeze(-1) * mask
+    lp = -torch.rand(b, t, generator=g) * 4
+    ent = torch.rand(b, t, generator=g)
+    if nonfinite:
+        lp[0, 3] = float("nan")  # a model token: dropped from everything
+        lp[mask == 0] = float("-inf")  # sentinels off the mask
+        ent[2, 1] = float("inf")
+    return adv, mask, lp, ent
+
+
+def _brute(adv, mask, lp, ent):
+    """Independent float64 reference: covariance and the five class sums over valid model tokens."""
+    valid = (mask > 0) & torch.isfinite(lp) & torch.isfinite(ent)
+    h = ent[valid].double().mean().item()
+    x, a = lp[valid].double(), adv[valid].double()
+    prod = (x - x.mean()) * (a - a.mean())
+    s = -x
+    classes = {
+        "pos_high": (a > 0) & (s > h),
+        "pos_low": (a > 0) & (s <= h),
+        "neg_high": (a < 0) & (s > h),
+        "neg_low": (a < 0) & (s <= h),
+        "zero_adv": a == 0,
+    }
+    return prod.mean().item(), {q: prod[c].sum().item() / len(x) for q, c in classes.items()}
+
+
+@pytest.mark.parametrize("nonfinite", [False, True], ids=["finite", "nonfinite"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        StareConfig(target_entropy=10.0, reweight_w=3.0, variant="C2", reweight_m=0.5, top_p_ratio=0.3),
+        StareConfig(target_entropy=10.0, reweight_w=1.5, top_p_ratio=0.2),
+    ],
+    ids=["C2", "O1"],
+)
+def test_covariance_and_quadrants_match_brute_force(cfg, nonfinite):
+    adv, mask, lp, ent = _batch(nonfinite=nonfinite)
+    out, m = stare_reweight(adv, mask, lp, ent, StareController(cfg))
+    assert m["stare/gate_on"] == 1.0 and m["stare/frac_l_plus"] > 0
+    for suffix, a in (("", adv), ("_eff", out)):
+        cov, parts = _brute(a, mask, lp, ent)
+        assert m[f"stare/cov_logp_adv{suffix}"] == pytest.approx(cov, rel=1e-5, abs=1e-9)
+        for q in QUADRANTS:
+            assert m[f"stare/cov_quadrant{suffix}/{q}"] == pytest.approx(parts[q], rel=1e-5, abs=1e-9), q
+        total = m[f"stare/cov_logp_adv{suffix}"]
+        assert sum(m[f"stare/cov_quadrant{suffix}/{q}"] for q in QUADRANTS) == pytest.approx(total, rel=1e-12)
+    # (float32 row sums on the fast path: ~1e-7 relative)
+    # reweighting L+ (high-surprisal, A > 0) by W > 1 lowers the covariance: entropy pushed up
+    assert m["stare/cov_logp_adv_eff"] < m["stare/cov_logp_adv"]
+    assert m["stare/cov_quadrant_eff/pos_high"] < m["stare/cov_quadrant/pos_high"]
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [StareConfig(target_entropy=0.0), StareConfig(target_entropy=10.0, reweight_w=1.0, reweight_m=1.0, variant="C2")],
+    ids=["gate_off", "w_m_one"],
+)
+def test_eff_equals_base_when_nothing_is_reweighted(cfg):
+    adv, mask, lp, ent = _batch(seed=3)
+    out, m = stare_reweight(adv, mask, lp, ent, StareController(cfg))
+    assert torch.equal(out, adv)
+    assert m["stare/cov_logp_adv"] != 0.0
+    for key in ["stare/cov_logp_adv"] + [f"stare/cov_quadrant/{q}" for q in QUADRANTS]:
+        assert m[key.replace("stare/cov_logp_adv", "stare/cov_logp_adv_eff").replace("cov_quadrant/", "cov_quadrant_eff/")] == m[key]
+
+
+def test_rewarding_confident_tokens_gives_positive_covariance():
+    """The collapse pattern: the rewarded responses are the confident ones (high log-prob). Cov > 0 (entropy
+    falls, dH ~ -eta Cov), carried by A > 0 low-surprisal and A < 0 high-surprisal tokens."""
+    b, t = 8, 16
+    mask = torch.ones(b, t)
+    row = torch.tensor([1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0])
+    adv = row.unsqueeze(-1) * mask
+    g = torch.Generator().manual_seed(0)
+    lp = torch.where(row[:, None] > 0, -0.05, -2.5) - 0.01 * torch.rand(b, t, generator=g)
+    ent = torch.full((b, t), 0.5)
+    _, m = stare_reweight(adv, mask, lp, ent, StareController(StareConfig(target_entropy=0.0)))
+    assert m["stare/cov_logp_adv"] > 1.0
+    assert m["stare/cov_quadrant/pos_low"] > 0 and m["stare/cov_quadrant/neg_high"] > 0
+    assert m["stare/cov_quadrant/pos_high"] == 0.0 and m["stare/cov_quadrant/neg_low"] == 0.0
+
+
+def test_no_valid_token_gives_zeros():
+    adv, mask, lp, ent = _batch()
+    _, m = stare_reweight(adv * 0, mask * 0, lp, ent, StareController(StareConfig()))
+    assert m["stare/cov_logp_adv"] == 0.0 and m["stare/cov_logp_adv_eff"] == 0.0
+    assert all(m[f"stare/cov_quadrant/{q}"] == 0.0 for q in QUADRANTS)
+
+
+def test_grpo_twin_reports_the_metrics():
+    """The GRPO-ds twin (W = M = 1) logs the same metrics, eff == base."""
+    g = torch.Generator().manual_seed(1)
+    b, t = 16, 12
+    rewards = torch.zeros(b, t)
+    rewards[:, -1] = torch.randint(0, 2, (b,), generator=g).float()
+    mask = torch.ones(b, t)
+    uid = np.array([f"p{i // 4}" for i in range(b)], dtype=object)
+    lp, ent = -torch.rand(b, t, generator=g) * 3, torch.rand(b, t, generator=g) * 0.2
+    algo = OmegaConf.create({"norm_adv_by_std_in_grpo": True, "stare": {"reweight_w": 1.0, "reweight_m": 1.0}})
+    metrics = {}
+    adv, _ = compute_stare_advantage(rewards, mask, uid, algo, old_log_probs=lp, entropys=ent, metrics=metrics)
+    cov, _ = _brute(adv, mask, lp, ent)
+    assert metrics["stare/gate_on"] == 1.0
+    assert metrics["stare/cov_logp_adv"] == pytest.approx(cov, rel=1e-5) and cov != 0
+    assert metrics["stare/cov_logp_adv_eff"] == metrics["stare/cov_logp_adv"]
