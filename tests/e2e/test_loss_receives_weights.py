@@ -1,7 +1,7 @@
 """Proof that STARE's weights reach the loss (issue 13 item 1), through verl's real V1 trainer on the CPU backend.
 
 One ``main_ppo`` launch (the actor sees the batch of 16 in micro-batches of 4), 3 steps,
-gate forced on (target entropy 100 nats), P = 0.25, one STARE setting per step (``tests/loss_probe.py``):
+gate forced on (target entropy 100 nats), P = 0.25, one STARE setting per step (``tests/support/loss_probe.py``):
 
 1. O1, W = 3;   2. C2, W = 3, M = 0.5;   3. W = M = 1 (the GRPO-ds twin).
 
@@ -21,12 +21,13 @@ import subprocess
 import time
 import uuid
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from cpu_fixtures import (
+from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
+
+from tests.support.cpu import (
     REPO,
     RUN_TAG_ENV,
     build_tiny_model,
@@ -35,11 +36,6 @@ from cpu_fixtures import (
     kill_processes,
     main_ppo_cmd,
     tagged_processes,
-)
-from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
-
-pytestmark = pytest.mark.skipif(
-    os.environ.get("STARE_SKIP_E2E") == "1", reason="STARE_SKIP_E2E=1 skips the end-to-end runs"
 )
 
 P = 0.25
@@ -80,13 +76,12 @@ def run(tmp_path_factory):
             f"+algorithm.stare.target_entropy={TARGET}",
         ],
     )
-    tests_dir = str(Path(__file__).resolve().parent)
     env = cpu_env(
         {
             "STARE_VERL_REPO": str(REPO),
             RUN_TAG_ENV: tag,
-            "VERL_USE_EXTERNAL_MODULES": "loss_probe",
-            "PYTHONPATH": os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "VERL_USE_EXTERNAL_MODULES": "tests.support.loss_probe",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             "STARE_PROBE_DIR": str(probe),
             "STARE_PROBE_PLAN": json.dumps(PLAN),
         }

@@ -1,7 +1,7 @@
 """Test-only verl extension: records what reaches the actor's policy loss, and what the driver started from.
 
 Loaded in every process of a ``main_ppo`` run (driver and Ray workers) through
-``VERL_USE_EXTERNAL_MODULES=loss_probe`` (with this folder on ``PYTHONPATH``); writes into
+``VERL_USE_EXTERNAL_MODULES=tests.support.loss_probe`` (with the repository root on ``PYTHONPATH``); writes into
 ``$STARE_PROBE_DIR``:
 
 - ``loss-<pid>-<n>.pt`` from the policy loss ``stare_probe`` (``actor.policy_loss.loss_mode=stare_probe``):
