@@ -128,10 +128,10 @@ def latest_hf_checkpoint(run_dir: Path) -> Path | None:
     return best
 
 
-def _evaluate(path: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
+def _evaluate(path: Path, sft_cfg, n: int, max_turns: int, samples: int = 1) -> dict[str, Any]:
     from stare_verl.demo.evaluate import evaluate_checkpoint
 
-    kw: dict[str, Any] = {"family": sft_cfg.family}
+    kw: dict[str, Any] = {"family": sft_cfg.family, "samples": samples}
     if sft_cfg.family == "tooluse":
         kw["max_assistant_turns"] = max_turns
 
@@ -139,18 +139,18 @@ def _evaluate(path: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
     return {f"T={t:g}": rep.to_dict() for t, rep in reports.items()}
 
 
-def _evaluate_sft(sft_dir: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
+def _evaluate_sft(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: int = 1) -> dict[str, Any]:
     """:func:`_evaluate` of the cached SFT checkpoint, itself cached next to it (``eval_n<n>_turns<t>.json``):
     every run from that checkpoint shares one held-out evaluation before RL (greedy and T = 1 sampling with a
     fixed seed, so a rerun would give the same numbers). Written atomically, as runs may share the cache."""
     turns = max_turns if sft_cfg.family == "tooluse" else 1
-    cached = sft_dir / f"eval_n{n}_turns{turns}.json"
+    cached = sft_dir / (f"eval_n{n}_turns{turns}" + (f"_k{samples}" if samples > 1 else "") + ".json")
     if cached.is_file():
         try:
             return json.loads(cached.read_text())
         except ValueError:
             pass  # a torn or foreign file: evaluate again
-    ev = _evaluate(sft_dir, sft_cfg, n, max_turns)
+    ev = _evaluate(sft_dir, sft_cfg, n, max_turns, samples)
     tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(ev, indent=1))
     os.replace(tmp, cached)
@@ -158,7 +158,14 @@ def _evaluate_sft(sft_dir: Path, sft_cfg, n: int, max_turns: int) -> dict[str, A
 
 
 def _fmt_eval(ev: dict[str, Any]) -> str:
-    return ", ".join(f"{k}: acc {v['accuracy']:.3f} ({v['n']} problems)" for k, v in ev.items())
+    def one(k: str, v: dict[str, Any]) -> str:
+        spp = v.get("samples_per_problem", 1)
+        if spp <= 1:
+            return f"{k}: acc {v['accuracy']:.3f} ({v['n']} problems)"
+        passes = ", ".join(f"pass@{kk} {p:.3f}" for kk, p in v.get("pass_at_k", {}).items())
+        return f"{k}: acc {v['accuracy']:.3f}, {passes} ({v['n'] // spp} problems x {spp})"
+
+    return ", ".join(one(k, v) for k, v in ev.items())
 
 
 def train_tooluse_cpu(args: argparse.Namespace) -> int:
@@ -178,8 +185,9 @@ def train_cpu(args: argparse.Namespace) -> int:
         args.run_dir or os.environ.get("RUN_DIR") or REPO / "runs" / f"{family}-{args.method}-seed{args.seed}"
     )
     run_dir = run_dir.resolve()
-    if args.steps < 1:
-        print(f"error: --steps must be >= 1 (got {args.steps})", file=sys.stderr)
+    if args.steps < 1 or args.eval_samples < 1:
+        print(f"error: --steps and --eval-samples must be >= 1 (got {args.steps}, {args.eval_samples})",
+              file=sys.stderr)
         return 2
     t0 = time.time()
     print(f"[{name}] CPU default, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
@@ -232,7 +240,7 @@ def train_cpu(args: argparse.Namespace) -> int:
 
     eval_before = run_dir / "eval_before.json"
     if not eval_before.exists():
-        eval_before.write_text(json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns), indent=1))
+        eval_before.write_text(json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns, args.eval_samples), indent=1))
     before = json.loads(eval_before.read_text())
     print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
 
@@ -273,7 +281,7 @@ def train_cpu(args: argparse.Namespace) -> int:
         return rc if rc > 0 else 1
 
     ckpt = latest_hf_checkpoint(run_dir)
-    after = _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns) if ckpt else {}
+    after = _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns, args.eval_samples) if ckpt else {}
     (run_dir / "eval_after.json").write_text(json.dumps(after, indent=1))
     summary = {
         "family": family,
@@ -325,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-freq", type=int, default=0, help="checkpoint every N steps (default: at the end)")
     p.add_argument("--n-train", type=int, default=1024, help="RL training problems")
     p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL")
+    p.add_argument("--eval-samples", type=int, default=1,
+                   help="samples per held-out problem at T = 1 (k > 1 adds pass@k; greedy is always one)")
     p.add_argument("--max-turns", type=int, default=3, help="assistant turns per episode (tool use)")
     p.add_argument("--min-sft-accuracy", type=float, default=None,
                    help="held-out greedy accuracy the SFT checkpoint needs before RL (default: the family's)")
