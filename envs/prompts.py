@@ -20,6 +20,8 @@ added by the chat template from the tool config).
 
 from __future__ import annotations
 
+from envs.contract import FAMILIES
+
 __all__ = ["BOXED_INSTRUCTION", "FAMILIES", "STYLES", "TOOL_USE_SYSTEM", "build_prompt"]
 
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -30,7 +32,6 @@ TOOL_USE_SYSTEM = (
     "When you are done, put your final answer within \\boxed{}."
 )
 
-FAMILIES = ("short_cot", "long_cot", "tool_use")
 STYLES = ("default", "qwen_math", "r1_distill", "qwen3")
 
 

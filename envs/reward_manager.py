@@ -11,8 +11,8 @@ and an agent loop's ``extra_fields`` still override them, as verl merges those a
                       reached the rollout limit (``actor_rollout_ref.rollout.response_length``)
     reward_options.max_response_length   the rollout limit (``reward_kwargs`` still win)
 
-End tokens: the tokenizer's ``eos_token_id`` and, where in the vocabulary, ``<|im_end|>``,
-``<|endoftext|>``, ``<｜end▁of▁sentence｜>``, ``</s>``, ``<|eot_id|>``.
+End tokens: the tokenizer's ``eos_token_id`` and, where in the vocabulary, the agent loop's turn-ending
+tokens (``envs.contract.END_OF_TURN_TOKENS``).
 
 Recipe wiring::
 
@@ -30,11 +30,13 @@ import numpy as np
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 
+from envs.contract import END_OF_TURN_TOKENS
+
 __all__ = ["END_TOKENS", "MathRewardManager"]
 
 logger = logging.getLogger(__name__)
 
-END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<｜end▁of▁sentence｜>", "</s>", "<|eot_id|>")
+END_TOKENS = END_OF_TURN_TOKENS
 
 
 def _end_token_ids(tokenizer) -> set[int]:

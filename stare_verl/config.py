@@ -1,7 +1,7 @@
 """Typed, validated STARE hyperparameters (``algorithm.stare`` in a verl config).
 
 Key names follow the STARE reference code so configs carry over. Defaults are the paper's
-(``shared/specs/stare.md``, "Per training step").
+(``docs/stare.md``, "Per training step").
 """
 
 from __future__ import annotations

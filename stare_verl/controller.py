@@ -1,6 +1,6 @@
 """STARE's target-entropy gate and adaptive W/M schedule, with state that survives checkpoints.
 
-Source: STARE step 3 (``shared/specs/stare.md``): ``gate_on = H_batch < H_target``; optional adaptive
+Source: STARE step 3 (``docs/stare.md``): ``gate_on = H_batch < H_target``; optional adaptive
 schedule ``sgn = sign(H_target - H_batch)``, ``W = clip(W + alpha*sgn, 1, W_max)``,
 ``M = clip(M - alpha*sgn, M_min, 1)``. The update is applied before the step's weights are computed.
 """

@@ -1,7 +1,7 @@
 """STARE's token selection and reweighting: pure NumPy, no verl import.
 
 Source: STARE (arXiv 2606.19236), "Per training step" steps 3-6 as written down in
-``shared/specs/stare.md``. All per-token arrays are ``[B, T]`` (B responses, T response tokens).
+``docs/stare.md``. All per-token arrays are ``[B, T]`` (B responses, T response tokens).
 ``response_mask`` is 1 for tokens the model generated and 0 for padding and for tool/observation
 tokens: only mask-1 tokens enter the quantiles, the gate's entropy and the weights.
 

@@ -100,7 +100,7 @@ def compute_stare_advantage(
     metrics: dict | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """STARE advantage: omega * GRPO advantage (STARE steps 1-6, ``shared/specs/stare.md``).
+    """STARE advantage: omega * GRPO advantage (STARE steps 1-6, ``docs/stare.md``).
 
     Args:
         token_level_rewards: ``[B, T]`` float; a response's outcome reward is its row sum.

@@ -24,8 +24,3 @@ try:
 except Exception:  # pragma: no cover - surfaced by tests/test_plugin.py
     _logger.exception("stare_verl: registering the STARE estimator/trainer with verl failed")
     raise
-
-try:  # the multi-turn tool-use agent loop "stare_tool_agent"; an env failure must not block the estimator
-    import envs.agent_loop  # noqa: F401
-except Exception:  # pragma: no cover - surfaced by tests/test_agent_loop.py
-    _logger.exception("stare_verl: registering the stare_tool_agent agent loop (envs.agent_loop) failed")

@@ -1,6 +1,6 @@
 """One STARE step on a batch: gate, token sets, weights and metrics (pure PyTorch).
 
-Source: STARE steps 2-6 (``shared/specs/stare.md``). The GRPO advantage (step 1) comes from the caller
+Source: STARE steps 2-6 (``docs/stare.md``). The GRPO advantage (step 1) comes from the caller
 (verl's estimator, see ``stare_verl.estimator``) so that omega == 1 reproduces it bit for bit.
 """
 

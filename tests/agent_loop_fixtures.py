@@ -27,7 +27,7 @@ def compose_multi_turn_config(
     max_assistant_turns: int,
     overrides: Sequence[str] = (),
 ):
-    """verl's ``ppo_trainer`` config for multi-turn tool use with ``envs.tool_use.compute_score`` as reward.
+    """verl's ``ppo_trainer`` config for multi-turn tool use with ``envs.tool_use.task.compute_score`` as reward.
 
     The rollout is named vllm (the agent loop only needs a rollout config; no server is started);
     ``overrides`` are further Hydra overrides.
@@ -48,7 +48,7 @@ def compose_multi_turn_config(
                 "actor_rollout_ref.rollout.multi_turn.enable=true",
                 f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={max_assistant_turns}",
                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
-                f"reward.custom_reward_function.path={REPO / 'envs' / 'tool_use.py'}",
+                f"reward.custom_reward_function.path={REPO / 'envs' / 'tool_use' / 'task.py'}",
                 "reward.custom_reward_function.name=compute_score",
                 f"data.max_prompt_length={prompt_length}",
                 *overrides,

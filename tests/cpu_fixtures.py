@@ -1,4 +1,4 @@
-"""Helpers for the CPU backend tests: tiny model/dataset (from ``stare_verl.cpu.tiny``), Ray cleanup."""
+"""Helpers for the CPU backend tests: tiny model/dataset (from ``stare_verl.jobs.tiny``), Ray cleanup."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from stare_verl.cpu.tiny import build_tiny_model, build_tool_calling_model, build_toy_dataset  # noqa: F401
-from stare_verl.procs import RUN_TAG_ENV, cpu_env, kill_processes, tagged_processes  # noqa: F401
+from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_processes, tagged_processes  # noqa: F401
+from stare_verl.jobs.tiny import build_tiny_model, build_tool_calling_model, build_toy_dataset  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """Whole tool-use episodes through verl's real agent-loop worker, our loop, the real code_interpreter tool
-(sandboxed), verl's reward loop worker (naive manager) with envs.tool_use.compute_score, and the STARE
+(sandboxed), verl's reward loop worker (naive manager) with envs.tool_use.task.compute_score, and the STARE
 estimator. The model is a scripted LLM server (envs.simulators); the tokenizer is built locally.
 
 One batch of scripted episodes runs once per module (concurrently, as in training); each test checks
@@ -22,7 +22,7 @@ from agent_loop_fixtures import REPO, RewardHandle, compose_multi_turn_config
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-import envs.agent_loop  # noqa: F401  (registers stare_tool_agent)
+import envs.tool_use.agent_loop  # noqa: F401  (registers stare_tool_agent)
 from envs.datasets import make_row, write_parquet
 from envs.simulators import (
     ScriptedEpisode,
@@ -31,7 +31,7 @@ from envs.simulators import (
     build_tiny_model_dir,
     tool_call_text,
 )
-from envs.tool_use import to_tool_use_row
+from envs.tool_use.task import to_tool_use_row
 
 PROMPT_LEN, RESPONSE_LEN, MAX_TURNS, MAX_MODEL_LEN = 1024, 320, 3, 1000
 TOOL_TIMEOUT_S = 1.5
@@ -394,7 +394,7 @@ def test_plugin_registers_the_loop_in_a_fresh_process():
         "print(r['stare_tool_agent']['_target_'])"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
-    assert res.stdout.strip().splitlines()[-1] == "envs.agent_loop.StareToolAgentLoop", res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "envs.tool_use.agent_loop.StareToolAgentLoop", res.stderr[-2000:]
 
 
 class _HangingTool:
@@ -442,7 +442,7 @@ def test_loop_deadline_tool_exception_and_trajectory_release(run):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from envs.agent_loop import StareToolAgentLoop
+    from envs.tool_use.agent_loop import StareToolAgentLoop
 
     log: list = []
     tok = run.tok

@@ -6,14 +6,14 @@ import json
 import pytest
 from verl.tools.schemas import OpenAIFunctionToolSchema
 
-from envs.agent_loop import (
+from envs.simulators import build_tiny_tokenizer, tool_call_text
+from envs.tool_use.agent_loop import (
     HermesThinkToolParser,
     model_response_text,
     parse_tool_calls,
     remove_tool_calls,
     strip_thinking,
 )
-from envs.simulators import build_tiny_tokenizer, tool_call_text
 
 SCHEMA = OpenAIFunctionToolSchema.model_validate(
     {
@@ -194,7 +194,7 @@ def test_verl_parser_registration_hermes_think(tok):
 
 
 def test_deeply_nested_json_is_a_malformed_call_not_a_crash():
-    from envs.agent_loop import parse_tool_calls
+    from envs.tool_use.agent_loop import parse_tool_calls
 
     _, calls = parse_tool_calls(
         "<tool_call>" + "[" * 5000 + "]" * 5000 + "</tool_call>", {"code_interpreter": None}
@@ -205,7 +205,7 @@ def test_deeply_nested_json_is_a_malformed_call_not_a_crash():
 def test_many_unclosed_tool_call_tags_parse_in_linear_time():
     import time
 
-    from envs.agent_loop import parse_tool_calls, remove_tool_calls
+    from envs.tool_use.agent_loop import parse_tool_calls, remove_tool_calls
 
     assert remove_tool_calls("a<tool_call>x</tool_call>b<tool_call>y</tool_call>c<tool_call>z") == "abc"
     assert remove_tool_calls("no calls") == "no calls"

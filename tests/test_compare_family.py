@@ -4,8 +4,8 @@ table/plot come from the runs' metrics."""
 import json
 from pathlib import Path
 
-import stare_verl.train as T
-from stare_verl import compare
+import stare_verl.jobs.train as T
+from stare_verl.jobs import compare
 
 
 def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ Three runs of a tiny local Qwen2 on the toy "letter a" task (rewards vary within
   (tensor_model_parallel_size=2, so rank 1 only drains the weight stream), validation before and
   after training, 3 steps;
 - ``no_sync``: verl's ``sync`` mode and GRPO with weight sync disabled (negative control), rollouts
-  through our ``stare_tool_agent`` loop (envs.agent_loop) and its code tool config;
+  through our ``stare_tool_agent`` loop (envs.tool_use.agent_loop) and its code tool config;
 - ``async_tool``: ``colocate_async`` with verl's ``tool_agent`` loop, 2 ranks with one replica each
   (two servers behind verl's load balancer), and a tiny model fine-tuned to call a (noop) tool, so
   trajectories hold a real tool round trip.

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from agent_loop_fixtures import REPO, RewardHandle, compose_multi_turn_config
 
-import envs.agent_loop  # noqa: F401  (registers stare_tool_agent)
+import envs.tool_use.agent_loop  # noqa: F401  (registers stare_tool_agent)
 from envs.datasets import write_parquet
 from envs.simulators import ScriptedEpisode, ScriptedLLMServer
-from stare_verl.demo import demos as D
-from stare_verl.demo.model import build_model, save_model
-from stare_verl.demo.sft import encode_demo, render_demo
-from stare_verl.demo.tokenizer import build_tokenizer
+from stare_verl.jobs.demo import demos as D
+from stare_verl.jobs.demo.model import build_model, save_model
+from stare_verl.jobs.demo.sft import encode_demo, render_demo
+from stare_verl.jobs.demo.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from envs.reward import compute_score
-from stare_verl.demo import cot as C
-from stare_verl.demo import demos as D
-from stare_verl.demo import sft as S
-from stare_verl.demo.tokenizer import build_tokenizer
+from stare_verl.jobs.demo import cot as C
+from stare_verl.jobs.demo import demos as D
+from stare_verl.jobs.demo import sft as S
+from stare_verl.jobs.demo.tokenizer import build_tokenizer
 
 FAMILIES = ("shortcot", "longcot")
 
@@ -159,7 +159,7 @@ def test_sft_config_family_defaults_and_cache_key():
 def test_evaluation_scores_the_single_turn_with_the_family(splits, tok, family):
     import asyncio
 
-    from stare_verl.demo.evaluate import run_episodes
+    from stare_verl.jobs.demo.evaluate import run_episodes
 
     problems = splits["heldout"][:4]
     demos, _ = C.build_cot_demos(problems, family, per_problem=1)
@@ -205,7 +205,7 @@ def test_rl_rows_use_verls_single_turn_agent_and_our_family(tmp_path, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cpu_recipes_compose_validate_and_differ_only_in_reweighting(family, monkeypatch):
-    from stare_verl.recipes import RECIPES_DIR, compose_recipe, validate_recipe
+    from stare_verl.jobs.recipes import RECIPES_DIR, compose_recipe, validate_recipe
 
     monkeypatch.chdir(RECIPES_DIR.parent)
     fill = [

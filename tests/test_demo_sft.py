@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 import torch
 
-from stare_verl.demo import sft as S
-from stare_verl.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems, split_problems
-from stare_verl.demo.evaluate import evaluate_checkpoint
-from stare_verl.demo.model import TinyModelConfig, build_model
-from stare_verl.demo.tokenizer import build_tokenizer
+from stare_verl.jobs.demo import sft as S
+from stare_verl.jobs.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems, split_problems
+from stare_verl.jobs.demo.evaluate import evaluate_checkpoint
+from stare_verl.jobs.demo.model import TinyModelConfig, build_model
+from stare_verl.jobs.demo.tokenizer import build_tokenizer
 
 TINY = dict(n_train=48, n_heldout=3, steps=20, batch_size=8, lr=3e-3, warmup_steps=2, progress=False,
             eval_temperatures=(0.0,), max_response_tokens=32, num_threads=1)
@@ -138,7 +138,7 @@ def test_multiturn_sft_parquet_loads_in_verls_sft_dataset(demos_tok, tmp_path):
     """The same demonstrations in verl's MultiTurnSFTDataset layout (for verl's own SFT trainer)."""
     from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 
-    from stare_verl.demo.demos import write_sft_parquet
+    from stare_verl.jobs.demo.demos import write_sft_parquet
 
     demos, tok = demos_tok
     data = MultiTurnSFTDataset(str(write_sft_parquet(demos[:3], tmp_path / "sft.parquet")), tok, {"max_length": 256})

@@ -2,9 +2,9 @@
 
 import pytest
 
-from stare_verl.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems
-from stare_verl.demo.sft import render_demo
-from stare_verl.demo.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, load_tokenizer
+from stare_verl.jobs.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems
+from stare_verl.jobs.demo.sft import render_demo
+from stare_verl.jobs.demo.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, load_tokenizer
 
 TOOLS = [CODE_INTERPRETER_SCHEMA]
 

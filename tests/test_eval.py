@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from envs.datasets import make_row, write_parquet
-from envs.tool_use import to_tool_use_row
-from stare_verl.evaluation import cli
-from stare_verl.evaluation.client import ChatClient, ClientConfig, ModelNotServed, ServerUnreachable
-from stare_verl.evaluation.runner import (
+from envs.tool_use.task import to_tool_use_row
+from stare_verl.jobs.evaluation import cli
+from stare_verl.jobs.evaluation.client import ChatClient, ClientConfig, ModelNotServed, ServerUnreachable
+from stare_verl.jobs.evaluation.runner import (
     SEED_STRIDE,
     DatasetError,
     EvalSettings,
@@ -29,7 +29,7 @@ from stare_verl.evaluation.runner import (
     load_tools,
     run_api_eval,
 )
-from stare_verl.evaluation.summary import summarize
+from stare_verl.jobs.evaluation.summary import summarize
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "eval"))
 from scripted_server import Reply, ScriptedServer  # noqa: E402
@@ -340,8 +340,8 @@ def test_cli_end_to_end_table_summary_and_resume(tmp_path, capsys):
 def test_local_checkpoint_mode_finds_latest_run_and_resumes(tmp_path, capsys):
     import os
 
-    from stare_verl.cpu.tiny import build_tiny_model
-    from stare_verl.evaluation.local import find_latest_checkpoint
+    from stare_verl.jobs.evaluation.local import find_latest_checkpoint
+    from stare_verl.jobs.tiny import build_tiny_model
 
     run = tmp_path / "runs" / "tooluse-cpu"
     old = run / "checkpoints" / "global_step_1" / "actor" / "huggingface"
@@ -399,8 +399,8 @@ def test_tool_loop_context_overflow_and_tool_choice_refusal(tmp_path):
 
 
 def test_sft_checkpoint_gets_its_heldout_set(tmp_path):
-    from stare_verl.demo.demos import heldout_problems
-    from stare_verl.evaluation.local import heldout_data_for_sft
+    from stare_verl.jobs.demo.demos import heldout_problems
+    from stare_verl.jobs.evaluation.local import heldout_data_for_sft
 
     ck = tmp_path / "sft-x"
     ck.mkdir()
@@ -414,7 +414,7 @@ def test_sft_checkpoint_gets_its_heldout_set(tmp_path):
 
 
 def test_run_data_is_taken_from_the_checkpoints_run_folder_only(tmp_path):
-    from stare_verl.evaluation.local import LocalCheckpointError, find_run_data
+    from stare_verl.jobs.evaluation.local import LocalCheckpointError, find_run_data
 
     # an unrelated sibling run's val.parquet and a data folder above the run must never be picked
     (tmp_path / "other" / "data").mkdir(parents=True)
@@ -436,9 +436,9 @@ def test_run_data_is_taken_from_the_checkpoints_run_folder_only(tmp_path):
 
 @pytest.mark.parametrize("family", ["shortcot", "longcot"])
 def test_cot_sft_checkpoint_is_evaluated_as_its_family(tmp_path, capsys, family):
-    from stare_verl.cpu.tiny import build_tiny_model
-    from stare_verl.demo.demos import REWARD_FAMILY, heldout_problems
-    from stare_verl.evaluation.local import demo_family, heldout_data_for_sft
+    from stare_verl.jobs.demo.demos import REWARD_FAMILY, heldout_problems
+    from stare_verl.jobs.evaluation.local import demo_family, heldout_data_for_sft
+    from stare_verl.jobs.tiny import build_tiny_model
 
     ck = Path(build_tiny_model(tmp_path / "sft-cot"))
     (ck / "sft_config.json").write_text(json.dumps({"config": {"data_seed": 2, "n_heldout": 3, "family": family}}))

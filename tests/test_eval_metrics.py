@@ -5,8 +5,14 @@ from fractions import Fraction
 
 import pytest
 
-from stare_verl.evaluation.metrics import aggregate_problems, avg_at_k, default_ks, mean_pass_at_k, pass_at_k
-from stare_verl.evaluation.summary import format_table, summarize
+from stare_verl.jobs.evaluation.metrics import (
+    aggregate_problems,
+    avg_at_k,
+    default_ks,
+    mean_pass_at_k,
+    pass_at_k,
+)
+from stare_verl.jobs.evaluation.summary import format_table, summarize
 
 
 def _exact(n, c, k):

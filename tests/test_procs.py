@@ -1,4 +1,4 @@
-"""Clean-up of a run's tagged processes (stare_verl.procs)."""
+"""Clean-up of a run's tagged processes (stare_verl.jobs.procs)."""
 
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 import time
 import uuid
 
-from stare_verl.procs import RUN_TAG_ENV, kill_processes, kill_tagged, tagged_processes
+from stare_verl.jobs.procs import RUN_TAG_ENV, kill_processes, kill_tagged, tagged_processes
 
 # On SIGTERM this parent starts one more tagged process (as a Ray raylet may fork a worker while it is being
 # stopped) and exits: a single scan-and-kill leaves that child behind.

@@ -3,7 +3,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from stare_verl.recipes import RECIPES_DIR, compose_recipe, recipe_names, validate_recipe
+from stare_verl.jobs.recipes import RECIPES_DIR, compose_recipe, recipe_names, validate_recipe
 
 RECIPES = recipe_names()
 
@@ -23,7 +23,7 @@ def test_gpu_recipe_composes_and_validates(name, monkeypatch):
     stare = validate_recipe(cfg)
     assert cfg.trainer.v1.trainer_mode == "stare_sync"
     assert cfg.actor_rollout_ref.rollout.name == "sglang"
-    reward_module = "pkg://envs.tool_use" if name.startswith("tooluse") else "pkg://envs.reward"
+    reward_module = "pkg://envs.tool_use.task" if name.startswith("tooluse") else "pkg://envs.reward"
     assert cfg.reward.custom_reward_function.path == reward_module
     if name.endswith("_grpo"):
         assert (stare.reweight_w, stare.reweight_m) == (1.0, 1.0)
@@ -59,7 +59,7 @@ def test_a_broken_recipe_fails_validation(monkeypatch):
 
 
 def test_cli_check_reports_ok_and_errors(capsys, monkeypatch):
-    from stare_verl.cli import main
+    from stare_verl.jobs.cli import main
 
     monkeypatch.chdir(RECIPES_DIR.parent)
     assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=C2"]) == 0

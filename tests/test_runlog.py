@@ -2,7 +2,7 @@
 
 import json
 
-from stare_verl.runlog import plot_run, read_verl_jsonl, select_metrics, write_metrics_jsonl
+from stare_verl.jobs.runlog import plot_run, read_verl_jsonl, select_metrics, write_metrics_jsonl
 
 
 def _write(path, records):

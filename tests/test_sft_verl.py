@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from envs.prompts import TOOL_USE_SYSTEM
-from envs.tool_use_sft import (
+from envs.tool_use.sft_data import (
     ConversationError,
     build_retool_sft,
     check_conversation,
@@ -22,8 +22,8 @@ from envs.tool_use_sft import (
     sft_row,
     write_sft_parquet,
 )
-from stare_verl import sft as L
-from stare_verl.recipes import RECIPES_DIR, compose_recipe
+from stare_verl.jobs import sft as L
+from stare_verl.jobs.recipes import RECIPES_DIR, compose_recipe
 
 FIXTURE = RECIPES_DIR.parent / "tests" / "fixtures" / "retool_sft_sample.jsonl"
 
@@ -73,7 +73,7 @@ def test_a_broken_sft_config_fails_before_launch(overrides, nproc, match):
 
 def test_missing_data_file_says_how_to_build_it(tmp_path):
     cfg = L.compose_sft(overrides=[f"data.train_files={tmp_path}/none.parquet", "data.val_files=null"])
-    with pytest.raises(FileNotFoundError, match="python -m stare_verl.sft data"):
+    with pytest.raises(FileNotFoundError, match="python -m stare_verl.jobs.sft data"):
         L.validate_sft(cfg, nproc=8)
     with pytest.raises(ValueError, match="model.path=..., data.train_files=..."):
         L.validate_sft(L.compose_sft("tooluse_tiny_cpu"), nproc=1)  # left to the command line
@@ -128,8 +128,8 @@ def test_check_conversation_rejects_shapes_verl_or_the_agent_loop_would_not_repr
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """A tiny Qwen2 + byte-level tokenizer with the hermes chat template, trained on the SFT rows' text."""
-    from stare_verl.demo.model import build_model, save_model
-    from stare_verl.demo.tokenizer import build_tokenizer
+    from stare_verl.jobs.demo.model import build_model, save_model
+    from stare_verl.jobs.demo.tokenizer import build_tokenizer
 
     root = tmp_path_factory.mktemp("sft_verl")
     res = L.build_sft_data(root / "data", n_demos=24, demo_seed=5, retool_file=str(FIXTURE), n_val=2)
@@ -216,7 +216,7 @@ def test_loss_mask_of_verls_dataset_covers_assistant_turns_only(tiny_model, tmp_
 
 
 def _kill_tagged(tag: str) -> list[int]:
-    from stare_verl.procs import tagged_processes
+    from stare_verl.jobs.procs import tagged_processes
 
     left = tagged_processes(tag)
     for pid in left:
@@ -228,14 +228,14 @@ def _kill_tagged(tag: str) -> list[int]:
 
 
 def test_verl_sft_trainer_runs_three_steps_on_cpu(tiny_model, tmp_path):
-    """``python -m stare_verl.sft train --cpu-verl``: torchrun + verl.trainer.sft_trainer on the CPU platform,
+    """``python -m stare_verl.jobs.sft train --cpu-verl``: torchrun + verl.trainer.sft_trainer on the CPU platform,
     3 steps on the multi-turn parquet; the loss falls and an HF checkpoint with trained weights is linked."""
     from transformers import AutoModelForCausalLM
 
     root, res, _ = tiny_model
     tag = f"test-sft-verl-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "STARE_VERL_RUN_TAG": tag, "PYTHONPATH": str(RECIPES_DIR.parent)}
-    cmd = [sys.executable, "-m", "stare_verl.sft", "train", "--cpu-verl", "--link", str(tmp_path / "sft-model"),
+    cmd = [sys.executable, "-m", "stare_verl.jobs.sft", "train", "--cpu-verl", "--link", str(tmp_path / "sft-model"),
            f"model.path={root / 'model'}", f"data.train_files={res['train']}",
            f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -263,7 +263,7 @@ def test_verl_sft_trainer_runs_three_steps_on_cpu(tiny_model, tmp_path):
 
 
 def test_train_without_gpu_falls_back_to_the_cpu_demo_sft(monkeypatch, capsys):
-    import stare_verl.demo.sft as demo_sft
+    import stare_verl.jobs.demo.sft as demo_sft
 
     seen = []
     monkeypatch.setattr(L, "has_gpu", lambda: 0)
@@ -278,7 +278,7 @@ def test_train_without_gpu_falls_back_to_the_cpu_demo_sft(monkeypatch, capsys):
     monkeypatch.setattr(L, "has_gpu", lambda: 8)
     assert L.main(["train", "--steps", "20"]) == 2  # an option verl's launcher does not know
     assert L.main(["train", "--dry-run", "--skip-model-check", "data.train_files=/nonexistent.parquet"]) == 2
-    assert "python -m stare_verl.sft data" in capsys.readouterr().err
+    assert "python -m stare_verl.jobs.sft data" in capsys.readouterr().err
 
 
 def test_gpu_dry_run_validates_and_prints_the_torchrun_command(tiny_model, monkeypatch, capsys, tmp_path):

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from envs.prompts import TOOL_USE_SYSTEM
-from envs.tool_use import (
+from envs.tool_use.task import (
     AGENT_NAME,
     TOOL_STAT_KEYS,
     build_offline_tool_use,

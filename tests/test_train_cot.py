@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from stare_verl.procs import RUN_TAG_ENV, leftover_processes
-from stare_verl.train import main
+from stare_verl.jobs.procs import RUN_TAG_ENV, leftover_processes
+from stare_verl.jobs.train import main
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("STARE_SKIP_E2E") == "1", reason="STARE_SKIP_E2E=1 skips the end-to-end runs"

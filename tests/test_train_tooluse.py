@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from stare_verl.procs import RUN_TAG_ENV, leftover_processes
-from stare_verl.train import main
+from stare_verl.jobs.procs import RUN_TAG_ENV, leftover_processes
+from stare_verl.jobs.train import main
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("STARE_SKIP_E2E") == "1", reason="STARE_SKIP_E2E=1 skips the end-to-end runs"
@@ -80,7 +80,7 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):
 
 def test_model_without_gpu_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setenv("MODEL", "/models/qwen")
-    monkeypatch.setattr("stare_verl.train.gpu_available", lambda: False)
+    monkeypatch.setattr("stare_verl.jobs.train.gpu_available", lambda: False)
     assert main(["--family", "shortcot"]) == 2
     err = capsys.readouterr().err
     assert "MODEL=/models/qwen is for GPU runs" in err and "make train-shortcot" in err

@@ -1,7 +1,7 @@
 """Sample k answers per problem from a chat-completions server, run tool calls, score, and write JSONL.
 
-Data: a verl RLHF parquet written by the project (``envs.datasets`` / ``envs.tool_use`` /
-``stare_verl.demo``): ``prompt`` (chat messages), ``data_source``, ``reward_model.ground_truth``,
+Data: a verl RLHF parquet written by the project (``envs.datasets`` / ``envs.tool_use.task`` /
+``stare_verl.jobs.demo``): ``prompt`` (chat messages), ``data_source``, ``reward_model.ground_truth``,
 ``extra_info``; :func:`load_problems` checks the schema and says what is wrong.
 
 One sample = one episode:
@@ -12,7 +12,7 @@ One sample = one episode:
   no answer), as in training.
 - tool-use rows (``agent_name: stare_tool_agent``, ``extra_info.family: tool_use`` or ``tools_kwargs``): the
   training loop's logic over the API. The request carries the tool schemas (``tools``); each assistant turn
-  is parsed with ``envs.agent_loop.parse_tool_calls`` (hermes ``<tool_call>`` in the content, calls inside
+  is parsed with ``envs.tool_use.agent_loop.parse_tool_calls`` (hermes ``<tool_call>`` in the content, calls inside
   ``<think>`` ignored, malformed calls answered with an error observation; a server that parses tool calls
   itself returns ``tool_calls``, which are read the same way); every call is answered by the training loop's
   own call handling (``StareToolAgentLoop._answer_call``: the ``code_interpreter`` tool in the sandbox, the
@@ -20,7 +20,7 @@ One sample = one episode:
   message. The episode ends on a turn without a tool call, a turn cut by the length limit (never run), at
   ``max_turns`` assistant turns, or when the token budget ``max_tokens`` (model + tool tokens of all turns,
   as verl's ``response_length``; measured from the server's ``usage``) is spent. Only the model-generated
-  text, tool calls removed, is scored (``envs.tool_use.compute_score``): tool output is never credited.
+  text, tool calls removed, is scored (``envs.tool_use.task.compute_score``): tool output is never credited.
 
 Results: one JSON line per sample (:data:`RECORD_KEYS`) appended as soon as the sample is scored; a
 ``<out>.meta.json`` next to it records the settings. Run again with the same output and settings to
@@ -47,7 +47,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stare_verl.evaluation.client import ChatClient, ChatResult, RequestFailed
+from envs.contract import AGENT_NAME
+from stare_verl.jobs.evaluation.client import ChatClient, ChatResult, RequestFailed
 
 __all__ = [
     "RECORD_KEYS",
@@ -67,7 +68,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-AGENT_NAME = "stare_tool_agent"  # envs.agent_loop.AGENT_NAME
 SEED_STRIDE = 1_000_003  # seeds of one problem's samples: base + problem_index * SEED_STRIDE + sample_index
 
 RECORD_KEYS = (
@@ -200,7 +200,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DatasetError(
             f"data file {path} does not exist (build one with `python -m envs.datasets ...` or "
-            "`python -m envs.tool_use ...`)"
+            "`python -m envs.tool_use.task ...`)"
         )
     try:
         if path.suffix in (".jsonl", ".json"):
@@ -238,7 +238,7 @@ def load_problems(path: str | Path, limit: int | None = None, tools: str = "auto
         raise DatasetError(
             f"{path} is not a verl RLHF dataset: missing column(s) {missing} (has {sorted(rows[0])}). Expected "
             "prompt (chat messages), data_source, reward_model.ground_truth, extra_info, as written by "
-            "envs.datasets / envs.tool_use."
+            "envs.datasets / envs.tool_use.task."
         )
     if limit is not None:
         rows = rows[: max(0, int(limit))]
@@ -374,7 +374,7 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
     from verl.tools.tool_registry import initialize_tools_from_config
 
     if tool_config is None:
-        from stare_verl.recipes import RECIPES_DIR
+        from stare_verl.jobs.recipes import RECIPES_DIR
 
         default = RECIPES_DIR / "tool_use" / "tool_config.yaml"
         if default.is_file():
@@ -396,7 +396,7 @@ class _LoopShim:
     exactly the training loop's code (counting, malformed calls, deadline, observation cut)."""
 
     def __init__(self, tools: dict[str, Any], settings: EvalSettings):
-        from envs.agent_loop import StareToolAgentLoop
+        from envs.tool_use.agent_loop import StareToolAgentLoop
 
         self.tools = tools
         self.max_parallel_calls = settings.max_parallel_calls
@@ -412,11 +412,11 @@ class _LoopShim:
 
 
 def score_sample(problem: EvalProblem, text: str, info: Mapping[str, Any], reward_kwargs: Mapping[str, Any]) -> dict:
-    """Score one sample's model text with the training reward (``envs.tool_use.compute_score`` for tool-use
+    """Score one sample's model text with the training reward (``envs.tool_use.task.compute_score`` for tool-use
     rows, which scores ``info["model_response_text"]``; ``envs.reward.compute_score`` otherwise)."""
     extra = {**problem.extra_info, **info}
     if problem.tool_use:
-        from envs.tool_use import compute_score
+        from envs.tool_use.task import compute_score
 
         extra["model_response_text"] = text
     else:
@@ -478,7 +478,7 @@ def _record(problem: EvalProblem, j: int, seed: int | None, text: str, score: Ma
 
 class _Runner:
     def __init__(self, client: ChatClient, settings: EvalSettings, tools: dict[str, Any] | None):
-        from envs.agent_loop import EpisodeStats
+        from envs.tool_use.agent_loop import EpisodeStats
 
         self.client = client
         self.s = settings
@@ -520,7 +520,7 @@ class _Runner:
             raise
 
     async def run_sample(self, p: EvalProblem, j: int) -> dict[str, Any]:
-        from envs.agent_loop import parse_tool_calls, remove_tool_calls
+        from envs.tool_use.agent_loop import parse_tool_calls, remove_tool_calls
 
         seed = sample_seed(self.s.seed, p.index, j)
         messages = [dict(m) for m in p.prompt]

@@ -5,10 +5,10 @@ loop's tool-call handling and the real sandbox; or, without a server, a local ch
 
 Modules: ``metrics`` (pass@k estimator, avg@k), ``client`` (async httpx client), ``runner`` (sampling, tool
 loop, JSONL with resume), ``summary`` (table and JSON), ``local`` (CPU checkpoint), ``cli``
-(``python -m stare_verl.evaluation``; :func:`main`).
+(``python -m stare_verl.jobs.evaluation``; :func:`main`).
 """
 
-from stare_verl.evaluation.cli import main
-from stare_verl.evaluation.metrics import avg_at_k, pass_at_k
+from stare_verl.jobs.evaluation.cli import main
+from stare_verl.jobs.evaluation.metrics import avg_at_k, pass_at_k
 
 __all__ = ["avg_at_k", "main", "pass_at_k"]

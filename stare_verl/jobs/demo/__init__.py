@@ -8,14 +8,14 @@ RL-data code are shared; ``SFTConfig.family`` / the ``family`` arguments select 
 
 Entry points:
 
-- :func:`stare_verl.demo.sft.ensure_sft_checkpoint` -> the directory of a cold-start SFT checkpoint (model and
+- :func:`stare_verl.jobs.demo.sft.ensure_sft_checkpoint` -> the directory of a cold-start SFT checkpoint (model and
   tokenizer together, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``), trained once per
   configuration and reused from the cache afterwards.
-- :func:`stare_verl.demo.demos.write_rl_parquet` -> verl RLHF parquet files (train / val) for RL on the same task.
-- :func:`stare_verl.demo.evaluate.evaluate_checkpoint` -> held-out accuracy, turns and tool calls.
-- ``python -m stare_verl.demo.sft [--family F] --out DIR [--steps N]``.
+- :func:`stare_verl.jobs.demo.demos.write_rl_parquet` -> verl RLHF parquet files (train / val) for RL on the same task.
+- :func:`stare_verl.jobs.demo.evaluate.evaluate_checkpoint` -> held-out accuracy, turns and tool calls.
+- ``python -m stare_verl.jobs.demo.sft [--family F] --out DIR [--steps N]``.
 
 Numbers (model size, tokenizer, task mix, SFT batch / lr / steps) follow the measured calibration in
-``shared/specs/cpu-demo-calibration.md`` (tool use) and the measurements in ``sft.py`` (CoT families). Nothing
+``docs/cpu-demo-calibration.md`` (tool use) and the measurements in ``sft.py`` (CoT families). Nothing
 here downloads anything.
 """

@@ -2,12 +2,12 @@
 SGLang on a GPU node.
 
 CPU default (no GPU, or ``--cpu``): the cached cold-start SFT checkpoint of the family's tiny model
-(``stare_verl.demo.sft.ensure_sft_checkpoint``, trained on first use), RL data from reasoning-gym, a held-out
+(``stare_verl.jobs.demo.sft.ensure_sft_checkpoint``, trained on first use), RL data from reasoning-gym, a held-out
 evaluation, then ``python -m verl.trainer.main_ppo`` with ``recipes/cpu/<family>_tiny_<method>.yaml`` (verl's V1
 trainer, ``stare_sync``, the ``hf`` rollout backend; tool use: ``stare_tool_agent``, the sandboxed
-code_interpreter and ``envs.tool_use.compute_score``; short / long CoT: verl's ``single_turn_agent``, no tool,
+code_interpreter and ``envs.tool_use.task.compute_score``; short / long CoT: verl's ``single_turn_agent``, no tool,
 ``envs.reward.compute_score`` with family ``short_cot`` / ``long_cot``), then the held-out evaluation again.
-The families' tasks: ``stare_verl.demo`` (tool use: reasoning-gym arithmetic with the Python tool; CoT:
+The families' tasks: ``stare_verl.jobs.demo`` (tool use: reasoning-gym arithmetic with the Python tool; CoT:
 reasoning-gym sums of 3-4 one-digit terms, solved step by step in a freely chosen order). The run folder
 (``runs/<family>-<method>-seed<seed>`` or ``RUN_DIR``) holds ``metrics.jsonl``, ``checkpoints/`` (verl's; a second invocation resumes from them),
 ``plots/*.png``, ``eval_before.json``/``eval_after.json``, ``summary.json`` and ``train.log``.
@@ -30,8 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stare_verl.procs import RUN_TAG_ENV, cpu_env, kill_tagged
-from stare_verl.recipes import RECIPES_DIR
+from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_tagged
+from stare_verl.jobs.recipes import RECIPES_DIR
 
 REPO = RECIPES_DIR.parent
 # Held-out greedy accuracy the cold-start SFT checkpoint needs before RL (default of --min-sft-accuracy).
@@ -70,7 +70,7 @@ def run_main_ppo(
     """
     from tqdm import tqdm
 
-    from stare_verl.runlog import read_verl_jsonl
+    from stare_verl.jobs.runlog import read_verl_jsonl
 
     tag = env[RUN_TAG_ENV]
     seen = 0
@@ -129,7 +129,7 @@ def latest_hf_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _evaluate(path: Path, sft_cfg, n: int, max_turns: int, samples: int = 1) -> dict[str, Any]:
-    from stare_verl.demo.evaluate import evaluate_checkpoint
+    from stare_verl.jobs.demo.evaluate import evaluate_checkpoint
 
     kw: dict[str, Any] = {"family": sft_cfg.family, "samples": samples}
     if sft_cfg.family == "tooluse":
@@ -176,8 +176,8 @@ def train_tooluse_cpu(args: argparse.Namespace) -> int:
 
 def train_cpu(args: argparse.Namespace) -> int:
     """The CPU default run of ``args.family`` (see the module docstring); returns the exit status."""
-    from stare_verl.demo.sft import SFTConfig, ensure_sft_checkpoint, read_report, write_rl_data
-    from stare_verl.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
+    from stare_verl.jobs.demo.sft import SFTConfig, ensure_sft_checkpoint, read_report, write_rl_data
+    from stare_verl.jobs.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
 
     family = getattr(args, "family", "tooluse")
     name = f"train-{family}"
@@ -193,7 +193,7 @@ def train_cpu(args: argparse.Namespace) -> int:
     print(f"[{name}] CPU default, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
     recipe = f"{family}_tiny_{args.method}"
     try:  # a bad override fails now, not after the SFT and the held-out evaluation
-        from stare_verl.recipes import compose_recipe, validate_recipe
+        from stare_verl.jobs.recipes import compose_recipe, validate_recipe
 
         placeholders = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x",
                         "trainer.default_local_dir=x"]  # fmt: skip
@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point (``python -m stare_verl.train``); returns the exit status."""
+    """Entry point (``python -m stare_verl.jobs.train``); returns the exit status."""
     args = build_parser().parse_args(argv)
     if not args.cpu and gpu_available():
         return train_gpu(args)

@@ -1,7 +1,7 @@
 """Tool-use problems and demonstrations for the CPU default run, and the RL parquet of the same task.
 
 Problems are real reasoning-gym questions (``basic_arithmetic`` with +, -, * only; ``chain_sum``;
-``products``), mixed evenly, as in the calibration (``shared/specs/cpu-demo-calibration.md``). Each carries
+``products``), mixed evenly, as in the calibration (``docs/cpu-demo-calibration.md``). Each carries
 its generator's ``metadata["expression"]``, which is valid Python, and its ground-truth answer.
 
 A demonstration is one hermes-style episode::
@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.contract import AGENT_NAME, JOB_FAMILIES
 from envs.tools.schema import CODE_INTERPRETER_SCHEMA_JSON, TOOL_NAME, tool_call_text
 
 __all__ = [
@@ -59,8 +60,7 @@ __all__ = [
     "write_sft_parquet",
 ]
 
-AGENT_NAME = "stare_tool_agent"  # envs.agent_loop.AGENT_NAME (not imported: that module imports verl)
-DATA_SOURCE_PREFIX = "rg"  # as envs.tool_use's offline rows
+DATA_SOURCE_PREFIX = "rg"  # as envs.tool_use.task's offline rows
 
 # The ``code_interpreter`` tool's OpenAI schema as verl's agent loop passes it to the chat template (a plain
 # dict from ``envs.tools.schema``: importing ``envs.tools.code_interpreter`` would import verl). The demo chat
@@ -81,15 +81,15 @@ TASKS: dict[str, dict[str, Any]] = {
 }
 
 # The CPU default's task families: ``tooluse`` (above), and the chain-of-thought families ``shortcot`` and
-# ``longcot`` (``stare_verl.demo.cot``): reasoning-gym ``chain_sum`` questions with 3-4 one-digit terms, kept
+# ``longcot`` (``stare_verl.jobs.demo.cot``): reasoning-gym ``chain_sum`` questions with 3-4 one-digit terms, kept
 # only when every operator is ``+`` (the tiny model has no tool, so it must learn the addition facts itself;
 # addition commutes, so the order of the terms is free in a solution).
-FAMILIES = ("tooluse", "shortcot", "longcot")
+FAMILIES = tuple(JOB_FAMILIES)  # ("tooluse", "shortcot", "longcot")
 COT_TASKS: dict[str, dict[str, Any]] = {
     "chain_sum": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1},
 }
 # ``envs.reward.compute_score``'s family name per CPU family.
-REWARD_FAMILY = {"tooluse": "tool_use", "shortcot": "short_cot", "longcot": "long_cot"}
+REWARD_FAMILY = dict(JOB_FAMILIES)
 COT_AGENT_NAME = "single_turn_agent"  # verl's own single-turn agent loop (no tool)
 _ADDITION_ONLY = re.compile(r"\d+(?: \+ \d+)+")
 
@@ -318,8 +318,8 @@ def problem_row(
 ) -> dict[str, Any]:
     """One verl RLHF row (``RLHFDataset`` schema) for problem ``p``.
 
-    Tool use: like ``envs.tool_use.to_tool_use_row`` (same ``agent_name``, ``tools_kwargs``,
-    ``need_tools_kwargs`` and ``family: tool_use``, read by ``envs.tool_use.compute_score``) except for the
+    Tool use: like ``envs.tool_use.task.to_tool_use_row`` (same ``agent_name``, ``tools_kwargs``,
+    ``need_tools_kwargs`` and ``family: tool_use``, read by ``envs.tool_use.task.compute_score``) except for the
     prompt: the user question alone, with no system message. The tiny model pays for every prompt token and
     was fine-tuned on exactly this prompt; the tool list comes from the tool config through the chat
     template's ``tools=``.
@@ -364,17 +364,17 @@ def write_rl_parquet(
     The splits are drawn exactly as the SFT draws them (:func:`split_problems` with the SFT's ``n_train`` and
     ``n_heldout`` under the same data seed), so with the SFT configuration's values RL training problems are
     disjoint from the SFT demonstrations and from the held-out set, and ``val.parquet`` holds the held-out
-    problems the SFT report and :func:`stare_verl.demo.evaluate.evaluate_checkpoint` use.
-    (``stare_verl.demo.sft.write_rl_data`` passes them from an ``SFTConfig``.)
+    problems the SFT report and :func:`stare_verl.jobs.demo.evaluate.evaluate_checkpoint` use.
+    (``stare_verl.jobs.demo.sft.write_rl_data`` passes them from an ``SFTConfig``.)
 
     Args:
         out_dir: folder for the two files (created).
         n_train: RL training problems.
         n_val: the first ``n_val`` held-out problems (None: all ``n_heldout``).
         seed: data seed (the SFT configuration's ``data_seed``).
-        agent_name: verl agent loop per row (None: the project's ``stare_tool_agent`` (``envs.agent_loop``)
+        agent_name: verl agent loop per row (None: the project's ``stare_tool_agent`` (``envs.tool_use.agent_loop``)
             for tool use, verl's ``single_turn_agent`` for the CoT families).
-        n_sft_train, n_heldout: the SFT problem count (``stare_verl.demo.sft.sft_problem_count``) and the SFT
+        n_sft_train, n_heldout: the SFT problem count (``stare_verl.jobs.demo.sft.sft_problem_count``) and the SFT
             configuration's ``n_heldout``.
         family: ``tooluse``, ``shortcot`` or ``longcot`` (see :func:`problem_row`).
     Returns:

@@ -1,6 +1,6 @@
 """A tiny byte-level BPE tokenizer with a ChatML / hermes-tool chat template, trained locally.
 
-The calibration (``shared/specs/cpu-demo-calibration.md``) found that a ~384-token byte-level BPE trained on
+The calibration (``docs/cpu-demo-calibration.md``) found that a ~384-token byte-level BPE trained on
 the demonstrations themselves, with digits pre-split one per token, lets a 0.84 M-parameter model learn to
 copy numbers; this module builds exactly that with the ``tokenizers`` library (``envs.tiny_hf``) and wraps
 it as a ``transformers.PreTrainedTokenizerFast`` so verl's RLHFDataset and agent loop can use it like a Qwen

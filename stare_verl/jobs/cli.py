@@ -7,7 +7,7 @@ import sys
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
-    from stare_verl.recipes import recipe_names
+    from stare_verl.jobs.recipes import recipe_names
 
     print("\n".join(recipe_names()))
     return 0
@@ -16,7 +16,7 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
-    from stare_verl.recipes import compose_recipe, validate_recipe
+    from stare_verl.jobs.recipes import compose_recipe, validate_recipe
 
     try:
         cfg = compose_recipe(args.recipe, args.overrides)
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algorithm.stare.variant=C2")
     p.add_argument("--print", action="store_true", help="print the composed config")
     p.set_defaults(func=_cmd_check)
-    from stare_verl.evaluation import cli as eval_cli
+    from stare_verl.jobs.evaluation import cli as eval_cli
 
     p = sub.add_parser(
         "eval", help="avg@k / pass@k against an OpenAI-compatible server or a local checkpoint"
@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 DELEGATED = {
-    "train": ("stare_verl.train", "RL run: the CPU default, or verl + SGLang on a GPU node (see --help)"),
-    "compare": ("stare_verl.compare", "STARE vs GRPO-ds on a CPU default task (--family), several seeds"),
-    "sft": ("stare_verl.sft", "cold-start SFT for tool use: verl's SFT trainer on GPU, the tiny CPU SFT otherwise"),
+    "train": ("stare_verl.jobs.train", "RL run: the CPU default, or verl + SGLang on a GPU node (see --help)"),
+    "compare": ("stare_verl.jobs.compare", "STARE vs GRPO-ds on a CPU default task (--family), several seeds"),
+    "sft": ("stare_verl.jobs.sft", "cold-start SFT for tool use: verl's SFT trainer on GPU, the tiny CPU SFT otherwise"),
 }
 
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stare_verl.config import StareConfig, parse_stare_config
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def recipe_names(recipes_dir: Path = RECIPES_DIR) -> list[str]:

@@ -1,6 +1,6 @@
 """The tiny Qwen2-architecture model of the CPU default run (~0.84 M parameters with a 384-token vocabulary).
 
-Shape from the calibration (``shared/specs/cpu-demo-calibration.md``): hidden 128, 4 layers, 4 attention heads
+Shape from the calibration (``docs/cpu-demo-calibration.md``): hidden 128, 4 layers, 4 attention heads
 with 2 KV heads, FFN 384, tied input/output embeddings. Built from a ``transformers.Qwen2Config`` (so verl's
 Qwen Continuous Token builder, FSDP wrapping and the ``hf`` rollout treat it as a Qwen2 model) and initialised
 deterministically under a seed.

@@ -1,11 +1,11 @@
 """The tool-use family: system prompt, dataset builder and reward entry point for multi-turn Python tool use.
 
 Rows are verl RLHF parquet rows (``envs.datasets``) with ``family: tool_use`` plus what the agent loop
-needs: ``agent_name: stare_tool_agent`` (``envs.agent_loop``) and ``extra_info.tools_kwargs`` for the
+needs: ``agent_name: stare_tool_agent`` (``envs.tool_use.agent_loop``) and ``extra_info.tools_kwargs`` for the
 ``code_interpreter`` tool. Sources:
 
     offline      reasoning-gym arithmetic where running code helps a small model (no network), the
-                 calibrated CPU demo set (``shared/specs/cpu-demo-calibration.md``): basic_arithmetic
+                 calibrated CPU demo set (``docs/cpu-demo-calibration.md``): basic_arithmetic
                  (+, -, *; 2-4 terms, 1-3 digits), chain_sum (2-5 terms), products (2 terms, 1-4 digits).
                  ``extra_info.expression`` holds the Python expression of each problem.
     aime2024, aime2025, dapo_math, math500, gsm8k
@@ -19,14 +19,14 @@ Use it with a reward manager that merges the agent loop's ``extra_fields`` into 
 subclass); verl's ``dapo`` manager does not (``compute_score`` then falls back, see there). Recipe::
 
     reward:
-      custom_reward_function: {path: pkg://envs.tool_use, name: compute_score,
+      custom_reward_function: {path: pkg://envs.tool_use.task, name: compute_score,
                                reward_kwargs: {family: tool_use}}
 
 CLI (files land in ``<out>/tool_use/``, the layout of ``python -m envs.datasets``; a hub file is the
 same rows ``envs.datasets`` writes for ``--family tool_use`` plus ``agent_name``/``tools_kwargs``)::
 
-    python -m envs.tool_use offline [--out data] [--n-train 2000 --n-test 200]   # rg_arith_{train,test}.parquet
-    python -m envs.tool_use hub aime2024 [--out data] [--from-file aime24.jsonl]  # aime2024_test.parquet
+    python -m envs.tool_use.task offline [--out data] [--n-train 2000 --n-test 200]   # rg_arith_{train,test}.parquet
+    python -m envs.tool_use.task hub aime2024 [--out data] [--from-file aime24.jsonl]  # aime2024_test.parquet
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from envs.contract import AGENT_NAME, MODEL_TEXT_KEY
 from envs.datasets import BadRow, BuildReport, build_hub, make_row, write_parquet
 from envs.prompts import TOOL_USE_SYSTEM
 from envs.tools.schema import TOOL_NAME
@@ -60,8 +61,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-AGENT_NAME = "stare_tool_agent"  # envs.agent_loop.AGENT_NAME (not imported: keeps this module verl-free)
-MODEL_TEXT_KEY = "model_response_text"  # envs.agent_loop.MODEL_TEXT_KEY
 
 # reasoning-gym tasks of the offline set: (task, config). No division (float output vs integer oracle).
 OFFLINE_TOOL_TASKS: list[tuple[str, dict[str, Any]]] = [
@@ -242,7 +241,7 @@ def compute_score(
     if not from_loop:
         if not _warned_fallback:
             logger.warning(
-                "envs.tool_use.compute_score: extra_info has no %r (not produced by the stare_tool_agent loop, "
+                "envs.tool_use.task.compute_score: extra_info has no %r (not produced by the stare_tool_agent loop, "
                 "or a reward manager that does not pass agent-loop extra_fields); scoring the decoded "
                 "response with tool tags stripped",
                 MODEL_TEXT_KEY,
@@ -265,7 +264,7 @@ def compute_score(
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point (module docstring). Returns the exit status."""
-    p = argparse.ArgumentParser(prog="python -m envs.tool_use", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m envs.tool_use.task", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     off = sub.add_parser("offline", help="reasoning-gym arithmetic (no network)")
     off.add_argument("--out", default="data")

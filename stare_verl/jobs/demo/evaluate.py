@@ -13,13 +13,13 @@ Each held-out problem is one episode, token-in / token-out like verl's ``ToolAge
 1. the prompt ids come from verl's Continuous Token builder (``model_type`` qwen2) over the question with
    ``tools=[code_interpreter]``;
 2. the model generates until ``<|im_end|>`` (or the remaining token budget); tool calls are parsed with the
-   project's agent-loop parser (``envs.agent_loop.parse_tool_calls``: hermes, calls inside ``<think>``
+   project's agent-loop parser (``envs.tool_use.agent_loop.parse_tool_calls``: hermes, calls inside ``<think>``
    ignored, malformed calls answered with an error observation); each valid call runs through the real
    ``code_interpreter`` tool (``envs.tools``, sandboxed: create -> execute -> release) and the observations
    are appended through the Continuous Token builder (response_mask 0), as verl's agent loop appends them;
 3. the episode ends on a turn without a tool call, at ``max_assistant_turns`` or at the length budget (a turn
    cut by the budget is never executed);
-4. only the model-generated text (``envs.agent_loop.model_response_text``: mask-1 tokens, tool-call blocks
+4. only the model-generated text (``envs.tool_use.agent_loop.model_response_text``: mask-1 tokens, tool-call blocks
    removed) is scored with ``envs.reward.compute_score`` (family tool_use), so output printed by the tool
    earns nothing by itself.
 
@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stare_verl.demo.demos import (
+from stare_verl.jobs.demo.demos import (
     CODE_INTERPRETER_SCHEMA,
     REWARD_FAMILY,
     TOOL_NAME,
@@ -153,7 +153,7 @@ def _report(results: Sequence[EpisodeResult], temperature: float, wall_s: float)
 def _pass_at_ks(episodes: Sequence[EpisodeResult], n_problems: int, k: int) -> dict[int, float]:
     """Mean unbiased pass@k' over problems, for k' in ``default_ks(k)``, from ``k`` rounds of episodes over the
     same ``n_problems`` problems (episode ``j * n_problems + i`` is round j of problem i)."""
-    from stare_verl.evaluation.metrics import default_ks, pass_at_k
+    from stare_verl.jobs.evaluation.metrics import default_ks, pass_at_k
 
     if len(episodes) != n_problems * k:
         raise ValueError(f"{len(episodes)} episodes are not {k} rounds of {n_problems} problems")
@@ -175,7 +175,7 @@ class _Episode:
         self.result = EpisodeResult(problem.task, problem.data_source, problem.answer)
 
     async def call_tool(self, call) -> str:
-        """Run one parsed call (``envs.agent_loop.ParsedCall``); return the observation (errors included)."""
+        """Run one parsed call (``envs.tool_use.agent_loop.ParsedCall``); return the observation (errors included)."""
         self.result.tool_calls += 1
         if not call.ok:
             self.result.tool_errors += 1
@@ -203,7 +203,7 @@ async def _run_episode(
     max_assistant_turns: int,
     max_response_tokens: int,
 ) -> EpisodeResult:
-    from envs.agent_loop import model_response_text, parse_tool_calls
+    from envs.tool_use.agent_loop import model_response_text, parse_tool_calls
 
     tools = [CODE_INTERPRETER_SCHEMA] if ep.tool is not None else None
     schemas = {TOOL_NAME: ep.tool.tool_schema} if ep.tool is not None else {}
@@ -411,7 +411,7 @@ def evaluate_checkpoint(
         ValueError: ``data_seed``/``n_heldout`` neither given nor in ``sft_config.json``.
     """
     from stare_verl.cpu.hf_server import load_model
-    from stare_verl.demo.tokenizer import load_tokenizer
+    from stare_verl.jobs.demo.tokenizer import load_tokenizer
 
     saved: dict[str, Any] = {}
     cfg_file = Path(path) / "sft_config.json"
@@ -433,7 +433,7 @@ def evaluate_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m stare_verl.demo.evaluate CKPT [--n N] [--data-seed S --n-heldout M]``: print the reports."""
+    """``python -m stare_verl.jobs.demo.evaluate CKPT [--n N] [--data-seed S --n-heldout M]``: print the reports."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)

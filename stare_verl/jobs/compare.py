@@ -1,6 +1,6 @@
 """``make compare``: STARE vs GRPO-ds on a CPU default task, several seeds each, one shared SFT checkpoint.
 
-Each run is ``stare_verl.train`` (the CPU default of ``--family``: ``tooluse`` by default, or ``shortcot`` /
+Each run is ``stare_verl.jobs.train`` (the CPU default of ``--family``: ``tooluse`` by default, or ``shortcot`` /
 ``longcot``, whose sums can be added in any order: more freedom in the answers, where plain GRPO may collapse
 entropy) with the same budget; the GRPO-ds runs use the identical recipe with W = M = 1. Writes
 ``table.md`` / ``table.json`` (mean entropy over the first and the last quarter of steps, mean
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stare_verl.train import REPO
+from stare_verl.jobs.train import REPO
 
 
 def run_stats(run_dir: Path) -> dict[str, Any]:
@@ -137,9 +137,9 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the comparison (``python -m stare_verl.compare``); returns the exit status."""
-    from stare_verl.train import GPU_RECIPES, train_cpu
-    from stare_verl.train import build_parser as train_parser
+    """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status."""
+    from stare_verl.jobs.train import GPU_RECIPES, train_cpu
+    from stare_verl.jobs.train import build_parser as train_parser
 
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse", help="the CPU default task")

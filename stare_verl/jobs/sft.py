@@ -2,18 +2,18 @@
 
 Two subcommands::
 
-    python -m stare_verl.sft data [--out data/sft] [--demos 512] [--retool] [--retool-file F] [--n-val 64]
-        writes tooluse_train.parquet / tooluse_val.parquet (``envs.tool_use_sft`` rows: messages + tools) from
-        programmatic demonstrations (real sandbox output, ``stare_verl.demo.demos``) and, with --retool, the
+    python -m stare_verl.jobs.sft data [--out data/sft] [--demos 512] [--retool] [--retool-file F] [--n-val 64]
+        writes tooluse_train.parquet / tooluse_val.parquet (``envs.tool_use.sft_data`` rows: messages + tools) from
+        programmatic demonstrations (real sandbox output, ``stare_verl.jobs.demo.demos``) and, with --retool, the
         public ReTool-SFT set (Hugging Face, or a local copy with --retool-file); rejected rows are counted.
 
-    python -m stare_verl.sft train [--nproc N] [--model PATH] [--recipe NAME] [--dry-run] [key=value ...]
+    python -m stare_verl.jobs.sft train [--nproc N] [--model PATH] [--recipe NAME] [--dry-run] [key=value ...]
         with a GPU: composes ``recipes/sft/<recipe>.yaml`` (default ``tooluse_qwen2.5-7b``) with the
         overrides, validates it up front with verl's config dataclasses, then runs
         ``torchrun --standalone --nproc_per_node=N -m verl.trainer.sft_trainer --config-path recipes/sft
         --config-name <recipe> <overrides>`` and links the last HF checkpoint where the RL recipe's
         ``actor_rollout_ref.model.path`` looks (``checkpoints/sft/qwen2.5-7b-tooluse``).
-        Without a GPU: the CPU default SFT of the tiny model (``python -m stare_verl.demo.sft``; the other
+        Without a GPU: the CPU default SFT of the tiny model (``python -m stare_verl.jobs.demo.sft``; the other
         ``--options`` are passed to it), or with ``--cpu-verl`` verl's SFT trainer itself on the project's
         CPU platform (``stare_verl.cpu``, ``VERL_PLATFORM=cpu``; recipe ``tooluse_tiny_cpu``).
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from stare_verl.recipes import RECIPES_DIR
+from stare_verl.jobs.recipes import RECIPES_DIR
 
 __all__ = [
     "DEFAULT_LINK",
@@ -126,7 +126,7 @@ def validate_sft(cfg: DictConfig, nproc: int, check_model: bool = False, check_f
         for f in files:
             if "://" not in str(f) and not Path(os.path.expanduser(str(f))).is_file():
                 raise FileNotFoundError(
-                    f"SFT data file {f} not found: build it with `python -m stare_verl.sft data --retool` "
+                    f"SFT data file {f} not found: build it with `python -m stare_verl.jobs.sft data --retool` "
                     "(or pass data.train_files=... data.val_files=...)"
                 )
         _check_steps(cfg, dp)
@@ -203,9 +203,9 @@ def torchrun_command(recipe: str, overrides: list[str], nproc: int) -> list[str]
 
 
 def cpu_verl_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for verl's SFT trainer on the CPU platform: ``stare_verl.procs.cpu_env`` (``VERL_PLATFORM=cpu``,
+    """Environment for verl's SFT trainer on the CPU platform: ``stare_verl.jobs.procs.cpu_env`` (``VERL_PLATFORM=cpu``,
     offline Hugging Face) plus one torch thread per rank unless ``OMP_NUM_THREADS`` is set."""
-    from stare_verl.procs import cpu_env
+    from stare_verl.jobs.procs import cpu_env
 
     env = cpu_env(extra)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -308,17 +308,17 @@ def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str
         return 2
     if not use_gpu and not args.cpu_verl:
         if overrides:
-            print(f"error: no GPU: the CPU default SFT (python -m stare_verl.demo.sft) takes --options, not "
+            print(f"error: no GPU: the CPU default SFT (python -m stare_verl.jobs.demo.sft) takes --options, not "
                   f"Hydra overrides ({' '.join(overrides)}); use --cpu-verl to run verl's trainer on CPU",
                   file=sys.stderr)
             return 2
         gpu_only = [f"--{k}" for k in ("model", "nproc", "recipe") if getattr(args, k)]
         if gpu_only:
             print(f"error: no GPU: {' '.join(gpu_only)} is for verl's SFT trainer (GPU, or --cpu-verl); the CPU "
-                  "default SFT trains the tiny model (python -m stare_verl.demo.sft --help)", file=sys.stderr)
+                  "default SFT trains the tiny model (python -m stare_verl.jobs.demo.sft --help)", file=sys.stderr)
             return 2
-        print("no GPU: running the CPU default SFT of the tiny model (python -m stare_verl.demo.sft)", flush=True)
-        from stare_verl.demo.sft import main as cpu_sft_main
+        print("no GPU: running the CPU default SFT of the tiny model (python -m stare_verl.jobs.demo.sft)", flush=True)
+        from stare_verl.jobs.demo.sft import main as cpu_sft_main
 
         return int(cpu_sft_main(passthrough) or 0)
     if passthrough:
@@ -396,7 +396,7 @@ def build_sft_data(
     Raises:
         ValueError: no rows at all; envs.datasets.DatasetUnavailableError: ReTool-SFT unavailable.
     """
-    from envs.tool_use_sft import (
+    from envs.tool_use.sft_data import (
         ConversationError,
         build_retool_sft,
         conversation_from_demo,
@@ -409,7 +409,7 @@ def build_sft_data(
     rows: list[dict[str, Any]] = []
     counts: dict[str, Any] = {}
     if n_demos > 0:
-        from stare_verl.demo.demos import build_demos, sample_problems
+        from stare_verl.jobs.demo.demos import build_demos, sample_problems
 
         demos, wrong = build_demos(sample_problems(n_demos, demo_seed))
         kept = 0
@@ -458,7 +458,7 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     """CLI (module docstring). Returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m stare_verl.sft", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m stare_verl.jobs.sft", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("data", help="write the multi-turn SFT parquet files")
     d.add_argument("--out", default=os.path.join(os.environ.get("DATA_DIR", "data"), "sft"))

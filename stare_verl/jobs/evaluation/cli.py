@@ -1,8 +1,8 @@
-"""Command line of the evaluation: ``python -m stare_verl.evaluation`` (and ``stare-verl eval``).
+"""Command line of the evaluation: ``python -m stare_verl.jobs.evaluation`` (and ``stare-verl eval``).
 
 Against a server (SGLang / vLLM, OpenAI chat-completions)::
 
-    python -m stare_verl.evaluation --url http://localhost:30000 --model Qwen2.5-7B \\
+    python -m stare_verl.jobs.evaluation --url http://localhost:30000 --model Qwen2.5-7B \\
         --data data/tool_use/aime2024_test.parquet --k 32 --temperature 1.0 --top-p 0.7 \\
         --max-tokens 8192 --concurrency 64
 
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--runs-dir", default="runs", help="where `make train-tooluse` writes runs (default runs)")
     g.add_argument("--batch-size", type=int, default=64, help="sequences decoded together on CPU (default 64)")
     g = p.add_argument_group("data and sampling")
-    g.add_argument("--data", default=None, help="verl parquet built by envs.datasets / envs.tool_use")
+    g.add_argument("--data", default=None, help="verl parquet built by envs.datasets / envs.tool_use.task")
     g.add_argument("--limit", type=int, default=None, help="first N problems only")
     g.add_argument("--k", type=int, default=32, help="samples per problem (default 32)")
     g.add_argument("--temperature", type=float, default=1.0, help="default 1.0")
@@ -66,8 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The standalone parser of ``python -m stare_verl.evaluation``."""
-    p = argparse.ArgumentParser(prog="python -m stare_verl.evaluation", description=__doc__.split("\n")[0],
+    """The standalone parser of ``python -m stare_verl.jobs.evaluation``."""
+    p = argparse.ArgumentParser(prog="python -m stare_verl.jobs.evaluation", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     return add_arguments(p)
 
@@ -82,8 +82,8 @@ def _default_out(base: Path, name: str, data: Path, a: argparse.Namespace) -> Pa
 
 
 async def _api(a: argparse.Namespace, settings, problems, data: Path):
-    from stare_verl.evaluation.client import ChatClient, ClientConfig
-    from stare_verl.evaluation.runner import ResultsFile, load_tools, run_api_eval
+    from stare_verl.jobs.evaluation.client import ChatClient, ClientConfig
+    from stare_verl.jobs.evaluation.runner import ResultsFile, load_tools, run_api_eval
 
     cfg = ClientConfig(url=a.url, model=a.model, max_concurrency=a.concurrency, request_timeout_s=a.request_timeout,
                        max_retries=a.retries, **({"api_key": a.api_key} if a.api_key else {}))
@@ -112,22 +112,22 @@ def run(a: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from envs.sandbox import SandboxUnavailable
-    from stare_verl.evaluation.client import EvalClientError
-    from stare_verl.evaluation.local import (
+    from stare_verl.jobs.evaluation.client import EvalClientError
+    from stare_verl.jobs.evaluation.local import (
         LocalCheckpointError,
         find_latest_checkpoint,
         find_run_data,
         heldout_data_for_sft,
         run_local_eval,
     )
-    from stare_verl.evaluation.runner import (
+    from stare_verl.jobs.evaluation.runner import (
         DatasetError,
         EvalSettings,
         ResultsFile,
         ResumeMismatch,
         load_problems,
     )
-    from stare_verl.evaluation.summary import format_table, summarize, write_summary
+    from stare_verl.jobs.evaluation.summary import format_table, summarize, write_summary
 
     out: Path | None = None
     try:
@@ -140,7 +140,7 @@ def run(a: argparse.Namespace) -> int:
                   "16384 long CoT, 8192 tool use)", file=sys.stderr)
         if a.url:
             if not a.data:
-                raise DatasetError("--data is required with --url (a parquet built by envs.datasets / envs.tool_use)")
+                raise DatasetError("--data is required with --url (a parquet built by envs.datasets / envs.tool_use.task)")
             data = Path(a.data)
             problems = load_problems(data, a.limit, settings.tools)
             records, out, meta = asyncio.run(_api(a, settings, problems, data))

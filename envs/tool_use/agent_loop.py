@@ -1,8 +1,8 @@
 """The tool-use agent loop: verl's ``ToolAgentLoop`` made exact and strict, registered as ``stare_tool_agent``.
 
-Select it per dataset row (``agent_name: stare_tool_agent``, as ``envs.tool_use`` writes) or for the
+Select it per dataset row (``agent_name: stare_tool_agent``, as ``envs.tool_use.task`` writes) or for the
 whole run (``actor_rollout_ref.rollout.agent.default_agent_loop=stare_tool_agent``), with
-``multi_turn.tool_config_path`` naming the tools. The registration runs on ``import envs.agent_loop``,
+``multi_turn.tool_config_path`` naming the tools. The registration runs on ``import envs.tool_use.agent_loop``,
 which ``stare_verl.plugin`` does in every process that imports verl.
 
 What it changes relative to verl 0.9.1's ``ToolAgentLoop`` (whose prompt building, tool list, tool
@@ -27,7 +27,7 @@ selection and output assembly it reuses):
   persistent sessions keyed by trajectory) is called, so sessions do not outlive their rollout.
 - The reward gets only model-generated text: ``extra_fields["model_response_text"]`` is decoded from the
   response_mask == 1 tokens with tool-call blocks removed. verl's naive/limited/remote reward managers
-  merge an agent loop's ``extra_fields`` into ``extra_info``; ``envs.tool_use.compute_score`` scores
+  merge an agent loop's ``extra_fields`` into ``extra_info``; ``envs.tool_use.task.compute_score`` scores
   that text instead of verl's ``solution_str`` (which decodes the whole response, tool output included).
 
 Per-episode fields in ``AgentLoopOutput.extra_fields`` (also seen by the reward as ``extra_info``):
@@ -39,7 +39,7 @@ was not cut), ``termination`` ("answer" | "length" | "max_assistant_turns" | "ma
 calls), ``tool_call_log`` (list of {"name", "code"/"arguments", "error", "seconds"}).
 
 Loop options (hydra kwargs; give them through verl's ``rollout.agent.agent_loop_config_path`` YAML, e.g.
-``- {name: stare_tool_agent, _target_: envs.agent_loop.StareToolAgentLoop, tool_timeout_s: 30}``):
+``- {name: stare_tool_agent, _target_: envs.tool_use.agent_loop.StareToolAgentLoop, tool_timeout_s: 30}``):
 ``tool_timeout_s`` (float, default 60).
 """
 
@@ -65,6 +65,7 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.profiler import simple_timer
 from verl.utils.ray_utils import get_event_loop
 
+from envs.contract import AGENT_NAME, END_OF_TURN_TOKENS, MODEL_TEXT_KEY
 from envs.scoring.extract import think_visible_spans
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,6 @@ __all__ = [
     "strip_thinking",
 ]
 
-AGENT_NAME = "stare_tool_agent"
-MODEL_TEXT_KEY = "model_response_text"
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
@@ -308,16 +307,8 @@ def model_response_text(response_ids: list[int], response_mask: list[int], token
 
 # ---------------------------------------------------------------------------------------------- loop
 
-# Turn-ending tokens besides the tokenizer's EOS (a base model's tokenizer may name <|endoftext|> as EOS
-# while its chat template ends turns with <|im_end|>).
-_END_TOKENS = (
-    "<|im_end|>",
-    "<|endoftext|>",
-    "<|eot_id|>",
-    "<|end_of_text|>",
-    "</s>",
-    "<\uff5cend\u2581of\u2581sentence\uff5c>",
-)
+# Turn-ending tokens besides the tokenizer's EOS (envs.contract).
+_END_TOKENS = END_OF_TURN_TOKENS
 
 
 def _end_token_ids(tokenizer) -> set[int]:

@@ -1,8 +1,8 @@
 """Cold-start SFT of the tiny model of a CPU default family, cached by its configuration.
 
 Families (``SFTConfig.family``): ``tooluse`` (tool-use demonstrations with real sandbox output,
-``stare_verl.demo.demos``), ``shortcot`` / ``longcot`` (chain-of-thought sums with a sampled order of the terms,
-``stare_verl.demo.cot``; single turn, no tool). The rest of the pipeline is shared.
+``stare_verl.jobs.demo.demos``), ``shortcot`` / ``longcot`` (chain-of-thought sums with a sampled order of the terms,
+``stare_verl.jobs.demo.cot``; single turn, no tool). The rest of the pipeline is shared.
 
 Pipeline (:func:`ensure_sft_checkpoint`): problems and demonstrations -> tokenizer trained on the rendered demonstrations -> tiny Qwen2 model ->
 supervised fine-tuning with ``transformers.Trainer`` (AdamW, tqdm progress bar) on an assistant-only loss ->
@@ -12,7 +12,7 @@ the whole configuration and the library versions. A later call with the same con
 directory without training.
 
 Why not verl's SFT trainer here: ``verl.trainer.sft_trainer`` does run on this CPU with the CPU backend's
-patches under torchrun (``python -m stare_verl.sft train --cpu-verl``), but measured ~2.7x slower per token than
+patches under torchrun (``python -m stare_verl.jobs.sft train --cpu-verl``), but measured ~2.7x slower per token than
 this plain Trainer loop for the 0.84 M-parameter model (FSDP2 over gloo, one rank), which would break the
 first-run time budget. ``make sft-tooluse`` uses verl's trainer on GPU.
 
@@ -24,7 +24,7 @@ Token layout (built with verl's Continuous Token builder, as the agent loop buil
 
 Loss: mean token cross-entropy over mask-1 tokens only (labels -100 elsewhere).
 
-Defaults follow the calibration (``shared/specs/cpu-demo-calibration.md``): batch 32, AdamW lr 2e-3, 1000
+Defaults follow the calibration (``docs/cpu-demo-calibration.md``): batch 32, AdamW lr 2e-3, 1000
 steps; held-out greedy accuracy >= 0.5 is the check before RL.
 
 Measured here (defaults, 4096 demonstrations of 111 tokens on average, 41.5 of them model tokens, 0.84 M
@@ -58,9 +58,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from stare_verl.demo.demos import FAMILIES, Demo, build_demos, split_problems
-from stare_verl.demo.model import TinyModelConfig, build_model, save_model
-from stare_verl.demo.tokenizer import build_tokenizer, load_tokenizer
+from stare_verl.jobs.demo.demos import FAMILIES, Demo, build_demos, split_problems
+from stare_verl.jobs.demo.model import TinyModelConfig, build_model, save_model
+from stare_verl.jobs.demo.tokenizer import build_tokenizer, load_tokenizer
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
@@ -178,7 +178,7 @@ def key_config(cfg: SFTConfig) -> dict[str, Any]:
     """
     if cfg.family == "tooluse":
         return {"config": cfg.model_dump(mode="json", exclude=_NOT_IN_KEY | {"family"}), "versions": _versions()}
-    from stare_verl.demo.cot import COT_DEMOS_PER_PROBLEM
+    from stare_verl.jobs.demo.cot import COT_DEMOS_PER_PROBLEM
 
     conf = {**cfg.model_dump(mode="json", exclude=_NOT_IN_KEY), "demos_per_problem": COT_DEMOS_PER_PROBLEM}
     return {"config": conf, "versions": _versions()}
@@ -189,18 +189,18 @@ def sft_problem_count(cfg: SFTConfig) -> int:
     ``max(1, n_train // COT_DEMOS_PER_PROBLEM)`` for the CoT families (several sampled orders per problem)."""
     if cfg.family == "tooluse":
         return cfg.n_train
-    from stare_verl.demo.cot import COT_DEMOS_PER_PROBLEM
+    from stare_verl.jobs.demo.cot import COT_DEMOS_PER_PROBLEM
 
     return max(1, cfg.n_train // COT_DEMOS_PER_PROBLEM)
 
 
 def build_family_demos(cfg: SFTConfig, problems) -> tuple[list, list]:
-    """``(demos, rejected)`` of ``cfg.family`` for ``problems``: :func:`stare_verl.demo.demos.build_demos`
-    (tool use, real sandbox output) or :func:`stare_verl.demo.cot.build_cot_demos` (CoT families,
+    """``(demos, rejected)`` of ``cfg.family`` for ``problems``: :func:`stare_verl.jobs.demo.demos.build_demos`
+    (tool use, real sandbox output) or :func:`stare_verl.jobs.demo.cot.build_cot_demos` (CoT families,
     ``COT_DEMOS_PER_PROBLEM`` sampled orders per problem under ``train_seed``)."""
     if cfg.family == "tooluse":
         return build_demos(problems)
-    from stare_verl.demo.cot import COT_DEMOS_PER_PROBLEM, build_cot_demos
+    from stare_verl.jobs.demo.cot import COT_DEMOS_PER_PROBLEM, build_cot_demos
 
     return build_cot_demos(problems, cfg.family, seed=cfg.train_seed, per_problem=COT_DEMOS_PER_PROBLEM)
 
@@ -216,7 +216,7 @@ def render_demo(demo: Demo) -> str:
     training corpus)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from stare_verl.demo.tokenizer import CHAT_TEMPLATE
+    from stare_verl.jobs.demo.tokenizer import CHAT_TEMPLATE
 
     rendered = render_jinja_template([demo.messages()], tools=demo.tools, chat_template=CHAT_TEMPLATE)
     return rendered[0][0] if isinstance(rendered, tuple) else rendered[0]
@@ -312,7 +312,7 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any]):
         def on_step_end(self, args, state, control, model=None, **kwargs):
             step = int(state.global_step)
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and model is not None:
-                from stare_verl.demo.evaluate import evaluate_model
+                from stare_verl.jobs.demo.evaluate import evaluate_model
 
                 t = time.perf_counter()
                 was_training = model.training
@@ -340,7 +340,7 @@ def train_sft(cfg: SFTConfig, out_dir: str | Path) -> dict[str, Any]:
     ``num_threads`` applies to this call only (torch's thread count is restored afterwards).
 
     Raises:
-        stare_verl.demo.demos.DemoError: the sandbox could not produce the demonstrations.
+        stare_verl.jobs.demo.demos.DemoError: the sandbox could not produce the demonstrations.
     """
     import torch
 
@@ -358,7 +358,7 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
     from transformers import Trainer, TrainingArguments
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
-    from stare_verl.demo.evaluate import evaluate_model
+    from stare_verl.jobs.demo.evaluate import evaluate_model
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -455,7 +455,7 @@ def ensure_sft_checkpoint(cfg: SFTConfig | None = None, *, force: bool = False) 
     Returns:
         the checkpoint directory (``pathlib.Path``).
     Raises:
-        stare_verl.demo.demos.DemoError: the sandbox could not produce the demonstrations.
+        stare_verl.jobs.demo.demos.DemoError: the sandbox could not produce the demonstrations.
     """
     cfg = cfg or SFTConfig()
     digest = config_hash(cfg)
@@ -497,10 +497,10 @@ def write_rl_data(
 
     Training problems are disjoint from ``cfg``'s demonstrations and held-out set; ``val.parquet`` holds the
     first ``n_val`` (default all) of the held-out problems ``cfg``'s SFT report was measured on.
-    See :func:`stare_verl.demo.demos.write_rl_parquet`; ``agent_name`` defaults to the family's
+    See :func:`stare_verl.jobs.demo.demos.write_rl_parquet`; ``agent_name`` defaults to the family's
     (``stare_tool_agent`` for tool use, ``single_turn_agent`` for the CoT families).
     """
-    from stare_verl.demo.demos import write_rl_parquet
+    from stare_verl.jobs.demo.demos import write_rl_parquet
 
     cfg = cfg or SFTConfig()
     return write_rl_parquet(out_dir, n_train=n_train, n_val=n_val, seed=cfg.data_seed, agent_name=agent_name,
@@ -522,7 +522,7 @@ def load_checkpoint(path: str | Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m stare_verl.demo.sft --out DIR [--steps N] ...``: train (or reuse) and print held-out accuracy.
+    """``python -m stare_verl.jobs.demo.sft --out DIR [--steps N] ...``: train (or reuse) and print held-out accuracy.
 
     ``--out`` is the cache directory; the checkpoint lands in ``DIR/sft-<hash>``. Exit status 0, or 2 with
     ``--min-accuracy A`` when the greedy held-out accuracy is below ``A``.

@@ -23,7 +23,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from stare_verl.evaluation.metrics import aggregate_problems, default_ks, mean_pass_at_k
+from stare_verl.jobs.evaluation.metrics import aggregate_problems, default_ks, mean_pass_at_k
 
 __all__ = ["format_table", "summarize", "write_summary"]
 

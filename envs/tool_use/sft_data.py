@@ -12,7 +12,7 @@ Every conversation is checked by :func:`check_conversation` (the shape that rend
 message and as a whole, which verl's dataset asserts, and that the RL agent loop produces: one
 ``code_interpreter`` call per assistant turn, its output in the next ``tool`` message, a final answer in
 ``\\boxed{}``). The system message is ``envs.prompts.TOOL_USE_SYSTEM``, the one the RL rows
-(``envs.tool_use.to_tool_use_row``) carry, so the SFT model sees the prompt it will see in RL.
+(``envs.tool_use.task.to_tool_use_row``) carry, so the SFT model sees the prompt it will see in RL.
 
 Sources:
 
@@ -24,7 +24,7 @@ Sources:
   final answer is in ``<answer>...</answer>``. Each code block becomes a ``code_interpreter`` call, each
   interpreter block a ``tool`` message. Broken rows are rejected with a reason (never an exception).
 - :func:`conversation_from_demo`: one programmatic demonstration (question, code, the sandbox's real output,
-  answer), e.g. ``stare_verl.demo.demos.Demo``.
+  answer), e.g. ``stare_verl.jobs.demo.demos.Demo``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Chain-of-thought demonstrations of the CPU default's ``shortcot`` and ``longcot`` families (no tool).
 
 The problems are reasoning-gym ``chain_sum`` questions with 3-4 one-digit terms joined by ``+`` only
-(``stare_verl.demo.demos.COT_TASKS``; the tiny model has no tool and must learn the addition facts). A
+(``stare_verl.jobs.demo.demos.COT_TASKS``; the tiny model has no tool and must learn the addition facts). A
 demonstration adds the terms one at a time, writing each running sum, in an order drawn uniformly at random
 per demonstration: addition commutes, so every order is a correct solution, and the policy has genuine
 freedom at a few decision tokens (which term comes next). That is the setting where plain GRPO can collapse
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from itertools import permutations
 from typing import Any
 
-from stare_verl.demo.demos import REWARD_FAMILY, Problem
+from stare_verl.jobs.demo.demos import REWARD_FAMILY, Problem
 
 __all__ = [
     "COT_DEMOS_PER_PROBLEM",

@@ -1,7 +1,7 @@
 """Evaluate a local checkpoint on this machine (no server): the project's CPU generation code.
 
-Episodes run through ``stare_verl.demo.evaluate.run_episodes`` (the CPU tool-use evaluation loop: verl's
-Continuous Token builder, ``envs.agent_loop.parse_tool_calls``, the real ``code_interpreter`` tool in the
+Episodes run through ``stare_verl.jobs.demo.evaluate.run_episodes`` (the CPU tool-use evaluation loop: verl's
+Continuous Token builder, ``envs.tool_use.agent_loop.parse_tool_calls``, the real ``code_interpreter`` tool in the
 sandbox, token-in/token-out as in training) over the ``hf`` backend's continuous-batching
 ``stare_verl.cpu.hf_server.GenerationEngine``, with the sampling settings of the API path (temperature,
 top_p, k samples per problem). Records, resume and summary are those of the API path (``runner``).
@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from stare_verl.evaluation.runner import (
+from stare_verl.jobs.evaluation.runner import (
     EvalProblem,
     EvalSettings,
     ResultsFile,
@@ -108,8 +108,8 @@ def find_run_data(checkpoint: str | Path) -> Path:
 
 
 def heldout_data_for_sft(checkpoint: str | Path, out_dir: str | Path) -> Path | None:
-    """For a cold-start SFT checkpoint (``sft_config.json`` inside, ``stare_verl.demo.sft``): write its held-out
-    problems (``stare_verl.demo.demos.heldout_problems`` with the saved ``n_heldout``/``data_seed``, rows as
+    """For a cold-start SFT checkpoint (``sft_config.json`` inside, ``stare_verl.jobs.demo.sft``): write its held-out
+    problems (``stare_verl.jobs.demo.demos.heldout_problems`` with the saved ``n_heldout``/``data_seed``, rows as
     ``problem_row`` writes them) to ``<out_dir>/val.parquet`` and return that path; None for other checkpoints."""
     import json
 
@@ -120,7 +120,7 @@ def heldout_data_for_sft(checkpoint: str | Path, out_dir: str | Path) -> Path | 
     if saved.get("data_seed") is None or saved.get("n_heldout") is None:
         return None
     from envs.datasets import write_parquet
-    from stare_verl.demo.demos import heldout_problems, problem_row
+    from stare_verl.jobs.demo.demos import heldout_problems, problem_row
 
     family = str(saved.get("family", "tooluse"))
     probs = heldout_problems(int(saved["n_heldout"]), int(saved["data_seed"]), family=family)
@@ -137,7 +137,7 @@ def demo_family(p: EvalProblem) -> str:
 
 
 def _to_demo_problem(p: EvalProblem):
-    from stare_verl.demo.demos import Problem
+    from stare_verl.jobs.demo.demos import Problem
 
     user = [m["content"] for m in p.prompt if m["role"] == "user"][-1]
     gt = p.ground_truth[0] if isinstance(p.ground_truth, list) else p.ground_truth
@@ -175,8 +175,8 @@ def run_local_eval(
     from tqdm.auto import tqdm
 
     from stare_verl.cpu.hf_server import GenerationEngine, SamplingParams, load_model
-    from stare_verl.demo.evaluate import run_episodes
-    from stare_verl.demo.tokenizer import load_tokenizer
+    from stare_verl.jobs.demo.evaluate import run_episodes
+    from stare_verl.jobs.demo.tokenizer import load_tokenizer
 
     ck = Path(checkpoint)
     if not _has_weights(ck):
@@ -238,7 +238,7 @@ def run_local_eval(
 
 
 def _episode_record(p: EvalProblem, j: int, seed: int, r, settings: EvalSettings) -> dict[str, Any]:
-    """A runner record from a ``stare_verl.demo.evaluate.EpisodeResult`` (scored again with the row's info to
+    """A runner record from a ``stare_verl.jobs.demo.evaluate.EpisodeResult`` (scored again with the row's info to
     get the extracted answer and reflection counts)."""
     tokens = int(sum(r.response_mask))
     stats = SimpleNamespace(num_tool_calls=r.tool_calls, num_tool_executed=r.tool_calls - r.malformed_calls,
