@@ -3,9 +3,10 @@
 Each run is ``stare_verl.jobs.train`` (the CPU default of ``--family``: ``tooluse`` by default, or ``shortcot`` /
 ``longcot``, whose sums can be added in any order: more freedom in the answers, where plain GRPO may collapse
 entropy) with the same budget; the GRPO-ds runs use the identical recipe with W = M = 1. Writes
-``table.md`` / ``table.json`` (final held-out accuracy, mean entropy over the last quarter of steps, mean
-|entropy - target|, share of steps with the gate on) and ``entropy_overlay.png`` into ``runs/compare`` (tool
-use) or ``runs/compare-<family>``.
+``table.md`` / ``table.json`` (mean entropy over the first and the last quarter of steps, mean
+|entropy - target|, share of steps with the gate on, final held-out accuracy greedy and at T = 1 with
+``--eval-samples`` samples per problem, and pass@k at T = 1) and ``entropy_overlay.png`` (every run's entropy,
+the target line) into ``runs/compare`` (tool use) or ``runs/compare-<family>``.
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
     ent = [r["actor/entropy"] for r in rows if "actor/entropy" in r]
     target = next((r["stare/target_entropy"] for r in rows if "stare/target_entropy" in r), float("nan"))
     gate = [r["stare/gate_on"] for r in rows if "stare/gate_on" in r]
-    last = ent[len(ent) - max(1, len(ent) // 4) :]
+    quarter = max(1, len(ent) // 4)
+    first, last = ent[:quarter], ent[len(ent) - quarter :]
     after = summary.get("eval_after", {})
     before = summary.get("eval_before", {})
+    t1 = after.get("T=1", {})
+    passes = t1.get("pass_at_k") or {}
+    k = max((int(x) for x in passes), default=None)
     return {
         "run": run_dir.name,
         "method": summary["method"],
@@ -41,7 +46,10 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
         "steps": len(ent),
         "acc_before_greedy": before.get("T=0", {}).get("accuracy"),
         "acc_after_greedy": after.get("T=0", {}).get("accuracy"),
-        "acc_after_t1": after.get("T=1", {}).get("accuracy"),
+        "acc_after_t1": t1.get("accuracy"),
+        "pass_k": k,
+        "pass_at_k_after_t1": passes.get(str(k), passes.get(k)) if k is not None else None,
+        "entropy_first_quarter": statistics.fmean(first) if first else float("nan"),
         "entropy_last_quarter": statistics.fmean(last) if last else float("nan"),
         "mean_abs_entropy_minus_target": statistics.fmean(abs(e - target) for e in ent)
         if ent
@@ -52,9 +60,11 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def _mean(xs: list[float | None]) -> float:
+def _fmt_mean_sd(xs: list[float | None]) -> str:
     xs = [x for x in xs if x is not None]
-    return statistics.fmean(xs) if xs else float("nan")
+    if not xs:
+        return "-"
+    return f"{statistics.fmean(xs):.4f}" + (f" ± {statistics.stdev(xs):.4f}" if len(xs) > 1 else "")
 
 
 def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tooluse") -> str:
@@ -64,25 +74,32 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    ks = {s.get("pass_k") for s in stats} - {None}
     cols = [
-        ("acc_after_greedy", "held-out acc (greedy)"),
-        ("acc_after_t1", "held-out acc (T=1)"),
+        ("entropy_first_quarter", "entropy, first quarter (nats)"),
         ("entropy_last_quarter", "entropy, last quarter (nats)"),
         ("mean_abs_entropy_minus_target", "mean abs(entropy - target)"),
         ("gate_on_share", "steps with gate on"),
+        ("acc_after_greedy", "held-out acc (greedy)"),
+        ("acc_after_t1", "held-out acc (T=1)"),
+        ("pass_at_k_after_t1", f"pass@{ks.pop() if len(ks) == 1 else 'k'} (T=1)"),
     ]
     lines = ["| method | seeds | " + " | ".join(c[1] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
     for method in ("stare", "grpo"):
         group = [s for s in stats if s["method"] == method]
         if not group:
             continue
-        cells = [f"{_mean([s[k] for s in group]):.4f}" for k, _ in cols]
+        cells = [_fmt_mean_sd([s.get(k) for s in group]) for k, _ in cols]
         lines.append(f"| {method} | {len(group)} | " + " | ".join(cells) + " |")
+    if stats:
+        lines.append("")
+        lines.append(f"target entropy {stats[0]['target_entropy']:.4f} nats; mean ± sd over seeds; held-out "
+                     "accuracy after RL (T=1: the mean over all samples, avg@k)")
     lines.append("")
     lines.append("| run | steps | acc before (greedy) | " + " | ".join(c[1] for c in cols) + " |")
     lines.append("|---|---|---|" + "---|" * len(cols))
     for s in stats:
-        cells = [f"{s[k]:.4f}" if s[k] is not None else "-" for k, _ in cols]
+        cells = [f"{s[k]:.4f}" if s.get(k) is not None else "-" for k, _ in cols]
         before = f"{s['acc_before_greedy']:.4f}" if s["acc_before_greedy"] is not None else "-"
         lines.append(f"| {s['run']} | {s['steps']} | {before} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
@@ -97,9 +114,16 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
             range(1, len(s["entropy"]) + 1),
             s["entropy"],
             color=color,
-            alpha=0.8,
+            alpha=0.35,
+            linewidth=0.8,
             label=f"{s['method']} seed {s['seed']}",
         )
+    for method, color in (("stare", "tab:blue"), ("grpo", "black")):
+        curves = [s["entropy"] for s in stats if s["method"] == method and s["entropy"]]
+        if curves:
+            n = min(len(c) for c in curves)
+            mean = [statistics.fmean(c[i] for c in curves) for i in range(n)]
+            ax.plot(range(1, n + 1), mean, color=color, linewidth=2.2, label=f"{method} mean of {len(curves)}")
     if stats:
         ax.axhline(stats[0]["target_entropy"], color="red", linewidth=1, label="target")
     ax.set_xlabel("step")
@@ -122,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--n-eval", type=int, default=200)
+    p.add_argument("--eval-samples", type=int, default=4, help="samples per held-out problem at T = 1 (pass@k)")
     p.add_argument("--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = p.parse_args(argv)
@@ -135,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 targs = train_parser().parse_args(
                     ["--cpu", "--family", args.family, "--method", method, "--seed", str(seed),
                      "--steps", str(args.steps), "--n-eval", str(args.n_eval), "--run-dir", str(run_dir),
+                     "--eval-samples", str(args.eval_samples),
                      *args.overrides]
                 )  # fmt: skip
                 rc = train_cpu(targs)

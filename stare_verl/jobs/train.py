@@ -131,10 +131,10 @@ def latest_hf_checkpoint(run_dir: Path) -> Path | None:
     return best
 
 
-def _evaluate(path: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
+def _evaluate(path: Path, sft_cfg, n: int, max_turns: int, samples: int = 1) -> dict[str, Any]:
     from stare_verl.jobs.demo.evaluate import evaluate_checkpoint
 
-    kw: dict[str, Any] = {"family": sft_cfg.family}
+    kw: dict[str, Any] = {"family": sft_cfg.family, "samples": samples}
     if sft_cfg.family == "tooluse":
         kw["max_assistant_turns"] = max_turns
 
@@ -142,18 +142,18 @@ def _evaluate(path: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
     return {f"T={t:g}": rep.to_dict() for t, rep in reports.items()}
 
 
-def _evaluate_sft(sft_dir: Path, sft_cfg, n: int, max_turns: int) -> dict[str, Any]:
+def _evaluate_sft(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: int = 1) -> dict[str, Any]:
     """:func:`_evaluate` of the cached SFT checkpoint, itself cached next to it (``eval_n<n>_turns<t>.json``):
     every run from that checkpoint shares one held-out evaluation before RL (greedy and T = 1 sampling with a
     fixed seed, so a rerun would give the same numbers). Written atomically, as runs may share the cache."""
     turns = max_turns if sft_cfg.family == "tooluse" else 1
-    cached = sft_dir / f"eval_n{n}_turns{turns}.json"
+    cached = sft_dir / (f"eval_n{n}_turns{turns}" + (f"_k{samples}" if samples > 1 else "") + ".json")
     if cached.is_file():
         try:
             return json.loads(cached.read_text())
         except ValueError:
             pass  # a torn or foreign file: evaluate again
-    ev = _evaluate(sft_dir, sft_cfg, n, max_turns)
+    ev = _evaluate(sft_dir, sft_cfg, n, max_turns, samples)
     tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(ev, indent=1))
     os.replace(tmp, cached)
@@ -161,7 +161,14 @@ def _evaluate_sft(sft_dir: Path, sft_cfg, n: int, max_turns: int) -> dict[str, A
 
 
 def _fmt_eval(ev: dict[str, Any]) -> str:
-    return ", ".join(f"{k}: acc {v['accuracy']:.3f} ({v['n']} problems)" for k, v in ev.items())
+    def one(k: str, v: dict[str, Any]) -> str:
+        spp = v.get("samples_per_problem", 1)
+        if spp <= 1:
+            return f"{k}: acc {v['accuracy']:.3f} ({v['n']} problems)"
+        passes = ", ".join(f"pass@{kk} {p:.3f}" for kk, p in v.get("pass_at_k", {}).items())
+        return f"{k}: acc {v['accuracy']:.3f}, {passes} ({v['n'] // spp} problems x {spp})"
+
+    return ", ".join(one(k, v) for k, v in ev.items())
 
 
 def train_tooluse_cpu(args: argparse.Namespace) -> int:
@@ -187,8 +194,9 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         args.run_dir or os.environ.get("RUN_DIR") or REPO / "runs" / f"{family}-{args.method}-seed{args.seed}"
     )
     run_dir = run_dir.resolve()
-    if args.steps < 1:
-        print(f"error: --steps must be >= 1 (got {args.steps})", file=sys.stderr)
+    if args.steps < 1 or args.eval_samples < 1:
+        print(f"error: --steps and --eval-samples must be >= 1 (got {args.steps}, {args.eval_samples})",
+              file=sys.stderr)
         return 2
     t0 = time.time()
     what = "CPU default" if backend.path == "cpu" else f"GPU ({backend.path}: no SGLang installed)"
@@ -257,7 +265,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     eval_before = run_dir / "eval_before.json"
     if not eval_before.exists():
         eval_before.write_text(
-            json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns), indent=1)
+            json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns, args.eval_samples), indent=1)
         )
     before = json.loads(eval_before.read_text())
     print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
@@ -318,7 +326,11 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_
         return rc if rc > 0 else 1
 
     ckpt = latest_hf_checkpoint(run_dir)
-    after = _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns) if ckpt and before is not None else {}
+    after = (
+        _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns, args.eval_samples)
+        if ckpt and before is not None
+        else {}
+    )
     (run_dir / "eval_after.json").write_text(json.dumps(after, indent=1))
     summary = {
         "family": family,
@@ -378,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-freq", type=int, default=0, help="checkpoint every N steps (default: at the end)")
     p.add_argument("--n-train", type=int, default=1024, help="RL training problems")
     p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL")
+    p.add_argument("--eval-samples", type=int, default=1,
+                   help="samples per held-out problem at T = 1 (k > 1 adds pass@k; greedy is always one)")
     p.add_argument("--max-turns", type=int, default=3, help="assistant turns per episode (tool use)")
     p.add_argument(
         "--min-sft-accuracy",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stare_verl.jobs.demo.demos import build_demos, sample_problems, tool_call_text
-from stare_verl.jobs.demo.evaluate import _report, evaluate_model, run_episodes
+from stare_verl.jobs.demo.evaluate import EpisodeResult, _pass_at_ks, _report, evaluate_model, run_episodes
 from stare_verl.jobs.demo.model import build_model
 from stare_verl.jobs.demo.sft import render_demo
 from stare_verl.jobs.demo.tokenizer import build_tokenizer
@@ -96,3 +96,33 @@ def test_real_tiny_model_batched(setup):
         assert rep.n == 4 and 0.0 <= rep.accuracy <= 1.0
         assert all(sum(e.response_mask) <= 16 and e.assistant_turns >= 1 for e in eps)
     assert [e.response_ids for e in greedy_again] == [e.response_ids for e in out[0.0][1]]
+
+
+def test_pass_at_k_from_rounds():
+    # 2 problems x 4 rounds: problem 0 correct in rounds 0 and 2, problem 1 never
+    eps = [EpisodeResult("t", "s", "1", acc=(i == 0 and j in (0, 2))) for j in range(4) for i in range(2)]
+    got = _pass_at_ks(eps, 2, 4)
+    assert list(got) == [1, 2, 4]
+    assert got[1] == pytest.approx(0.25) and got[4] == pytest.approx(0.5)
+    assert got[2] == pytest.approx((1 - 1 / 6) / 2)  # 1 - C(2,2)/C(4,2) for problem 0, 0 for problem 1
+    with pytest.raises(ValueError):
+        _pass_at_ks(eps[:-1], 2, 4)
+
+
+def test_real_tiny_model_samples_per_problem(setup):
+    demos, tok = setup
+    model = build_model(tok, seed=0).eval()
+    problems = [d.problem for d in demos[:3]]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = evaluate_model(model, tok, problems, (0.0, 1.0), samples=3, max_response_tokens=8)
+        one = evaluate_model(model, tok, problems, (1.0,), max_response_tokens=8)[1.0][1]
+    finally:
+        torch.set_num_threads(threads)
+    greedy, sampled = out[0.0][0], out[1.0][0]
+    assert greedy.n == 3 and greedy.samples_per_problem == 1 and greedy.pass_at_k == {}
+    assert sampled.n == 9 and sampled.samples_per_problem == 3 and list(sampled.pass_at_k) == [1, 2, 3]
+    assert sampled.pass_at_k[1] == pytest.approx(sampled.accuracy)
+    # round 0 uses the seeds of the single-sample evaluation
+    assert [e.response_ids for e in out[1.0][1][:3]] == [e.response_ids for e in one]

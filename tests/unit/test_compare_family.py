@@ -19,7 +19,8 @@ def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
         rows = [{"step": i + 1, "actor/entropy": e, "stare/target_entropy": 0.12, "stare/gate_on": float(e < 0.12)}
                 for i, e in enumerate(ent)]  # fmt: skip
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        ev = {"T=0": {"accuracy": 0.5}, "T=1": {"accuracy": 0.25}}
+        ev = {"T=0": {"accuracy": 0.5}, "T=1": {"accuracy": 0.25, "pass_at_k": {"1": 0.25, "2": 0.4, "4": 0.5}}}
+        assert args.eval_samples == 4
         summary = {
             "family": args.family,
             "method": args.method,
@@ -41,7 +42,9 @@ def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
     assert {(s["method"], s["seed"]) for s in stats} == {("stare", 0), ("grpo", 0), ("stare", 1), ("grpo", 1)}
     grpo = next(s for s in stats if s["method"] == "grpo")
     assert grpo["entropy_last_quarter"] == 0.10 and grpo["gate_on_share"] == 0.5
+    assert grpo["entropy_first_quarter"] == 0.13 and grpo["pass_at_k_after_t1"] == 0.5 and grpo["pass_k"] == 4
     assert abs(grpo["mean_abs_entropy_minus_target"] - 0.015) < 1e-12
+    assert "pass@4 (T=1)" in (out / "table.md").read_text()
     assert (out / "entropy_overlay.png").stat().st_size > 0 and "| stare | 2 |" in (
         out / "table.md"
     ).read_text()

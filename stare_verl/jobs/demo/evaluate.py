@@ -104,7 +104,9 @@ class EvalReport:
         mean_tool_calls; tool_error_rate: tool errors per call (0 without calls); truncated_rate;
         malformed_call_rate: unreadable tool calls per call;
         mean_response_tokens: model tokens per episode; per_task: accuracy per task; temperature;
-        wall_s: seconds.
+        wall_s: seconds. With several samples per problem (``samples_per_problem`` k > 1, see
+        :func:`evaluate_model`) the means are over all n = problems x k episodes (``accuracy`` is then avg@k)
+        and ``pass_at_k`` maps each reported k' (powers of two below k, and k) to the mean unbiased pass@k'.
     """
 
     n: int
@@ -119,6 +121,8 @@ class EvalReport:
     mean_response_tokens: float
     per_task: dict[str, float]
     wall_s: float = 0.0
+    samples_per_problem: int = 1
+    pass_at_k: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready)."""
@@ -144,6 +148,17 @@ def _report(results: Sequence[EpisodeResult], temperature: float, wall_s: float)
         per_task={t: statistics.fmean(float(r.acc) for r in results if r.task == t) for t in tasks},
         wall_s=wall_s,
     )
+
+
+def _pass_at_ks(episodes: Sequence[EpisodeResult], n_problems: int, k: int) -> dict[int, float]:
+    """Mean unbiased pass@k' over problems, for k' in ``default_ks(k)``, from ``k`` rounds of episodes over the
+    same ``n_problems`` problems (episode ``j * n_problems + i`` is round j of problem i)."""
+    from stare_verl.jobs.evaluation.metrics import default_ks, pass_at_k
+
+    if len(episodes) != n_problems * k:
+        raise ValueError(f"{len(episodes)} episodes are not {k} rounds of {n_problems} problems")
+    correct = [sum(bool(episodes[j * n_problems + i].acc) for j in range(k)) for i in range(n_problems)]
+    return {kk: statistics.fmean(pass_at_k(k, c, kk) for c in correct) for kk in default_ks(k)}
 
 
 class _Episode:
@@ -318,6 +333,7 @@ def evaluate_model(
     *,
     seed: int = 0,
     max_batch_size: int = 64,
+    samples: int = 1,
     **episode_kwargs: Any,
 ) -> dict[float, tuple[EvalReport, list[EpisodeResult]]]:
     """Evaluate an in-memory causal LM (left in the mode it was in; weights untouched).
@@ -329,6 +345,9 @@ def evaluate_model(
         temperatures: one evaluation per temperature (0 = greedy).
         seed: sampling seed (episode ``i`` at a temperature uses ``seed + i``).
         max_batch_size: most sequences decoded together.
+        samples: episodes per problem at temperatures > 0 (greedy: always one): the problems are run ``samples``
+            times in a row (round j, problem i uses seed ``seed + j * len(problems) + i``, so round 0 is the
+            single-sample evaluation), and the report adds ``pass_at_k`` (see :class:`EvalReport`).
         **episode_kwargs: passed to :func:`run_episodes` (family, max_assistant_turns, max_response_tokens, ...).
     Returns:
         ``{temperature: (report, episodes)}``.
@@ -348,9 +367,14 @@ def evaluate_model(
         gen = engine_generate_fn(engine)
         for t in temperatures:
             t0 = time.perf_counter()
-            episodes = asyncio.run(run_episodes(problems, gen, tokenizer, temperature=float(t), seed=seed,
-                                                **episode_kwargs))
-            out[float(t)] = (_report(episodes, float(t), time.perf_counter() - t0), episodes)
+            k = max(1, int(samples)) if t > 0 else 1
+            episodes = asyncio.run(run_episodes(list(problems) * k, gen, tokenizer, temperature=float(t),
+                                                seed=seed, **episode_kwargs))
+            rep = _report(episodes, float(t), time.perf_counter() - t0)
+            if k > 1:
+                rep.samples_per_problem = k
+                rep.pass_at_k = _pass_at_ks(episodes, len(problems), k)
+            out[float(t)] = (rep, episodes)
     finally:
         engine.shutdown()
     return out
@@ -364,6 +388,7 @@ def evaluate_checkpoint(
     temperatures: Sequence[float] = (0.0, 1.0),
     seed: int = 0,
     family: str | None = None,
+    samples: int = 1,
     **episode_kwargs: Any,
 ) -> dict[float, EvalReport]:
     """Held-out accuracy of the checkpoint at ``path`` (model and tokenizer in one directory).
@@ -378,6 +403,7 @@ def evaluate_checkpoint(
         n: problems to evaluate (None: all ``n_heldout``).
         data_seed, n_heldout: see above.
         family: the task family (None: ``sft_config.json``'s, else ``tooluse``).
+        samples: episodes per problem at temperatures > 0 (adds pass@k, see :func:`evaluate_model`).
         temperatures, seed, episode_kwargs: see :func:`evaluate_model`.
     Returns:
         ``{temperature: EvalReport}``.
@@ -401,7 +427,8 @@ def evaluate_checkpoint(
     tokenizer = load_tokenizer(path)
     if "max_response_tokens" not in episode_kwargs and "max_response_tokens" in saved:
         episode_kwargs["max_response_tokens"] = saved["max_response_tokens"]
-    res = evaluate_model(model, tokenizer, problems, temperatures, seed=seed, family=family, **episode_kwargs)
+    res = evaluate_model(model, tokenizer, problems, temperatures, seed=seed, family=family, samples=samples,
+                         **episode_kwargs)
     return {t: rep for t, (rep, _) in res.items()}
 
 
