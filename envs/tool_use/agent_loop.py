@@ -66,7 +66,13 @@ from verl.utils.profiler import simple_timer
 from verl.utils.ray_utils import get_event_loop
 
 from envs.contract import AGENT_NAME, END_OF_TURN_TOKENS, MODEL_TEXT_KEY
-from envs.scoring.extract import think_visible_spans
+from envs.tool_use.parser import (
+    ParsedCall,
+    model_response_text,
+    parse_tool_calls,
+    remove_tool_calls,
+    strip_thinking,
+)
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -85,176 +91,6 @@ __all__ = [
 ]
 
 
-TOOL_CALL_START = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "object": (dict,),
-    "array": (list,),
-}
-
-
-# ------------------------------------------------------------------------------------------- parsing
-
-
-def strip_thinking(text: str) -> str:
-    """Remove reasoning spans: every ``<think>...</think>`` (nested blocks count their depth, so an inner
-    ``</think>`` does not end the outer block); text before a ``</think>`` that closes no opened block
-    (templates that open the think block in the prompt); everything after an unclosed ``<think>``.
-
-    Linear in ``len(text)`` (``envs.scoring.extract.think_visible_spans``, shared with the long-CoT scorer).
-    """
-    spans, _ = think_visible_spans(text)
-    return "".join(text[a:b] for a, b in spans)
-
-
-def remove_tool_calls(text: str) -> str:
-    """Remove every ``<tool_call>...</tool_call>`` block and a trailing unclosed ``<tool_call>...``.
-
-    A single left-to-right scan (linear even for thousands of unclosed tags, where a lazy regex is quadratic).
-    """
-    out, pos = [], 0
-    while True:
-        start = text.find(TOOL_CALL_START, pos)
-        if start == -1:
-            out.append(text[pos:])
-            return "".join(out)
-        out.append(text[pos:start])
-        end = text.find(TOOL_CALL_END, start + len(TOOL_CALL_START))
-        if end == -1:  # unclosed: drop the rest
-            return "".join(out)
-        pos = end + len(TOOL_CALL_END)
-
-
-@dataclass
-class ParsedCall:
-    """One tool call written by the model (outside thinking).
-
-    Attributes:
-        raw: the text between the tags (or after an unclosed ``<tool_call>``).
-        name: the tool name, when the JSON had one.
-        arguments: the arguments object, when valid.
-        error: None for a well-formed call of a known tool with the required arguments; otherwise the
-            message the model gets as the observation.
-    """
-
-    raw: str
-    name: str | None = None
-    arguments: dict[str, Any] | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True for a well-formed call of a known tool (it will be run)."""
-        return self.error is None
-
-    def function_call(self) -> FunctionCall:
-        """verl's ``FunctionCall`` of a valid call (arguments as a JSON string)."""
-        if not self.ok:
-            raise ValueError(f"malformed tool call: {self.error}")
-        return FunctionCall(name=self.name, arguments=json.dumps(self.arguments, ensure_ascii=False))
-
-
-def _check_arguments(name: str, args: dict[str, Any], schema: OpenAIFunctionToolSchema | None) -> str | None:
-    if schema is None:
-        return None
-    params = schema.function.parameters
-    missing = [r for r in (params.required or []) if r not in args]
-    if missing:
-        return f"Error: tool '{name}' needs the argument(s) {', '.join(missing)}; nothing was run."
-    for key, value in args.items():
-        prop = (params.properties or {}).get(key)
-        if prop is None:
-            continue
-        names = [prop.type] if isinstance(prop.type, str) else list(prop.type)
-        if any(t not in _JSON_TYPES for t in names):
-            continue
-        expected = tuple(ty for t in names for ty in _JSON_TYPES[t])
-        if not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected):
-            return (
-                f"Error: argument '{key}' of tool '{name}' must be a JSON {' or '.join(names)}, "
-                f"got {type(value).__name__}; nothing was run."
-            )
-    return None
-
-
-def _parse_one(raw: str, tools: dict[str, OpenAIFunctionToolSchema | None]) -> ParsedCall:
-    body = raw.strip()
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as err:
-        return ParsedCall(
-            raw,
-            error=(
-                f"Error: the tool call is not valid JSON ({err.msg} at char {err.pos}); nothing was run. "
-                'Write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'
-            ),
-        )
-    except RecursionError:  # e.g. thousands of nested brackets: json's decoder recurses per level
-        return ParsedCall(raw, error="Error: the tool call nests JSON too deeply; nothing was run.")
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return ParsedCall(
-            raw, error='Error: a tool call must be a JSON object with a "name"; nothing was run.'
-        )
-    name = obj["name"]
-    if name not in tools:
-        avail = ", ".join(sorted(tools)) or "none"
-        return ParsedCall(raw, name=name, error=f"Error: unknown tool '{name}'. Available tools: {avail}.")
-    args = obj.get("arguments", {})
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except (json.JSONDecodeError, RecursionError):
-            pass
-    if not isinstance(args, dict):
-        return ParsedCall(
-            raw,
-            name=name,
-            error=f"Error: \"arguments\" of tool '{name}' must be a JSON object; nothing was run.",
-        )
-    err = _check_arguments(name, args, tools[name])
-    return ParsedCall(raw, name=name, arguments=args if err is None else None, error=err)
-
-
-def parse_tool_calls(
-    text: str, tools: dict[str, OpenAIFunctionToolSchema | None]
-) -> tuple[str, list[ParsedCall]]:
-    """Parse the hermes tool calls of one assistant turn, ignoring those inside ``<think>...</think>``.
-
-    Args:
-        text: the decoded turn (special tokens kept).
-        tools: the available tools, name -> schema (None: no argument checks).
-
-    Returns:
-        ``(content, calls)``: the turn's text without thinking and tool-call blocks, and the calls in order
-        (well-formed ones and malformed ones with their error message). An unclosed ``<tool_call>`` is one
-        malformed call.
-    """
-    visible = strip_thinking(text)
-    calls: list[ParsedCall] = []
-    pos = 0
-    while True:
-        start = visible.find(TOOL_CALL_START, pos)
-        if start == -1:
-            break
-        end = visible.find(TOOL_CALL_END, start + len(TOOL_CALL_START))
-        if end == -1:
-            raw = visible[start + len(TOOL_CALL_START) :]
-            calls.append(
-                ParsedCall(
-                    raw, error=f"Error: the tool call was not closed with {TOOL_CALL_END}; nothing was run."
-                )
-            )
-            break
-        calls.append(_parse_one(visible[start + len(TOOL_CALL_START) : end], tools))
-        pos = end + len(TOOL_CALL_END)
-    return remove_tool_calls(visible).strip(), calls
-
-
 @ToolParser.register("hermes_think")
 class HermesThinkToolParser(ToolParser):
     """verl ``ToolParser`` (``multi_turn.format: hermes_think``) with ``parse_tool_calls``'s rules, for
@@ -269,40 +105,6 @@ class HermesThinkToolParser(ToolParser):
         schemas = {t.function.name: t for t in tools or []}
         content, calls = parse_tool_calls(text, schemas)
         return content, [c.function_call() for c in calls if c.ok]
-
-
-def _mask_runs(response_ids: list[int], response_mask: list[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    cur: list[int] = []
-    for tok, m in zip(response_ids, response_mask, strict=False):
-        if m:
-            cur.append(int(tok))
-        elif cur:
-            runs.append(cur)
-            cur = []
-    if cur:
-        runs.append(cur)
-    return runs
-
-
-def model_response_text(response_ids: list[int], response_mask: list[int], tokenizer) -> str:
-    """The text the reward may see: the model-generated tokens only (``response_mask == 1``).
-
-    Each run of mask-1 tokens (one assistant turn) is decoded on its own with special tokens kept, its
-    tool-call blocks are removed (the code sent to a tool is an action, not an answer), then the
-    tokenizer's special-token strings are removed; the turns are joined with newlines. Tool output
-    (mask 0) never enters it.
-    """
-    specials = [s for s in getattr(tokenizer, "all_special_tokens", []) if s]
-    parts = []
-    for run in _mask_runs(response_ids, response_mask):
-        text = remove_tool_calls(tokenizer.decode(run, skip_special_tokens=False))
-        for s in specials:
-            text = text.replace(s, "")
-        text = text.strip()
-        if text:
-            parts.append(text)
-    return "\n".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- loop
