@@ -45,12 +45,8 @@ Loop options (hydra kwargs; give them through verl's ``rollout.agent.agent_loop_
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import os
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
@@ -61,11 +57,12 @@ from verl.experimental.agent_loop.tool_agent_loop import (
     ToolAgentLoop,
 )
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
-from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.utils.profiler import simple_timer
 from verl.utils.ray_utils import get_event_loop
 
 from envs.contract import AGENT_NAME, END_OF_TURN_TOKENS, MODEL_TEXT_KEY
+from envs.tool_use.episode import EpisodeStats, ToolCallRunner, turn_termination
 from envs.tool_use.parser import (
     ParsedCall,
     model_response_text,
@@ -124,27 +121,6 @@ def _end_token_ids(tokenizer) -> set[int]:
     return ids
 
 
-@dataclass
-class EpisodeStats:
-    """Counters of one trajectory (see the module docstring for their meaning)."""
-
-    termination: str = "answer"
-    hit_eos: bool = True
-    num_tool_calls: int = 0
-    num_tool_executed: int = 0
-    num_malformed_calls: int = 0
-    num_tool_exceptions: int = 0
-    num_tool_timeouts: int = 0
-    tool_time_s: float = 0.0
-    tool_call_log: list[dict[str, Any]] = field(default_factory=list)
-    pending: list[ParsedCall] = field(default_factory=list)
-
-    @property
-    def num_tool_errors(self) -> int:
-        """Calls that did not produce a normal tool result: malformed + exceptions + timeouts."""
-        return self.num_malformed_calls + self.num_tool_exceptions + self.num_tool_timeouts
-
-
 @register(AGENT_NAME)
 class StareToolAgentLoop(ToolAgentLoop):
     """Multi-turn hermes tool use with exact tokens, answered malformed calls and reward text from model
@@ -177,39 +153,34 @@ class StareToolAgentLoop(ToolAgentLoop):
         finally:
             await self._release_trajectory()
         st: EpisodeStats = self._agent_data.stare_stats
+        st.num_assistant_turns = int(self._agent_data.assistant_turns)
         mask = list(output.response_mask)
         output.extra_fields.update(
             {
                 MODEL_TEXT_KEY: model_response_text(output.response_ids, mask, self.tokenizer),
                 "response_length": int(sum(mask)),
-                "hit_eos": bool(st.hit_eos),
-                "termination": st.termination,
-                "num_assistant_turns": int(self._agent_data.assistant_turns),
-                "num_tool_calls": st.num_tool_calls,
-                "num_tool_executed": st.num_tool_executed,
-                "num_malformed_calls": st.num_malformed_calls,
-                "num_tool_exceptions": st.num_tool_exceptions,
-                "num_tool_timeouts": st.num_tool_timeouts,
-                "num_tool_errors": st.num_tool_errors,
-                "tool_time_s": float(st.tool_time_s),
-                "tool_call_log": st.tool_call_log,
+                **st.counters(),
             }
         )
         return output
+
+    def _runner(self, agent_data: AgentData | None = None) -> ToolCallRunner:
+        """The shared tool-call runner (``envs.tool_use.episode``) over this sample's active tools."""
+        tools = getattr(agent_data, "_active_tools", self.tools) if agent_data is not None else self.tools
+        return ToolCallRunner(
+            tools,
+            max_parallel_calls=self.max_parallel_calls,
+            tool_timeout_s=self.tool_timeout_s,
+            max_tool_response_chars=self.max_tool_response_length,
+            truncate_side=self.tool_response_truncate_side,
+        )
 
     async def _release_trajectory(self) -> None:
         """Close per-trajectory tool state (tools with ``release_trajectory(request_id)``, e.g. a persistent
         ``code_interpreter`` session keyed by trajectory); errors are logged, never raised."""
         if self._agent_data is None:
             return
-        for name, tool in self.tools.items():
-            release = getattr(tool, "release_trajectory", None)
-            if release is None:
-                continue
-            try:
-                await release(self._agent_data.request_id)
-            except Exception:  # noqa: BLE001 - cleanup must not fail the rollout
-                logger.exception("release_trajectory of tool %s failed", name)
+        await self._runner().release_trajectory(self._agent_data.request_id)
 
     async def _handle_pending_state(
         self, agent_data: AgentData, sampling_params: dict[str, Any]
@@ -307,14 +278,17 @@ class StareToolAgentLoop(ToolAgentLoop):
         )
         content, calls = parse_tool_calls(text, {name: tool.tool_schema for name, tool in active.items()})
         agent_data.messages.append(self._assistant_message(content, calls))
-        if not calls:
-            return self._terminate(agent_data, "answer")
-        if self.max_assistant_turns and agent_data.assistant_turns >= self.max_assistant_turns:
-            return self._terminate(agent_data, "max_assistant_turns")
-        if self.max_user_turns and agent_data.user_turns >= self.max_user_turns:
-            return self._terminate(agent_data, "max_user_turns")
-        if len(agent_data.response_mask) >= self.response_length:
-            return self._terminate(agent_data, "length")
+        reason = turn_termination(
+            st,
+            calls=calls,
+            assistant_turns=agent_data.assistant_turns,
+            user_turns=agent_data.user_turns,
+            max_assistant_turns=self.max_assistant_turns,
+            max_user_turns=self.max_user_turns,
+            budget_spent=len(agent_data.response_mask) >= self.response_length,
+        )
+        if reason is not None:
+            return self._terminate(agent_data, reason)
         st.pending = calls
         return AgentState.PROCESSING_TOOLS
 
@@ -341,7 +315,7 @@ class StareToolAgentLoop(ToolAgentLoop):
         calls, st.pending = st.pending, []
         previous_messages = list(agent_data.messages)
         with simple_timer("tool_calls", agent_data.metrics):
-            texts = await asyncio.gather(*[self._answer_call(i, c, agent_data) for i, c in enumerate(calls)])
+            texts = await self._runner(agent_data).answer_turn(calls, st, agent_data)
         agent_data.messages.extend({"role": "tool", "content": t} for t in texts)
 
         schemas = getattr(agent_data, "_active_tool_schemas", self.tool_schemas)
@@ -361,77 +335,3 @@ class StareToolAgentLoop(ToolAgentLoop):
             agent_data.response_logprobs = logprobs or []
         agent_data.user_turns += 1
         return AgentState.GENERATING
-
-    async def _answer_call(self, index: int, call: ParsedCall, agent_data: AgentData) -> str:
-        """The observation text for one call; runs it when it is well-formed and within the parallel limit."""
-        st: EpisodeStats = agent_data.stare_stats
-        st.num_tool_calls += 1
-        entry: dict[str, Any] = {"name": call.name, "error": None, "seconds": 0.0}
-        if call.ok:
-            entry["arguments"] = json.dumps(call.arguments, ensure_ascii=False)
-        if call.ok and index >= self.max_parallel_calls:
-            call = ParsedCall(
-                call.raw,
-                name=call.name,
-                error=f"Error: at most {self.max_parallel_calls} tool call(s) per turn; this one was not run.",
-            )
-        if not call.ok:
-            st.num_malformed_calls += 1
-            entry["error"] = "malformed"
-            st.tool_call_log.append(entry)
-            return call.error
-
-        active = getattr(agent_data, "_active_tools", self.tools)
-        tool = active[call.name]
-        t0 = time.perf_counter()
-        try:
-            text, metrics = await asyncio.wait_for(
-                self._execute(tool, call, agent_data), timeout=self.tool_timeout_s
-            )
-        except asyncio.TimeoutError:
-            st.num_tool_timeouts += 1
-            entry["error"] = "timeout"
-            text = f"Error: the tool call did not finish within {self.tool_timeout_s:g} s and was stopped."
-        except Exception as err:  # noqa: BLE001 - a failing tool must not end the rollout
-            logger.warning("tool %s failed: %r", call.name, err)
-            st.num_tool_exceptions += 1
-            entry["error"] = "exception"
-            text = f"Error: tool '{call.name}' failed: {type(err).__name__}: {err}"
-        else:
-            st.num_tool_executed += 1
-            if isinstance(metrics, dict) and metrics.get("timed_out"):
-                st.num_tool_timeouts += 1
-                entry["error"] = "timeout"
-        seconds = time.perf_counter() - t0
-        st.tool_time_s += seconds
-        entry["seconds"] = round(seconds, 4)
-        st.tool_call_log.append(entry)
-        return self._truncate(text)
-
-    async def _execute(self, tool, call: ParsedCall, agent_data: AgentData) -> tuple[str, dict]:
-        """create -> execute -> release of one verl ``BaseTool`` (release also on failure/cancellation)."""
-        kwargs = (agent_data.tools_kwargs or {}).get(call.name, {}) or {}
-        instance_id, _ = await tool.create(create_kwargs=kwargs.get("create_kwargs", {}))
-        try:
-            response, reward, metrics = await tool.execute(instance_id, call.arguments, agent_data=agent_data)
-        finally:
-            await asyncio.shield(tool.release(instance_id))
-        if reward is not None:
-            agent_data.tool_rewards.append(reward)
-        if isinstance(response, ToolResponse):
-            if response.image or response.video:
-                logger.warning("tool %s returned images/video; only its text is used", call.name)
-            return response.text or "", metrics
-        return str(response), metrics
-
-    def _truncate(self, text: str) -> str:
-        n = self.max_tool_response_length
-        if not text or len(text) <= n:
-            return text
-        side = self.tool_response_truncate_side
-        if side == "left":
-            return "(truncated)..." + text[-n:]
-        if side == "right":
-            return text[:n] + "...(truncated)"
-        half = n // 2
-        return text[:half] + "...(truncated)..." + text[-half:]
