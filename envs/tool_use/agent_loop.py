@@ -61,8 +61,8 @@ from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.utils.profiler import simple_timer
 from verl.utils.ray_utils import get_event_loop
 
-from envs.contract import AGENT_NAME, END_OF_TURN_TOKENS, MODEL_TEXT_KEY
-from envs.tool_use.episode import EpisodeStats, ToolCallRunner, turn_termination
+from envs.contract import AGENT_NAME, MODEL_TEXT_KEY
+from envs.tool_use.episode import EpisodeStats, ToolCallRunner, end_token_ids, turn_termination
 from envs.tool_use.parser import (
     ParsedCall,
     model_response_text,
@@ -106,21 +106,6 @@ class HermesThinkToolParser(ToolParser):
 
 # ---------------------------------------------------------------------------------------------- loop
 
-# Turn-ending tokens besides the tokenizer's EOS (envs.contract).
-_END_TOKENS = END_OF_TURN_TOKENS
-
-
-def _end_token_ids(tokenizer) -> set[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    ids = {int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]) if t is not None}
-    try:
-        vocab = tokenizer.get_vocab()
-    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: EOS only
-        vocab = {}
-    ids.update(int(vocab[t]) for t in _END_TOKENS if t in vocab)
-    return ids
-
-
 @register(AGENT_NAME)
 class StareToolAgentLoop(ToolAgentLoop):
     """Multi-turn hermes tool use with exact tokens, answered malformed calls and reward text from model
@@ -140,7 +125,7 @@ class StareToolAgentLoop(ToolAgentLoop):
         if not tool_timeout_s or float(tool_timeout_s) <= 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
         self.tool_timeout_s = float(tool_timeout_s)
-        self._stop_ids = _end_token_ids(self.tokenizer) | set(self.tool_parser.stop_token_ids)
+        self._stop_ids = end_token_ids(self.tokenizer) | set(self.tool_parser.stop_token_ids)
         self._agent_data: AgentData | None = None
 
     # -- trajectory ---------------------------------------------------------------------------------

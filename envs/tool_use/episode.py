@@ -26,9 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from envs.contract import END_OF_TURN_TOKENS
 from envs.tool_use.parser import ParsedCall
 
-__all__ = ["EpisodeStats", "ToolCallRunner", "turn_termination"]
+__all__ = ["EpisodeStats", "ToolCallRunner", "end_token_ids", "turn_termination"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,19 @@ def turn_termination(
     if reason is not None:
         stats.termination = reason
     return reason
+
+
+def end_token_ids(tokenizer: Any) -> set[int]:
+    """Token ids that end a model turn: the tokenizer's EOS id(s) and those of ``envs.contract.END_OF_TURN_TOKENS``
+    in its vocabulary (a turn that stops on one of them was ended by the model, not cut)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ids = {int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]) if t is not None}
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: EOS only
+        vocab = {}
+    ids.update(int(vocab[t]) for t in END_OF_TURN_TOKENS if t in vocab)
+    return ids
 
 
 class ToolCallRunner:
