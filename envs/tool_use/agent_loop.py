@@ -9,7 +9,9 @@ What it changes relative to verl 0.9.1's ``ToolAgentLoop`` (whose prompt buildin
 selection and output assembly it reuses):
 
 - Tool calls are parsed from the turn's own token ids (hermes ``<tool_call>{json}</tool_call>``) and
-  calls written inside ``<think>...</think>`` are ignored (``parse_tool_calls``).
+  calls written inside ``<think>...</think>`` are ignored (``envs.tool_use.parser.parse_tool_calls``; a call
+  ends where its JSON ends, so markup inside the call's strings ends nothing). Calls are answered, counted and
+  the episode ended by the runner shared with the evaluations (``envs.tool_use.episode``).
 - A malformed call (bad JSON, no name, unknown tool, arguments not an object, a missing or mistyped
   required argument, an unclosed ``<tool_call>``, more calls than ``max_parallel_calls``) is answered by
   an error observation the model can read, and counted (``num_malformed_calls``), instead of being
