@@ -200,34 +200,23 @@ class ThinkSplit:
     opened: bool
 
 
-_THINK_TAG_RE = re.compile(r"<think>|</think>")
-
-
 def think_visible_spans(text: str) -> tuple[list[tuple[int, int]], int]:
-    """The spans of ``text`` outside reasoning blocks, in one linear scan over the think tags.
+    """The spans of ``text`` outside reasoning blocks, in one linear scan (``envs.markup.scan_markup``).
 
     Blocks nest (an inner ``</think>`` does not close the outer block). A ``</think>`` that closes no open block
-    ends reasoning opened by the chat template (R1-distill), so everything before it is reasoning.
+    ends reasoning opened by the chat template (R1-distill), so everything before it is reasoning. Think tags
+    inside a hermes tool call's JSON strings (``<tool_call>{"arguments": {"code": "print('</think>')"}}...``)
+    open and close nothing: a call ends where its JSON ends.
 
     Returns:
-        ``(spans, depth)``: ``[(start, end), ...]`` character ranges of visible text in order, and the nesting
-        depth at the end of the text (> 0: a block was left open, and the text after its tag is not visible).
+        ``(spans, depth)``: ``[(start, end), ...]`` non-empty character ranges of visible text in order, and the
+        nesting depth at the end of the text (> 0: a block was left open, and the text after its tag is not
+        visible).
     """
-    spans: list[tuple[int, int]] = []
-    depth, pos = 0, 0
-    for m in _THINK_TAG_RE.finditer(text):
-        if m.group() == THINK_OPEN:
-            if depth == 0:
-                spans.append((pos, m.start()))
-            depth += 1
-        elif depth == 0:  # closes reasoning that the prompt opened
-            spans.clear()
-        else:
-            depth -= 1
-        pos = m.end()
-    if depth == 0:
-        spans.append((pos, len(text)))
-    return [sp for sp in spans if sp[1] > sp[0]], depth
+    from envs.markup import scan_markup
+
+    mk = scan_markup(text)
+    return mk.visible, mk.depth
 
 
 def split_think(text: str, mode: ThinkMode = "auto") -> ThinkSplit:

@@ -9,7 +9,9 @@ What it changes relative to verl 0.9.1's ``ToolAgentLoop`` (whose prompt buildin
 selection and output assembly it reuses):
 
 - Tool calls are parsed from the turn's own token ids (hermes ``<tool_call>{json}</tool_call>``) and
-  calls written inside ``<think>...</think>`` are ignored (``parse_tool_calls``).
+  calls written inside ``<think>...</think>`` are ignored (``envs.tool_use.parser.parse_tool_calls``; a call
+  ends where its JSON ends, so markup inside the call's strings ends nothing). Calls are answered, counted and
+  the episode ended by the runner shared with the evaluations (``envs.tool_use.episode``).
 - A malformed call (bad JSON, no name, unknown tool, arguments not an object, a missing or mistyped
   required argument, an unclosed ``<tool_call>``, more calls than ``max_parallel_calls``) is answered by
   an error observation the model can read, and counted (``num_malformed_calls``), instead of being
@@ -45,12 +47,8 @@ Loop options (hydra kwargs; give them through verl's ``rollout.agent.agent_loop_
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import os
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
@@ -61,12 +59,19 @@ from verl.experimental.agent_loop.tool_agent_loop import (
     ToolAgentLoop,
 )
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
-from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.utils.profiler import simple_timer
 from verl.utils.ray_utils import get_event_loop
 
-from envs.contract import AGENT_NAME, END_OF_TURN_TOKENS, MODEL_TEXT_KEY
-from envs.scoring.extract import think_visible_spans
+from envs.contract import AGENT_NAME, MODEL_TEXT_KEY
+from envs.tool_use.episode import EpisodeStats, ToolCallRunner, end_token_ids, turn_termination
+from envs.tool_use.parser import (
+    ParsedCall,
+    model_response_text,
+    parse_tool_calls,
+    remove_tool_calls,
+    strip_thinking,
+)
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -85,176 +90,6 @@ __all__ = [
 ]
 
 
-TOOL_CALL_START = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "object": (dict,),
-    "array": (list,),
-}
-
-
-# ------------------------------------------------------------------------------------------- parsing
-
-
-def strip_thinking(text: str) -> str:
-    """Remove reasoning spans: every ``<think>...</think>`` (nested blocks count their depth, so an inner
-    ``</think>`` does not end the outer block); text before a ``</think>`` that closes no opened block
-    (templates that open the think block in the prompt); everything after an unclosed ``<think>``.
-
-    Linear in ``len(text)`` (``envs.scoring.extract.think_visible_spans``, shared with the long-CoT scorer).
-    """
-    spans, _ = think_visible_spans(text)
-    return "".join(text[a:b] for a, b in spans)
-
-
-def remove_tool_calls(text: str) -> str:
-    """Remove every ``<tool_call>...</tool_call>`` block and a trailing unclosed ``<tool_call>...``.
-
-    A single left-to-right scan (linear even for thousands of unclosed tags, where a lazy regex is quadratic).
-    """
-    out, pos = [], 0
-    while True:
-        start = text.find(TOOL_CALL_START, pos)
-        if start == -1:
-            out.append(text[pos:])
-            return "".join(out)
-        out.append(text[pos:start])
-        end = text.find(TOOL_CALL_END, start + len(TOOL_CALL_START))
-        if end == -1:  # unclosed: drop the rest
-            return "".join(out)
-        pos = end + len(TOOL_CALL_END)
-
-
-@dataclass
-class ParsedCall:
-    """One tool call written by the model (outside thinking).
-
-    Attributes:
-        raw: the text between the tags (or after an unclosed ``<tool_call>``).
-        name: the tool name, when the JSON had one.
-        arguments: the arguments object, when valid.
-        error: None for a well-formed call of a known tool with the required arguments; otherwise the
-            message the model gets as the observation.
-    """
-
-    raw: str
-    name: str | None = None
-    arguments: dict[str, Any] | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True for a well-formed call of a known tool (it will be run)."""
-        return self.error is None
-
-    def function_call(self) -> FunctionCall:
-        """verl's ``FunctionCall`` of a valid call (arguments as a JSON string)."""
-        if not self.ok:
-            raise ValueError(f"malformed tool call: {self.error}")
-        return FunctionCall(name=self.name, arguments=json.dumps(self.arguments, ensure_ascii=False))
-
-
-def _check_arguments(name: str, args: dict[str, Any], schema: OpenAIFunctionToolSchema | None) -> str | None:
-    if schema is None:
-        return None
-    params = schema.function.parameters
-    missing = [r for r in (params.required or []) if r not in args]
-    if missing:
-        return f"Error: tool '{name}' needs the argument(s) {', '.join(missing)}; nothing was run."
-    for key, value in args.items():
-        prop = (params.properties or {}).get(key)
-        if prop is None:
-            continue
-        names = [prop.type] if isinstance(prop.type, str) else list(prop.type)
-        if any(t not in _JSON_TYPES for t in names):
-            continue
-        expected = tuple(ty for t in names for ty in _JSON_TYPES[t])
-        if not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected):
-            return (
-                f"Error: argument '{key}' of tool '{name}' must be a JSON {' or '.join(names)}, "
-                f"got {type(value).__name__}; nothing was run."
-            )
-    return None
-
-
-def _parse_one(raw: str, tools: dict[str, OpenAIFunctionToolSchema | None]) -> ParsedCall:
-    body = raw.strip()
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as err:
-        return ParsedCall(
-            raw,
-            error=(
-                f"Error: the tool call is not valid JSON ({err.msg} at char {err.pos}); nothing was run. "
-                'Write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'
-            ),
-        )
-    except RecursionError:  # e.g. thousands of nested brackets: json's decoder recurses per level
-        return ParsedCall(raw, error="Error: the tool call nests JSON too deeply; nothing was run.")
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return ParsedCall(
-            raw, error='Error: a tool call must be a JSON object with a "name"; nothing was run.'
-        )
-    name = obj["name"]
-    if name not in tools:
-        avail = ", ".join(sorted(tools)) or "none"
-        return ParsedCall(raw, name=name, error=f"Error: unknown tool '{name}'. Available tools: {avail}.")
-    args = obj.get("arguments", {})
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except (json.JSONDecodeError, RecursionError):
-            pass
-    if not isinstance(args, dict):
-        return ParsedCall(
-            raw,
-            name=name,
-            error=f"Error: \"arguments\" of tool '{name}' must be a JSON object; nothing was run.",
-        )
-    err = _check_arguments(name, args, tools[name])
-    return ParsedCall(raw, name=name, arguments=args if err is None else None, error=err)
-
-
-def parse_tool_calls(
-    text: str, tools: dict[str, OpenAIFunctionToolSchema | None]
-) -> tuple[str, list[ParsedCall]]:
-    """Parse the hermes tool calls of one assistant turn, ignoring those inside ``<think>...</think>``.
-
-    Args:
-        text: the decoded turn (special tokens kept).
-        tools: the available tools, name -> schema (None: no argument checks).
-
-    Returns:
-        ``(content, calls)``: the turn's text without thinking and tool-call blocks, and the calls in order
-        (well-formed ones and malformed ones with their error message). An unclosed ``<tool_call>`` is one
-        malformed call.
-    """
-    visible = strip_thinking(text)
-    calls: list[ParsedCall] = []
-    pos = 0
-    while True:
-        start = visible.find(TOOL_CALL_START, pos)
-        if start == -1:
-            break
-        end = visible.find(TOOL_CALL_END, start + len(TOOL_CALL_START))
-        if end == -1:
-            raw = visible[start + len(TOOL_CALL_START) :]
-            calls.append(
-                ParsedCall(
-                    raw, error=f"Error: the tool call was not closed with {TOOL_CALL_END}; nothing was run."
-                )
-            )
-            break
-        calls.append(_parse_one(visible[start + len(TOOL_CALL_START) : end], tools))
-        pos = end + len(TOOL_CALL_END)
-    return remove_tool_calls(visible).strip(), calls
-
-
 @ToolParser.register("hermes_think")
 class HermesThinkToolParser(ToolParser):
     """verl ``ToolParser`` (``multi_turn.format: hermes_think``) with ``parse_tool_calls``'s rules, for
@@ -271,77 +106,7 @@ class HermesThinkToolParser(ToolParser):
         return content, [c.function_call() for c in calls if c.ok]
 
 
-def _mask_runs(response_ids: list[int], response_mask: list[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    cur: list[int] = []
-    for tok, m in zip(response_ids, response_mask, strict=False):
-        if m:
-            cur.append(int(tok))
-        elif cur:
-            runs.append(cur)
-            cur = []
-    if cur:
-        runs.append(cur)
-    return runs
-
-
-def model_response_text(response_ids: list[int], response_mask: list[int], tokenizer) -> str:
-    """The text the reward may see: the model-generated tokens only (``response_mask == 1``).
-
-    Each run of mask-1 tokens (one assistant turn) is decoded on its own with special tokens kept, its
-    tool-call blocks are removed (the code sent to a tool is an action, not an answer), then the
-    tokenizer's special-token strings are removed; the turns are joined with newlines. Tool output
-    (mask 0) never enters it.
-    """
-    specials = [s for s in getattr(tokenizer, "all_special_tokens", []) if s]
-    parts = []
-    for run in _mask_runs(response_ids, response_mask):
-        text = remove_tool_calls(tokenizer.decode(run, skip_special_tokens=False))
-        for s in specials:
-            text = text.replace(s, "")
-        text = text.strip()
-        if text:
-            parts.append(text)
-    return "\n".join(parts)
-
-
 # ---------------------------------------------------------------------------------------------- loop
-
-# Turn-ending tokens besides the tokenizer's EOS (envs.contract).
-_END_TOKENS = END_OF_TURN_TOKENS
-
-
-def _end_token_ids(tokenizer) -> set[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    ids = {int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]) if t is not None}
-    try:
-        vocab = tokenizer.get_vocab()
-    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: EOS only
-        vocab = {}
-    ids.update(int(vocab[t]) for t in _END_TOKENS if t in vocab)
-    return ids
-
-
-@dataclass
-class EpisodeStats:
-    """Counters of one trajectory (see the module docstring for their meaning)."""
-
-    termination: str = "answer"
-    hit_eos: bool = True
-    num_tool_calls: int = 0
-    num_tool_executed: int = 0
-    num_malformed_calls: int = 0
-    num_tool_exceptions: int = 0
-    num_tool_timeouts: int = 0
-    tool_time_s: float = 0.0
-    tool_call_log: list[dict[str, Any]] = field(default_factory=list)
-    pending: list[ParsedCall] = field(default_factory=list)
-
-    @property
-    def num_tool_errors(self) -> int:
-        """Calls that did not produce a normal tool result: malformed + exceptions + timeouts."""
-        return self.num_malformed_calls + self.num_tool_exceptions + self.num_tool_timeouts
-
 
 @register(AGENT_NAME)
 class StareToolAgentLoop(ToolAgentLoop):
@@ -362,7 +127,7 @@ class StareToolAgentLoop(ToolAgentLoop):
         if not tool_timeout_s or float(tool_timeout_s) <= 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
         self.tool_timeout_s = float(tool_timeout_s)
-        self._stop_ids = _end_token_ids(self.tokenizer) | set(self.tool_parser.stop_token_ids)
+        self._stop_ids = end_token_ids(self.tokenizer) | set(self.tool_parser.stop_token_ids)
         self._agent_data: AgentData | None = None
 
     # -- trajectory ---------------------------------------------------------------------------------
@@ -375,39 +140,34 @@ class StareToolAgentLoop(ToolAgentLoop):
         finally:
             await self._release_trajectory()
         st: EpisodeStats = self._agent_data.stare_stats
+        st.num_assistant_turns = int(self._agent_data.assistant_turns)
         mask = list(output.response_mask)
         output.extra_fields.update(
             {
                 MODEL_TEXT_KEY: model_response_text(output.response_ids, mask, self.tokenizer),
                 "response_length": int(sum(mask)),
-                "hit_eos": bool(st.hit_eos),
-                "termination": st.termination,
-                "num_assistant_turns": int(self._agent_data.assistant_turns),
-                "num_tool_calls": st.num_tool_calls,
-                "num_tool_executed": st.num_tool_executed,
-                "num_malformed_calls": st.num_malformed_calls,
-                "num_tool_exceptions": st.num_tool_exceptions,
-                "num_tool_timeouts": st.num_tool_timeouts,
-                "num_tool_errors": st.num_tool_errors,
-                "tool_time_s": float(st.tool_time_s),
-                "tool_call_log": st.tool_call_log,
+                **st.counters(),
             }
         )
         return output
+
+    def _runner(self, agent_data: AgentData | None = None) -> ToolCallRunner:
+        """The shared tool-call runner (``envs.tool_use.episode``) over this sample's active tools."""
+        tools = getattr(agent_data, "_active_tools", self.tools) if agent_data is not None else self.tools
+        return ToolCallRunner(
+            tools,
+            max_parallel_calls=self.max_parallel_calls,
+            tool_timeout_s=self.tool_timeout_s,
+            max_tool_response_chars=self.max_tool_response_length,
+            truncate_side=self.tool_response_truncate_side,
+        )
 
     async def _release_trajectory(self) -> None:
         """Close per-trajectory tool state (tools with ``release_trajectory(request_id)``, e.g. a persistent
         ``code_interpreter`` session keyed by trajectory); errors are logged, never raised."""
         if self._agent_data is None:
             return
-        for name, tool in self.tools.items():
-            release = getattr(tool, "release_trajectory", None)
-            if release is None:
-                continue
-            try:
-                await release(self._agent_data.request_id)
-            except Exception:  # noqa: BLE001 - cleanup must not fail the rollout
-                logger.exception("release_trajectory of tool %s failed", name)
+        await self._runner().release_trajectory(self._agent_data.request_id)
 
     async def _handle_pending_state(
         self, agent_data: AgentData, sampling_params: dict[str, Any]
@@ -505,14 +265,17 @@ class StareToolAgentLoop(ToolAgentLoop):
         )
         content, calls = parse_tool_calls(text, {name: tool.tool_schema for name, tool in active.items()})
         agent_data.messages.append(self._assistant_message(content, calls))
-        if not calls:
-            return self._terminate(agent_data, "answer")
-        if self.max_assistant_turns and agent_data.assistant_turns >= self.max_assistant_turns:
-            return self._terminate(agent_data, "max_assistant_turns")
-        if self.max_user_turns and agent_data.user_turns >= self.max_user_turns:
-            return self._terminate(agent_data, "max_user_turns")
-        if len(agent_data.response_mask) >= self.response_length:
-            return self._terminate(agent_data, "length")
+        reason = turn_termination(
+            st,
+            calls=calls,
+            assistant_turns=agent_data.assistant_turns,
+            user_turns=agent_data.user_turns,
+            max_assistant_turns=self.max_assistant_turns,
+            max_user_turns=self.max_user_turns,
+            budget_spent=len(agent_data.response_mask) >= self.response_length,
+        )
+        if reason is not None:
+            return self._terminate(agent_data, reason)
         st.pending = calls
         return AgentState.PROCESSING_TOOLS
 
@@ -539,7 +302,7 @@ class StareToolAgentLoop(ToolAgentLoop):
         calls, st.pending = st.pending, []
         previous_messages = list(agent_data.messages)
         with simple_timer("tool_calls", agent_data.metrics):
-            texts = await asyncio.gather(*[self._answer_call(i, c, agent_data) for i, c in enumerate(calls)])
+            texts = await self._runner(agent_data).answer_turn(calls, st, agent_data)
         agent_data.messages.extend({"role": "tool", "content": t} for t in texts)
 
         schemas = getattr(agent_data, "_active_tool_schemas", self.tool_schemas)
@@ -559,77 +322,3 @@ class StareToolAgentLoop(ToolAgentLoop):
             agent_data.response_logprobs = logprobs or []
         agent_data.user_turns += 1
         return AgentState.GENERATING
-
-    async def _answer_call(self, index: int, call: ParsedCall, agent_data: AgentData) -> str:
-        """The observation text for one call; runs it when it is well-formed and within the parallel limit."""
-        st: EpisodeStats = agent_data.stare_stats
-        st.num_tool_calls += 1
-        entry: dict[str, Any] = {"name": call.name, "error": None, "seconds": 0.0}
-        if call.ok:
-            entry["arguments"] = json.dumps(call.arguments, ensure_ascii=False)
-        if call.ok and index >= self.max_parallel_calls:
-            call = ParsedCall(
-                call.raw,
-                name=call.name,
-                error=f"Error: at most {self.max_parallel_calls} tool call(s) per turn; this one was not run.",
-            )
-        if not call.ok:
-            st.num_malformed_calls += 1
-            entry["error"] = "malformed"
-            st.tool_call_log.append(entry)
-            return call.error
-
-        active = getattr(agent_data, "_active_tools", self.tools)
-        tool = active[call.name]
-        t0 = time.perf_counter()
-        try:
-            text, metrics = await asyncio.wait_for(
-                self._execute(tool, call, agent_data), timeout=self.tool_timeout_s
-            )
-        except asyncio.TimeoutError:
-            st.num_tool_timeouts += 1
-            entry["error"] = "timeout"
-            text = f"Error: the tool call did not finish within {self.tool_timeout_s:g} s and was stopped."
-        except Exception as err:  # noqa: BLE001 - a failing tool must not end the rollout
-            logger.warning("tool %s failed: %r", call.name, err)
-            st.num_tool_exceptions += 1
-            entry["error"] = "exception"
-            text = f"Error: tool '{call.name}' failed: {type(err).__name__}: {err}"
-        else:
-            st.num_tool_executed += 1
-            if isinstance(metrics, dict) and metrics.get("timed_out"):
-                st.num_tool_timeouts += 1
-                entry["error"] = "timeout"
-        seconds = time.perf_counter() - t0
-        st.tool_time_s += seconds
-        entry["seconds"] = round(seconds, 4)
-        st.tool_call_log.append(entry)
-        return self._truncate(text)
-
-    async def _execute(self, tool, call: ParsedCall, agent_data: AgentData) -> tuple[str, dict]:
-        """create -> execute -> release of one verl ``BaseTool`` (release also on failure/cancellation)."""
-        kwargs = (agent_data.tools_kwargs or {}).get(call.name, {}) or {}
-        instance_id, _ = await tool.create(create_kwargs=kwargs.get("create_kwargs", {}))
-        try:
-            response, reward, metrics = await tool.execute(instance_id, call.arguments, agent_data=agent_data)
-        finally:
-            await asyncio.shield(tool.release(instance_id))
-        if reward is not None:
-            agent_data.tool_rewards.append(reward)
-        if isinstance(response, ToolResponse):
-            if response.image or response.video:
-                logger.warning("tool %s returned images/video; only its text is used", call.name)
-            return response.text or "", metrics
-        return str(response), metrics
-
-    def _truncate(self, text: str) -> str:
-        n = self.max_tool_response_length
-        if not text or len(text) <= n:
-            return text
-        side = self.tool_response_truncate_side
-        if side == "left":
-            return "(truncated)..." + text[-n:]
-        if side == "right":
-            return text[:n] + "...(truncated)"
-        half = n // 2
-        return text[:half] + "...(truncated)..." + text[-half:]

@@ -195,7 +195,6 @@ def build_tool_use_hub(name: str, split: str | None = None, **kwargs: Any) -> Bu
 # --------------------------------------------------------------------------------------------- reward
 
 _TOOL_RESPONSE = re.compile(r"<tool_response>.*?(</tool_response>|\Z)", re.DOTALL)
-_TOOL_CALL = re.compile(r"<tool_call>.*?(</tool_call>|\Z)", re.DOTALL)
 _warned_fallback = False
 
 
@@ -205,7 +204,9 @@ def strip_tool_turns(solution_str: str) -> str:
     Only a fallback for when the agent loop's model text is missing: a template that does not wrap tool
     output in ``<tool_response>`` tags cannot be cleaned this way.
     """
-    return _TOOL_CALL.sub("", _TOOL_RESPONSE.sub("", solution_str or ""))
+    from envs.tool_use.parser import remove_tool_calls
+
+    return remove_tool_calls(_TOOL_RESPONSE.sub("", solution_str or ""))
 
 
 def compute_score(

@@ -13,13 +13,13 @@ Each held-out problem is one episode, token-in / token-out like verl's ``ToolAge
 1. the prompt ids come from verl's Continuous Token builder (``model_type`` qwen2) over the question with
    ``tools=[code_interpreter]``;
 2. the model generates until ``<|im_end|>`` (or the remaining token budget); tool calls are parsed with the
-   project's agent-loop parser (``envs.tool_use.agent_loop.parse_tool_calls``: hermes, calls inside ``<think>``
+   project's parser (``envs.tool_use.parser.parse_tool_calls``: hermes, calls inside ``<think>``
    ignored, malformed calls answered with an error observation); each valid call runs through the real
    ``code_interpreter`` tool (``envs.tools``, sandboxed: create -> execute -> release) and the observations
    are appended through the Continuous Token builder (response_mask 0), as verl's agent loop appends them;
 3. the episode ends on a turn without a tool call, at ``max_assistant_turns`` or at the length budget (a turn
    cut by the budget is never executed);
-4. only the model-generated text (``envs.tool_use.agent_loop.model_response_text``: mask-1 tokens, tool-call blocks
+4. only the model-generated text (``envs.tool_use.parser.model_response_text``: mask-1 tokens, tool-call blocks
    removed) is scored with ``envs.reward.compute_score`` (family tool_use), so output printed by the tool
    earns nothing by itself.
 
@@ -72,12 +72,16 @@ class EpisodeResult:
         response_ids: every token after the prompt (model and tool tokens); ``response_mask`` 1 for model
             tokens, 0 for tool/template tokens (same length).
         model_text: the model-generated text only (mask 1, special tokens dropped): what is scored.
-        assistant_turns, tool_calls, tool_errors: counts (a tool error is a call that was not run
-            successfully: unknown tool, bad arguments, malformed JSON, failing code, timeout).
-        malformed_calls: unreadable calls (bad JSON, unknown tool, missing argument, unclosed tag), each
-            answered with the agent loop's error observation and counted in ``tool_calls`` and ``tool_errors``.
-        truncated: the token budget ended the episode.
+        assistant_turns, tool_calls, tool_errors: counts, as in training (``envs.tool_use.episode``: a tool error
+            is a malformed call, a tool that raised or a call past its deadline; code that ran and failed is a
+            result the model reads).
+        malformed_calls: unreadable calls (bad JSON, unknown tool, missing argument, unclosed tag, beyond the
+            per-turn limit), each answered with the runner's error observation and counted in ``tool_calls`` and
+            ``tool_errors``.
+        truncated: the last turn was cut by the token budget (never executed), as training's ``hit_eos`` False.
         score, acc: from ``envs.reward.compute_score``.
+        stats: the episode's ``envs.tool_use.episode.EpisodeStats`` (termination, executed calls, timeouts,
+            tool time, call log).
     """
 
     task: str
@@ -93,6 +97,7 @@ class EpisodeResult:
     truncated: bool = False
     score: float = 0.0
     acc: bool = False
+    stats: Any = None
 
 
 @dataclass
@@ -162,37 +167,19 @@ def _pass_at_ks(episodes: Sequence[EpisodeResult], n_problems: int, k: int) -> d
 
 
 class _Episode:
-    """State of one episode; tool calls go through the shared ``code_interpreter`` tool."""
+    """State of one episode; tool calls go through the shared tool-call runner (``envs.tool_use.episode``)."""
 
-    def __init__(self, problem: Problem, tokenizer, builder, tool, max_tool_chars: int, tool_timeout_s: float):
+    def __init__(self, problem: Problem, tokenizer, builder, runner, request_id: str):
+        from envs.tool_use.episode import EpisodeStats
+
         self.p = problem
         self.tok = tokenizer
         self.builder = builder
-        self.tool = tool
-        self.max_tool_chars = max_tool_chars
-        self.tool_timeout_s = tool_timeout_s
+        self.runner = runner
+        self.request_id = request_id
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": problem.question}]
         self.result = EpisodeResult(problem.task, problem.data_source, problem.answer)
-
-    async def call_tool(self, call) -> str:
-        """Run one parsed call (``envs.tool_use.agent_loop.ParsedCall``); return the observation (errors included)."""
-        self.result.tool_calls += 1
-        if not call.ok:
-            self.result.tool_errors += 1
-            self.result.malformed_calls += 1
-            return call.error
-        iid, _ = await self.tool.create()
-        try:
-            resp, _, metrics = await asyncio.wait_for(self.tool.execute(iid, call.arguments), self.tool_timeout_s + 5)
-        except TimeoutError:
-            self.result.tool_errors += 1
-            return "TimeoutError: the tool did not answer in time."
-        finally:
-            await self.tool.release(iid)
-        if metrics.get("exit_code", 0) != 0 or metrics.get("timed_out"):
-            self.result.tool_errors += 1
-        text = resp.text or ""
-        return text[-self.max_tool_chars :] if len(text) > self.max_tool_chars else text
+        self.stats = self.result.stats = EpisodeStats()
 
 
 async def _run_episode(
@@ -203,42 +190,49 @@ async def _run_episode(
     max_assistant_turns: int,
     max_response_tokens: int,
 ) -> EpisodeResult:
-    from envs.tool_use.agent_loop import model_response_text, parse_tool_calls
+    from envs.tool_use.episode import end_token_ids, turn_termination
+    from envs.tool_use.parser import model_response_text, parse_tool_calls
 
-    tools = [CODE_INTERPRETER_SCHEMA] if ep.tool is not None else None
-    schemas = {TOOL_NAME: ep.tool.tool_schema} if ep.tool is not None else {}
-    r = ep.result
+    tools = [CODE_INTERPRETER_SCHEMA] if ep.runner is not None else None
+    schemas = ep.runner.schemas if ep.runner is not None else {}
+    r, st = ep.result, ep.stats
     ids = list(ep.builder.build_initial_tokens(ep.messages, tools=tools))
     n_prompt = len(ids)
-    eos = ep.tok.eos_token_id
+    stop_ids = end_token_ids(ep.tok)
     while True:
         budget = max_response_tokens - (len(ids) - n_prompt)
         if budget <= 0:
-            r.truncated = True
+            st.termination = "length"
             break
         out = [int(t) for t in await generate(ids, temperature, budget, seed + 7919 * r.assistant_turns)]
         ids.extend(out)
         r.response_mask.extend([1] * len(out))
         r.assistant_turns += 1
-        if not out or out[-1] != eos:  # cut by the budget: never executed
-            r.truncated = True
+        st.num_assistant_turns = r.assistant_turns
+        if not out or out[-1] not in stop_ids:  # cut by the budget: never executed
+            st.hit_eos, st.termination = False, "length"
             break
-        if ep.tool is None:  # single turn
+        if ep.runner is None:  # single turn
             break
         content, calls = parse_tool_calls(ep.tok.decode(out, skip_special_tokens=False), schemas)
-        if not calls or r.assistant_turns >= max_assistant_turns:
+        if turn_termination(st, calls=calls, assistant_turns=r.assistant_turns, user_turns=r.assistant_turns - 1,
+                            max_assistant_turns=max_assistant_turns, max_user_turns=None,
+                            budget_spent=len(ids) - n_prompt >= max_response_tokens):
             break
         prev = ep.messages + [{"role": "assistant", "content": content}]
-        observations = await asyncio.gather(*(ep.call_tool(c) for c in calls))
-        ep.messages = prev + [{"role": "tool", "content": o} for o in observations]
-        merged = ep.builder.merge_context_tokens(prev, ep.messages, ids, tools=tools)
+        observations = await ep.runner.answer_turn(calls, st, ep)
+        messages = prev + [{"role": "tool", "content": o} for o in observations]
+        merged = ep.builder.merge_context_tokens(prev, messages, ids, tools=tools)
+        if len(merged.token_ids) - n_prompt >= max_response_tokens:  # the observation does not fit (as training)
+            st.termination = "length"
+            break
+        ep.messages = messages
         r.response_mask.extend([0] * (len(merged.token_ids) - len(ids)))
         ids = list(merged.token_ids)
-        if len(ids) - n_prompt >= max_response_tokens:
-            r.truncated = True
-            break
     r.response_ids = ids[n_prompt:]
     r.model_text = model_response_text(r.response_ids, r.response_mask, ep.tok)
+    r.tool_calls, r.tool_errors, r.malformed_calls = st.num_tool_calls, st.num_tool_errors, st.num_malformed_calls
+    r.truncated = st.truncated
     return r
 
 
@@ -254,6 +248,8 @@ async def run_episodes(
     max_tool_response_chars: int = 256,
     tool_timeout_s: float = 5.0,
     family: str = "tooluse",
+    max_parallel_calls: int = 1,
+    tool_response_truncate_side: str = "middle",
 ) -> list[EpisodeResult]:
     """Run and score one episode per problem, all concurrently.
 
@@ -266,9 +262,13 @@ async def run_episodes(
         max_assistant_turns: most model turns per episode.
         max_response_tokens: token budget after the prompt (model and tool tokens), like verl's
             ``rollout.response_length``.
-        max_tool_response_chars: observation text is cut to its last this many characters (verl's
-            ``multi_turn.max_tool_response_length``).
-        tool_timeout_s: wall-clock limit of one tool call (the sandbox's ``timeout_s``).
+        max_tool_response_chars: observation text is cut to this many characters on
+            ``tool_response_truncate_side`` (verl's ``multi_turn.max_tool_response_length`` /
+            ``tool_response_truncate_side``, default "middle" as in training).
+        tool_timeout_s: wall-clock limit of one tool call (the sandbox's ``timeout_s``; the runner's deadline is
+            5 s more).
+        max_parallel_calls: calls run per turn (verl's ``multi_turn.max_parallel_calls``, 1 as in training);
+            later ones are answered with an error.
         family: ``tooluse`` (multi-turn with the tool), or ``shortcot`` / ``longcot`` (one turn, no tool;
             the tool arguments are unused).
     Returns:
@@ -279,18 +279,24 @@ async def run_episodes(
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
     from envs.reward import compute_score
+    from envs.tool_use.episode import ToolCallRunner
     from envs.tools.code_interpreter import CodeInterpreterTool
 
     if family not in REWARD_FAMILY:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(REWARD_FAMILY)}")
     builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
-    tool = None
+    tool = runner = None
     if family == "tooluse":
         with contextlib.redirect_stdout(io.StringIO()):  # verl's BaseTool prints its schema when built
             tool = CodeInterpreterTool({"type": "native", "sandbox": {"limits": {
                 "timeout_s": tool_timeout_s, "cpu_s": max(1, int(tool_timeout_s))}}})
+        # the loop-side deadline leaves the sandbox's own limit 5 s to report first
+        runner = ToolCallRunner({TOOL_NAME: tool}, max_parallel_calls=max_parallel_calls,
+                                tool_timeout_s=tool_timeout_s + 5, max_tool_response_chars=max_tool_response_chars,
+                                truncate_side=tool_response_truncate_side)
     try:
-        episodes = [_Episode(p, tokenizer, builder, tool, max_tool_response_chars, tool_timeout_s) for p in problems]
+        episodes = [_Episode(p, tokenizer, builder, runner, f"heldout-{seed + i}-{id(p)}")
+                    for i, p in enumerate(problems)]
         results = await asyncio.gather(
             *(
                 _run_episode(ep, generate, temperature, seed + i, max_assistant_turns, max_response_tokens)

@@ -21,7 +21,6 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from stare_verl.jobs.evaluation.runner import (
@@ -238,21 +237,18 @@ def run_local_eval(
 
 
 def _episode_record(p: EvalProblem, j: int, seed: int, r, settings: EvalSettings) -> dict[str, Any]:
-    """A runner record from a ``stare_verl.jobs.demo.evaluate.EpisodeResult`` (scored again with the row's info to
-    get the extracted answer and reflection counts)."""
+    """A runner record from a ``stare_verl.jobs.demo.evaluate.EpisodeResult``: its counters are the episode's
+    ``EpisodeStats`` (scored again with the row's info to get the extracted answer and reflection counts)."""
     tokens = int(sum(r.response_mask))
-    stats = SimpleNamespace(num_tool_calls=r.tool_calls, num_tool_executed=r.tool_calls - r.malformed_calls,
-                            num_malformed_calls=r.malformed_calls, num_tool_errors=r.tool_errors,
-                            num_tool_timeouts=0, tool_time_s=0.0)
-    if r.truncated:
-        termination = "length"
-    elif r.tool_calls and r.assistant_turns >= settings.max_turns and r.assistant_turns <= r.tool_calls:
-        termination = "max_assistant_turns"
-    else:
-        termination = "answer"
-    info = {"hit_eos": not r.truncated, "response_length": tokens, "num_assistant_turns": r.assistant_turns,
-            "num_tool_calls": r.tool_calls, "num_malformed_calls": r.malformed_calls,
-            "num_tool_errors": r.tool_errors}
+    stats = r.stats  # the shared EpisodeStats of the episode: termination, timeouts and tool time as counted
+    if stats is None:  # a CoT row (one turn, no tool): nothing was counted by a runner
+        from envs.tool_use.episode import EpisodeStats
+
+        stats = EpisodeStats(hit_eos=not r.truncated, termination="length" if r.truncated else "answer",
+                             num_assistant_turns=r.assistant_turns)
+    termination = stats.termination
+    info = {"hit_eos": not r.truncated, "response_length": tokens, **{
+        k: v for k, v in stats.counters().items() if k not in ("hit_eos", "termination", "tool_call_log")}}
     score = score_sample(p, r.model_text, info, settings.reward_kwargs)
     ep = {"finish_reason": "length" if r.truncated else "stop", "truncated": bool(r.truncated),
           "termination": termination, "tokens": tokens, "response_tokens": len(r.response_ids),

@@ -12,10 +12,10 @@ One sample = one episode:
   no answer), as in training.
 - tool-use rows (``agent_name: stare_tool_agent``, ``extra_info.family: tool_use`` or ``tools_kwargs``): the
   training loop's logic over the API. The request carries the tool schemas (``tools``); each assistant turn
-  is parsed with ``envs.tool_use.agent_loop.parse_tool_calls`` (hermes ``<tool_call>`` in the content, calls inside
+  is parsed with ``envs.tool_use.parser.parse_tool_calls`` (hermes ``<tool_call>`` in the content, calls inside
   ``<think>`` ignored, malformed calls answered with an error observation; a server that parses tool calls
   itself returns ``tool_calls``, which are read the same way); every call is answered by the training loop's
-  own call handling (``StareToolAgentLoop._answer_call``: the ``code_interpreter`` tool in the sandbox, the
+  tool-call runner (``envs.tool_use.episode.ToolCallRunner``: the ``code_interpreter`` tool in the sandbox, the
   loop-side deadline, the observation cut to ``max_tool_response_chars``) and sent back as a ``tool``
   message. The episode ends on a turn without a tool call, a turn cut by the length limit (never run), at
   ``max_turns`` assistant turns, or when the token budget ``max_tokens`` (model + tool tokens of all turns,
@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import functools
 import json
 import logging
 import os
@@ -391,23 +390,6 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
     return {t.tool_schema.function.name: t for t in tools}
 
 
-class _LoopShim:
-    """The attributes ``StareToolAgentLoop``'s tool-call handling reads, so evaluation answers tool calls with
-    exactly the training loop's code (counting, malformed calls, deadline, observation cut)."""
-
-    def __init__(self, tools: dict[str, Any], settings: EvalSettings):
-        from envs.tool_use.agent_loop import StareToolAgentLoop
-
-        self.tools = tools
-        self.max_parallel_calls = settings.max_parallel_calls
-        self.tool_timeout_s = settings.tool_timeout_s
-        self.max_tool_response_length = settings.max_tool_response_chars
-        self.tool_response_truncate_side = settings.tool_response_truncate_side
-        self._execute = functools.partial(StareToolAgentLoop._execute, self)
-        self._truncate = functools.partial(StareToolAgentLoop._truncate, self)
-        self.answer = functools.partial(StareToolAgentLoop._answer_call, self)
-
-
 # ---------------------------------------------------------------------------------------------- scoring
 
 
@@ -478,15 +460,20 @@ def _record(problem: EvalProblem, j: int, seed: int | None, text: str, score: Ma
 
 class _Runner:
     def __init__(self, client: ChatClient, settings: EvalSettings, tools: dict[str, Any] | None):
-        from envs.tool_use.agent_loop import EpisodeStats
+        from envs.tool_use.episode import ToolCallRunner
 
         self.client = client
         self.s = settings
         self.tools = tools or {}
-        self.schemas = {name: t.tool_schema for name, t in self.tools.items()}
+        self.calls = ToolCallRunner(
+            self.tools,
+            max_parallel_calls=settings.max_parallel_calls,
+            tool_timeout_s=settings.tool_timeout_s,
+            max_tool_response_chars=settings.max_tool_response_chars,
+            truncate_side=settings.tool_response_truncate_side,
+        )
+        self.schemas = self.calls.schemas
         self.tool_dicts = [s.model_dump(exclude_unset=True, exclude_none=True) for s in self.schemas.values()]
-        self.shim = _LoopShim(self.tools, settings)
-        self._stats_cls = EpisodeStats
 
     async def _chat(self, messages, tool_use: bool, max_tokens: int | None, seed: int | None) -> ChatResult:
         params: dict[str, Any] = {
@@ -520,13 +507,13 @@ class _Runner:
             raise
 
     async def run_sample(self, p: EvalProblem, j: int) -> dict[str, Any]:
-        from envs.tool_use.agent_loop import parse_tool_calls, remove_tool_calls
+        from envs.tool_use.episode import EpisodeStats, turn_termination
+        from envs.tool_use.parser import parse_tool_calls, turn_reward_text
 
         seed = sample_seed(self.s.seed, p.index, j)
         messages = [dict(m) for m in p.prompt]
-        st = self._stats_cls()
+        st = EpisodeStats()
         agent_data = SimpleNamespace(
-            stare_stats=st,
             tools_kwargs=p.extra_info.get("tools_kwargs") or {},
             tool_rewards=[],
             request_id=f"eval-{p.problem_id}-{j}-{os.getpid()}",
@@ -555,6 +542,7 @@ class _Runner:
                     st.hit_eos = False
                     break
                 ep["turns"] += 1
+                st.num_assistant_turns = ep["turns"]
                 ep["finish_reason"] = res.finish_reason
                 if res.completion_tokens is None:
                     usage_known = False
@@ -569,27 +557,27 @@ class _Runner:
                 if not p.tool_use:
                     parts.append(text)
                 else:
-                    visible = remove_tool_calls(text).strip()
+                    visible = turn_reward_text(text)
                     if visible:
                         parts.append(visible)
                 if res.finish_reason in ("length", "max_tokens", "abort", "aborted"):
-                    ep.update(truncated=True, termination="length")  # a cut turn is never executed
-                    st.hit_eos = False
+                    # a cut turn is never executed; an aborted one ends as "aborted" (the training loop's rule)
+                    cut = "aborted" if res.finish_reason in ("abort", "aborted") else "length"
+                    ep.update(truncated=True, termination=cut)
+                    st.hit_eos, st.termination = False, cut
                     break
                 if not p.tool_use:
                     break
                 _, calls = parse_tool_calls(text, self.schemas)
-                if not calls:
-                    break
-                if ep["turns"] >= self.s.max_turns:
-                    ep["termination"] = "max_assistant_turns"
-                    break
-                if budget_total is not None and used >= budget_total:
-                    ep["termination"] = "length"
-                    break
-                observations = await asyncio.gather(
-                    *(self.shim.answer(i, c, agent_data) for i, c in enumerate(calls))
+                reason = turn_termination(
+                    st, calls=calls, assistant_turns=ep["turns"], user_turns=ep["turns"] - 1,
+                    max_assistant_turns=self.s.max_turns, max_user_turns=None,
+                    budget_spent=budget_total is not None and used >= budget_total,
                 )
+                if reason is not None:
+                    ep["termination"] = reason
+                    break
+                observations = await self.calls.answer_turn(calls, st, agent_data)
                 if res.tool_calls:  # the server parsed the calls: send them back in its format
                     messages.append({"role": "assistant", "content": res.content or "", "tool_calls": res.tool_calls})
                     ids = [tc.get("id") for tc in res.tool_calls]
@@ -602,13 +590,7 @@ class _Runner:
                     messages.append({"role": "assistant", "content": res.content})
                     messages.extend({"role": "tool", "content": obs} for obs in observations)
         finally:
-            for tool in self.tools.values():
-                release = getattr(tool, "release_trajectory", None)
-                if release is not None:
-                    try:
-                        await release(agent_data.request_id)
-                    except Exception:  # noqa: BLE001 - cleanup never fails the evaluation
-                        logger.exception("release_trajectory failed")
+            await self.calls.release_trajectory(agent_data.request_id)
         if not usage_known:
             ep["tokens"] = ep["response_tokens"] = None
         else:

@@ -1,0 +1,224 @@
+"""The markup of model text, found in one linear scan: reasoning blocks (``<think>...</think>``) and hermes tool
+calls (``<tool_call>{json}</tool_call>``). Standard library only (no verl), shared by the tool-call parser
+(``envs.tool_use.parser``), the reward text and the think-span scan of the scorer
+(``envs.scoring.extract.think_visible_spans``), so the three cannot disagree on where a call or a block ends.
+
+Rules (the *extent* of each piece of markup):
+
+- **A call ends where its JSON ends.** After ``<tool_call>`` (and optional whitespace) one JSON value is
+  decoded with the standard raw decoder; the call is *well-formed in shape* when ``</tool_call>`` follows it
+  (after optional whitespace). Tags written inside the JSON's strings (code that prints ``</tool_call>``,
+  ``<tool_call>``, ``<think>`` or ``</think>``) are string content: they end, open or close nothing.
+- **A broken call** (the JSON does not decode, or something other than ``</tool_call>`` follows it) ends at
+  the first ``</tool_call>`` at or after the point where its JSON broke; a ``<think>`` or ``</think>`` before
+  that point's ``</tool_call>`` ends it there instead (unclosed), and without either it runs to the end of the
+  text (unclosed). Up to the break point the text was valid JSON, where ``<`` can only stand inside a string,
+  so tags there are string content as above.
+- **Reasoning blocks nest** (an inner ``</think>`` does not end the outer block). A ``</think>`` that closes no
+  open block ends reasoning opened by the chat template (R1-distill), so everything before it, calls included,
+  is reasoning. Text after a ``<think>`` left open is reasoning.
+- **Inside reasoning** a well-formed call is skipped whole (its strings stay string content) and counted as a
+  call inside reasoning; a broken ``<tool_call>`` there is prose (its tag is text; the valid JSON before its
+  break point is still skipped).
+
+Every scan is linear in ``len(text)``: each character is read by the JSON decoder at most once (a decode
+starts only after the previous call's end and the next start is after the break point or the call's end),
+and tags are found with forward searches only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "THINK_CLOSE",
+    "THINK_OPEN",
+    "TOOL_CALL_END",
+    "TOOL_CALL_START",
+    "CallSpan",
+    "Markup",
+    "remove_calls",
+    "scan_markup",
+]
+
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+_TAG_RE = re.compile(r"<think>|</think>|<tool_call>")
+_BROKEN_END_RE = re.compile(r"</tool_call>|<think>|</think>")
+_WS_RE = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class CallSpan:
+    """One ``<tool_call>`` of a text, by character offsets.
+
+    Attributes:
+        start: offset of ``<tool_call>``.
+        end: offset just after the call (after ``</tool_call>``; for an unclosed call the offset of the think tag
+            that ended it, or ``len(text)``).
+        body_start, body_end: the text between the tags (``body_end`` is the offset of ``</tool_call>``, or
+            ``end`` when unclosed).
+        closed: ended by ``</tool_call>``.
+        decoded: the JSON value decoded and ``</tool_call>`` followed it (``value`` holds it).
+        value: the decoded JSON value (None unless ``decoded``).
+        json_error: why the body is not one JSON value: ``"<json message> at char <n>"`` (``n`` counted from the
+            first non-blank character of the body), ``"too deep"`` (nesting beyond the decoder's recursion
+            limit), or None.
+        in_think: the call stands inside reasoning (it is never run).
+    """
+
+    start: int
+    end: int
+    body_start: int
+    body_end: int
+    closed: bool
+    decoded: bool
+    value: Any = None
+    json_error: str | None = None
+    in_think: bool = False
+
+
+@dataclass
+class Markup:
+    """The markup of one text (see the module docstring).
+
+    Attributes:
+        visible: ``[(start, end), ...]`` non-empty ranges outside reasoning, in order (visible calls included).
+        calls: every call in order (``in_think`` tells the ones inside reasoning).
+        depth: reasoning nesting depth at the end of the text (> 0: a block was left open).
+    """
+
+    visible: list[tuple[int, int]]
+    calls: list[CallSpan]
+    depth: int
+
+    def visible_calls(self) -> list[CallSpan]:
+        """The calls outside reasoning (the ones a loop answers)."""
+        return [c for c in self.calls if not c.in_think]
+
+
+_FIRST_WINDOW = 512  # characters of the first decode attempt of a call; grown 4x while the JSON reaches its end
+_EDGE = 32
+_VALUE_START = frozenset('{["-0123456789tfnNI')  # a decode that stops this close to the window's end may have been cut by it: try a larger window
+
+
+def _decode(text: str, body: int) -> tuple[bool, Any, int, str | None]:
+    """Decode one JSON value at ``body`` (after blanks): ``(ok, value, stop, error)`` with ``stop`` the offset
+    after the value, or where the JSON broke.
+
+    The decoder runs on a window of the text that grows geometrically while the value reaches the window's end,
+    so the work is proportional to the value's length, not to the text's (``json.JSONDecodeError`` counts lines
+    from the start of the string it was given, which would make a flood of broken calls quadratic).
+    """
+    n = len(text)
+    j = _WS_RE.match(text, body).end()
+    if j >= n or text[j] not in _VALUE_START:  # no JSON value starts here (e.g. a flood of bare tags)
+        return False, None, j, "Expecting value at char 0"
+    size = _FIRST_WINDOW
+    while True:
+        end = min(n, j + size)
+        window = text[j:end]
+        cut = end < n
+        try:
+            value, stop = _DECODER.raw_decode(window)
+        except json.JSONDecodeError as err:
+            if cut and (err.pos >= len(window) - _EDGE or err.msg.startswith("Unterminated string")):
+                size *= 4
+                continue
+            return False, None, j + err.pos, f"{err.msg} at char {err.pos}"
+        except RecursionError:  # thousands of nested brackets: the decoder recurses per level
+            return False, None, j, "too deep"
+        except ValueError as err:  # e.g. an integer beyond Python's digit limit
+            if cut:
+                size *= 4
+                continue
+            return False, None, j, f"{err} at char 0"
+        if cut and stop >= len(window) - _EDGE:
+            size *= 4
+            continue
+        return True, value, j + stop, None
+
+
+def scan_markup(text: str) -> Markup:
+    """Find the reasoning blocks and tool calls of ``text`` (module docstring), in one linear pass.
+
+    Args:
+        text: any string (a decoded assistant turn, special tokens kept or not).
+    Returns:
+        :class:`Markup`. Never raises for any input.
+    """
+    n = len(text)
+    visible: list[tuple[int, int]] = []
+    calls: list[CallSpan] = []
+    reasoning_calls = 0  # calls[:reasoning_calls] stand before a prompt-opened block's </think>
+    depth, vis_start, i = 0, 0, 0
+    while i < n:
+        m = _TAG_RE.search(text, i)
+        if m is None:
+            break
+        tag, s = m.group(), m.start()
+        if tag == THINK_OPEN:
+            if depth == 0:
+                visible.append((vis_start, s))
+            depth += 1
+            i = m.end()
+            continue
+        if tag == THINK_CLOSE:
+            if depth == 0:  # closes reasoning the prompt opened: everything before is reasoning
+                visible.clear()
+                reasoning_calls = len(calls)
+            else:
+                depth -= 1
+            if depth == 0:
+                vis_start = m.end()
+            i = m.end()
+            continue
+        body = m.end()
+        ok, value, stop, err = _decode(text, body)
+        if ok:
+            k = _WS_RE.match(text, stop).end()
+            if text.startswith(TOOL_CALL_END, k):
+                calls.append(CallSpan(s, k + len(TOOL_CALL_END), body, k, True, True, value, None, depth > 0))
+                i = k + len(TOOL_CALL_END)
+                continue
+            err = f"Extra data at char {k - _WS_RE.match(text, body).end()}"
+            stop = k
+        if depth > 0:  # a broken call inside reasoning is prose; its valid JSON prefix stays string content
+            i = max(stop, body)
+            continue
+        t = _BROKEN_END_RE.search(text, stop)
+        if t is not None and t.group() == TOOL_CALL_END:
+            calls.append(CallSpan(s, t.end(), body, t.start(), True, False, None, err, False))
+            i = t.end()
+        else:
+            end = n if t is None else t.start()
+            calls.append(CallSpan(s, end, body, end, False, False, None, err, False))
+            i = end
+    if depth == 0:
+        visible.append((vis_start, n))
+    if reasoning_calls:
+        calls[:reasoning_calls] = [c if c.in_think else _in_think(c) for c in calls[:reasoning_calls]]
+    return Markup([sp for sp in visible if sp[1] > sp[0]], calls, depth)
+
+
+def _in_think(c: CallSpan) -> CallSpan:
+    return CallSpan(c.start, c.end, c.body_start, c.body_end, c.closed, c.decoded, c.value, c.json_error, True)
+
+
+def remove_calls(text: str, markup: Markup | None = None) -> str:
+    """``text`` without any tool call (visible ones and those inside reasoning, well-formed or broken), by the
+    extents of :func:`scan_markup`; everything else (reasoning included) is kept. Linear."""
+    mk = markup if markup is not None else scan_markup(text)
+    out, pos = [], 0
+    for c in mk.calls:
+        out.append(text[pos : c.start])
+        pos = c.end
+    out.append(text[pos:])
+    return "".join(out)
