@@ -57,6 +57,7 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
         "gate_on_share": statistics.fmean(gate) if gate else float("nan"),
         "target_entropy": target,
         "entropy": ent,
+        "cov_logp_adv_eff": [r["stare/cov_logp_adv_eff"] for r in rows if "stare/cov_logp_adv_eff" in r],
     }
 
 
@@ -68,7 +69,8 @@ def _fmt_mean_sd(xs: list[float | None]) -> str:
 
 
 def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tooluse") -> str:
-    """Write table.md, table.json and entropy_overlay.png (titled with ``family``); returns the markdown table."""
+    """Write table.md, table.json, entropy_overlay.png and (when the runs logged it) cov_overlay.png, the
+    reweighted Cov(log pi, A) per run (titled with ``family``); returns the markdown table."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,8 +95,10 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
         lines.append(f"| {method} | {len(group)} | " + " | ".join(cells) + " |")
     if stats:
         lines.append("")
-        lines.append(f"target entropy {stats[0]['target_entropy']:.4f} nats; mean ± sd over seeds; held-out "
-                     "accuracy after RL (T=1: the mean over all samples, avg@k)")
+        lines.append(
+            f"target entropy {stats[0]['target_entropy']:.4f} nats; mean ± sd over seeds; held-out "
+            "accuracy after RL (T=1: the mean over all samples, avg@k)"
+        )
     lines.append("")
     lines.append("| run | steps | acc before (greedy) | " + " | ".join(c[1] for c in cols) + " |")
     lines.append("|---|---|---|" + "---|" * len(cols))
@@ -123,7 +127,9 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
         if curves:
             n = min(len(c) for c in curves)
             mean = [statistics.fmean(c[i] for c in curves) for i in range(n)]
-            ax.plot(range(1, n + 1), mean, color=color, linewidth=2.2, label=f"{method} mean of {len(curves)}")
+            ax.plot(
+                range(1, n + 1), mean, color=color, linewidth=2.2, label=f"{method} mean of {len(curves)}"
+            )
     if stats:
         ax.axhline(stats[0]["target_entropy"], color="red", linewidth=1, label="target")
     ax.set_xlabel("step")
@@ -133,6 +139,29 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
     fig.tight_layout()
     fig.savefig(out_dir / "entropy_overlay.png", dpi=100)
     plt.close(fig)
+
+    cov_runs = [s for s in stats if s.get("cov_logp_adv_eff")]
+    if cov_runs:  # runs from before the covariance metrics existed have none
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for s in cov_runs:
+            color = "tab:blue" if s["method"] == "stare" else "tab:gray"
+            xs = range(1, len(s["cov_logp_adv_eff"]) + 1)
+            ax.plot(
+                xs,
+                s["cov_logp_adv_eff"],
+                color=color,
+                alpha=0.5,
+                linewidth=0.8,
+                label=f"{s['method']} seed {s['seed']}",
+            )
+        ax.axhline(0.0, color="black", linewidth=0.6)
+        ax.set_xlabel("step")
+        ax.set_ylabel("Cov(log pi, A_eff) over model tokens (nats)")
+        ax.set_title(f"Entropy dynamics: dH ~ -eta * Cov; > 0 lowers entropy (CPU {family} task)")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(out_dir / "cov_overlay.png", dpi=100)
+        plt.close(fig)
     return table
 
 
@@ -146,8 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--n-eval", type=int, default=200)
-    p.add_argument("--eval-samples", type=int, default=4, help="samples per held-out problem at T = 1 (pass@k)")
-    p.add_argument("--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)")
+    p.add_argument(
+        "--eval-samples", type=int, default=4, help="samples per held-out problem at T = 1 (pass@k)"
+    )
+    p.add_argument(
+        "--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)"
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = p.parse_args(argv)
     default_out = REPO / "runs" / ("compare" if args.family == "tooluse" else f"compare-{args.family}")

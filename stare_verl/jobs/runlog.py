@@ -81,8 +81,9 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
 
 
 def plot_run(rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | None = None) -> list[Path]:
-    """Write entropy.png (actor/entropy with the target and the steps the gate was on), reward.png and
-    response_length.png into ``out_dir``; returns the files written (a plot without data is skipped)."""
+    """Write entropy.png (actor/entropy with the target and the steps the gate was on), entropy_dynamics.png
+    (see :func:`plot_entropy_dynamics`), reward.png and response_length.png into ``out_dir``; returns the files
+    written (a plot without data is skipped)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,6 +120,8 @@ def plot_run(rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | 
         fig.savefig(written[-1], dpi=100)
         plt.close(fig)
 
+    written.extend(plot_entropy_dynamics(rows, out_dir))
+
     for key, name, ylabel in (
         ("critic/score/mean", "reward.png", "reward (mean per response)"),
         ("response_length/mean", "response_length.png", "response length (tokens)"),
@@ -136,3 +139,51 @@ def plot_run(rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | 
         fig.savefig(written[-1], dpi=100)
         plt.close(fig)
     return written
+
+
+QUADRANT_LABELS = {
+    "pos_high": "A>0, surprisal > H",
+    "pos_low": "A>0, surprisal <= H",
+    "neg_high": "A<0, surprisal > H",
+    "neg_low": "A<0, surprisal <= H",
+    "zero_adv": "A=0",
+}
+
+
+def plot_entropy_dynamics(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Write entropy_dynamics.png: per step, Cov(log pi, A) over model tokens before (``stare/cov_logp_adv``)
+    and after reweighting (``stare/cov_logp_adv_eff``), and the token classes' contributions to the
+    reweighted covariance (``stare/cov_quadrant_eff/*``). First-order theory (Cui et al. 2025, arXiv
+    2505.22617) gives dH ~ -eta * Cov(log pi, A): a positive covariance drives entropy down.
+
+    Returns ``[path]``, or ``[]`` when the rows carry no covariance metric (runs from before they existed)."""
+    steps, cov = _series(rows, "stare/cov_logp_adv")
+    if not steps:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    ax1.plot(steps, cov, color="gray", label="Cov(log pi, A), GRPO advantage")
+    s_eff, cov_eff = _series(rows, "stare/cov_logp_adv_eff")
+    if s_eff:
+        ax1.plot(s_eff, cov_eff, color="tab:blue", linestyle="--", label="Cov(log pi, A_eff), after STARE")
+    ax1.axhline(0.0, color="black", linewidth=0.6)
+    ax1.set_ylabel("covariance (nats)")
+    ax1.set_title("Entropy dynamics (dH ~ -eta * Cov): > 0 lowers entropy")
+    ax1.legend(fontsize=8)
+    for q, label in QUADRANT_LABELS.items():
+        sq, vals = _series(rows, f"stare/cov_quadrant_eff/{q}")
+        if sq:
+            ax2.plot(sq, vals, label=label)
+    ax2.axhline(0.0, color="black", linewidth=0.6)
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("contribution (nats)")
+    ax2.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = Path(out_dir) / "entropy_dynamics.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]

@@ -16,7 +16,8 @@ def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
         run = Path(args.run_dir)
         run.mkdir(parents=True)
         ent = [0.13, 0.12] if args.method == "stare" else [0.13, 0.10]
-        rows = [{"step": i + 1, "actor/entropy": e, "stare/target_entropy": 0.12, "stare/gate_on": float(e < 0.12)}
+        rows = [{"step": i + 1, "actor/entropy": e, "stare/target_entropy": 0.12, "stare/gate_on": float(e < 0.12),
+                 "stare/cov_logp_adv_eff": 0.01 * (i + 1)}
                 for i, e in enumerate(ent)]  # fmt: skip
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         ev = {"T=0": {"accuracy": 0.5}, "T=1": {"accuracy": 0.25, "pass_at_k": {"1": 0.25, "2": 0.4, "4": 0.5}}}
@@ -45,6 +46,7 @@ def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
     assert grpo["entropy_first_quarter"] == 0.13 and grpo["pass_at_k_after_t1"] == 0.5 and grpo["pass_k"] == 4
     assert abs(grpo["mean_abs_entropy_minus_target"] - 0.015) < 1e-12
     assert "pass@4 (T=1)" in (out / "table.md").read_text()
+    assert grpo["cov_logp_adv_eff"] == [0.01, 0.02] and (out / "cov_overlay.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "entropy_overlay.png").stat().st_size > 0 and "| stare | 2 |" in (
         out / "table.md"
     ).read_text()

@@ -56,3 +56,19 @@ def test_parts_merge_with_resume_and_selection(tmp_path):
     files = plot_run(rows, tmp_path / "plots")
     assert sorted(f.name for f in files) == ["entropy.png", "response_length.png", "reward.png"]
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files)
+
+
+def test_entropy_dynamics_plot_from_the_covariance_metrics(tmp_path):
+    quads = ("pos_high", "pos_low", "neg_high", "neg_low", "zero_adv")
+    rows = [
+        {"step": s, "actor/entropy": 0.1, "stare/cov_logp_adv": 0.02 * s, "stare/cov_logp_adv_eff": 0.015 * s,
+         **{f"stare/cov_quadrant_eff/{q}": 0.003 * s * (i + 1) for i, q in enumerate(quads)}}
+        for s in (1, 2, 3)
+    ]  # fmt: skip
+    kept = select_metrics(rows[0])
+    assert kept["stare/cov_logp_adv_eff"] == 0.015 and kept["stare/cov_quadrant_eff/zero_adv"] == 0.015
+    files = plot_run(rows, tmp_path / "plots")
+    assert sorted(f.name for f in files) == ["entropy.png", "entropy_dynamics.png"]
+    assert (tmp_path / "plots" / "entropy_dynamics.png").read_bytes()[:4] == b"\x89PNG"
+    # runs from before the metrics existed get no such plot
+    assert [f.name for f in plot_run([{"step": 1, "actor/entropy": 0.1}], tmp_path / "old")] == ["entropy.png"]
