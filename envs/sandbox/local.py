@@ -133,7 +133,7 @@ class LocalSandbox:
         tmp_bytes = str(limits.tmp_size_mb << 20)
         argv = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534"]
         argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
-        binds = (*self.config.ro_binds, *self.config.extra_ro_binds, *((self.venv,) if self.venv else ()))
+        binds = (*self.config.ro_binds, *self.config.extra_ro_binds)
         for path in dict.fromkeys(binds):
             if os.path.exists(path):
                 argv += ["--ro-bind", path, path]
@@ -145,6 +145,8 @@ class LocalSandbox:
                 argv += ["--ro-bind", str(host), str(host)]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--size", tmp_bytes, "--tmpfs", "/tmp", "--size", tmp_bytes, "--tmpfs", "/dev/shm"]
+        if self.venv and os.path.isdir(self.venv):  # after the tmpfs mounts, which would hide a venv under /tmp
+            argv += ["--ro-bind", self.venv, self.venv]
         argv += ["--remount-ro", "/"]  # the sandbox's own root tmpfs: only /tmp and /dev/shm stay writable
         argv += ["--chdir", "/tmp", "--clearenv", "--setenv", "PATH", _PATH, "--setenv", "HOME", "/tmp"]
         for key, value in SANDBOX_ENV.items():
@@ -160,15 +162,17 @@ class LocalSandbox:
         ]
         tmp_kb = limits.tmp_size_mb << 10
         lines = ["set -e"]
-        lines.append(f"mount -t tmpfs -o size={tmp_kb}k,mode=1777 none /tmp")
         venv = self.venv if self.venv and "'" not in self.venv else None
-        if venv:  # held at a stage in the new /tmp while the paths above it are hidden, then moved back, read-only
-            lines.append(f"mkdir /tmp/.venv-stage && mount --bind '{venv}' /tmp/.venv-stage")
+        if venv:  # held at a stage in a private /dev/shm while /tmp and the paths above it are hidden (the venv
+            # itself may live under /tmp), then moved back, read-only; /dev/shm gets a fresh tmpfs below
+            lines.append("mount -t tmpfs -o size=64k,mode=0700 none /dev/shm")
+            lines.append(f"mkdir /dev/shm/.venv-stage && mount --bind '{venv}' /dev/shm/.venv-stage")
+        lines.append(f"mount -t tmpfs -o size={tmp_kb}k,mode=1777 none /tmp")
         for path in dict.fromkeys(hide):
             lines.append(f"if [ -d '{path}' ]; then mount -t tmpfs -o size=4k,mode=0555 none '{path}'; fi")
         if venv:
-            lines.append(f"mkdir -p '{venv}' && mount --move /tmp/.venv-stage '{venv}'")
-            lines.append(f"mount -o remount,bind,ro '{venv}' && rmdir /tmp/.venv-stage")
+            lines.append(f"mkdir -p '{venv}' && mount --move /dev/shm/.venv-stage '{venv}'")
+            lines.append(f"mount -o remount,bind,ro '{venv}' && umount /dev/shm")
         lines.append(f"if [ -d /dev/shm ]; then mount -t tmpfs -o size={tmp_kb}k,mode=1777 none /dev/shm; fi")
         lines.append("cd /tmp")
         env = ["env", "-i", f"PATH={_PATH}", "HOME=/tmp", *(f"{k}={v}" for k, v in SANDBOX_ENV.items())]

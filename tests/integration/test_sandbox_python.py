@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +152,44 @@ def test_the_shipped_tool_config_uses_the_sandbox_interpreter():
 
     resp, _, metrics = asyncio.run(go())
     assert resp.text == "1/2" and metrics["exit_code"] == 0
+
+
+@pytest.fixture
+def tmp_root():
+    """A world-readable folder directly under /tmp, as a clone there would be (pytest's tmp_path is 0700, which
+    the sandbox's unprivileged uid cannot enter)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="stare-sbx-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sandbox_interpreter_under_tmp_runs_read_only(backend, tmp_root):
+    """A project cloned under /tmp (CI's clones may be) has its .venv-sandbox there too: the sandbox's private
+    /tmp must not hide it, and the rest of the host's /tmp stays invisible."""
+    import subprocess
+
+    tmp_path = tmp_root
+    venv = tmp_path / "clone" / ".venv-sandbox"
+    subprocess.run([interp.SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (tmp_path / "host-secret.txt").write_text("x")
+    sb = make_sandbox(SandboxConfig(backend=backend, python=str(venv / "bin" / "python")))
+    code = (
+        "import os, sys\n"
+        "print(sys.prefix)\n"
+        "try:\n"
+        "    open(os.path.join(sys.prefix, 'planted.py'), 'w'); print('writable')\n"
+        "except OSError as e:\n"
+        "    print('errno', e.errno)\n"
+        f"print(os.path.exists({str(tmp_path / 'host-secret.txt')!r}))\n"
+        "open('/tmp/scratch.txt', 'w').write('ok'); print(open('/tmp/scratch.txt').read())\n"
+    )
+    r = _run(sb, code)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert r.stdout.split() == [str(venv), "errno", r.stdout.split()[2], "False", "ok"], r.stdout
+    assert r.stdout.split()[2] in ("30", "13")
+    assert not (venv / "planted.py").exists() and not (tmp_path / "scratch.txt").exists()
