@@ -7,6 +7,7 @@ schedule ``sgn = sign(H_target - H_batch)``, ``W = clip(W + alpha*sgn, 1, W_max)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,14 +72,31 @@ class StareController:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore W, M and steps saved by ``state_dict``.
+        """Restore the state saved by ``state_dict``.
+
+        W and M are state only under the adaptive schedule: without it they are configuration, so a resumed run
+        uses the W and M it is configured with now (a changed ``reweight_w``/``reweight_m`` takes effect) and
+        restores only the step count. With it, the saved W and M are restored and must lie within the schedule's
+        clips ([1, w_max], [m_min, 1]) of the current configuration (clipped into them).
 
         Raises:
-            ValueError: the state has an unknown version or lacks a key.
+            ValueError: the state has an unknown version, lacks a key, or holds a W/M/steps that no controller
+                could have written (non-numeric, non-finite or non-positive W/M, negative steps): a corrupt file.
         """
         if state.get("version") != self.STATE_VERSION:
             raise ValueError(f"unsupported STARE controller state version {state.get('version')!r}")
         try:
-            self.w, self.m, self.steps = float(state["w"]), float(state["m"]), int(state["steps"])
+            w, m, steps = float(state["w"]), float(state["m"]), int(state["steps"])
         except KeyError as err:
             raise ValueError(f"STARE controller state lacks key {err}") from None
+        except (TypeError, ValueError, OverflowError) as err:
+            raise ValueError(f"STARE controller state holds a non-numeric w/m/steps: {err}") from None
+        if steps < 0:
+            raise ValueError(f"STARE controller state has steps={steps} < 0")
+        if not (math.isfinite(w) and math.isfinite(m) and w > 0 and m > 0):
+            raise ValueError(f"STARE controller state has w={w}, m={m}: weights must be finite and > 0")
+        cfg = self.config
+        if cfg.adaptive:  # clipped into this run's schedule (w_max / m_min may have changed since the save)
+            self.w = min(max(w, 1.0), cfg.w_max)
+            self.m = min(max(m, cfg.m_min), 1.0)
+        self.steps = steps

@@ -108,7 +108,8 @@ def _group_advantage(
       Everywhere else the advantage is verl's, bit for bit.
     - A non-finite reward (a broken reward function) would make its whole group's mean and std NaN and the
       loss NaN; instead such responses get advantage 0 and are left out of their group's statistics, which
-      the finite responses of the group keep.
+      the finite responses of the group keep. A group left with a single finite response has no baseline: that
+      response gets 0 too (not verl's singleton value A = r; groups of one from the start keep verl's value).
     """
     from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
 
@@ -130,6 +131,15 @@ def _group_advantage(
             adv[keep] = sub.to(adv.dtype)
     scores_np = scores.detach().double().cpu().numpy()
     codes, n_groups = group_codes(np.asarray(index))
+    if n_bad:
+        # a group that non-finite rewards cut down to one finite response has no baseline left: verl's singleton
+        # convention (A = r) would hand that response its raw reward as advantage, so it gets 0 instead
+        finite = ~bad.cpu().numpy()
+        left = np.bincount(codes[finite], minlength=n_groups)
+        cut = (np.bincount(codes, minlength=n_groups) > 1) & (left == 1)
+        cut_rows = cut[codes] & finite
+        if cut_rows.any():
+            adv[torch.from_numpy(cut_rows).to(adv.device)] = 0.0
     zero_var = zero_variance_groups(scores_np, codes, n_groups, ~bad.cpu().numpy(), cfg.zero_variance_tol)
     rows = zero_var[codes]
     if rows.any():

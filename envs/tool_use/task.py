@@ -254,7 +254,7 @@ def compute_score(
         value = info.get(key, default)
         try:
             out[key] = type(default)(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # e.g. int(inf): a broken statistic never stops scoring
             out[key] = default
     out["reward_text_from_loop"] = from_loop
     return out

@@ -212,3 +212,31 @@ def test_nonfinite_rewards_get_zero_advantage_and_leave_their_group_stats():
     metrics = {}
     compute_stare_advantage(rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent, metrics=metrics)
     assert metrics["stare/nonfinite_rewards"] == 0.0
+
+
+def test_a_group_cut_to_one_finite_reward_gets_no_advantage():
+    """Non-finite rewards leave one finite response in its group: no baseline is left, so advantage 0 (verl's
+    singleton convention A = r would hand it its raw reward); groups of one from the start keep verl's value."""
+    rewards, mask, uid, logp, ent = _data(b=8, group=2, seed=5)
+    lengths = mask.sum(-1).long()
+    rows = torch.arange(8)
+    rewards[rows, lengths - 1] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    rewards[0, 0] = float("nan")  # group 0: only response 1 (reward 0) is left
+    rewards[3, 0] = float("-inf")  # group 1: only response 2 (reward 0) is left
+    rewards[5, 0] = float("nan")  # group 2: only response 4 (reward 1) is left
+    metrics = {}
+    adv, _ = compute_stare_advantage(
+        rewards, mask, uid, _algo(reweight_w=1.0, reweight_m=1.0), old_log_probs=logp, entropys=ent,
+        metrics=metrics,
+    )
+    assert (adv[:6] == 0).all() and metrics["stare/nonfinite_rewards"] == 3.0
+    # group 3 is untouched (two equal rewards: zero variance, 0 as well); a real singleton group keeps A = r
+    single_uid = np.array(["a", "b"], dtype=object)
+    r2 = torch.zeros(2, mask.shape[1])
+    r2[0, 0], r2[1, 0] = 1.0, 0.0
+    adv2, _ = compute_stare_advantage(
+        r2, mask[:2], single_uid, _algo(reweight_w=1.0, reweight_m=1.0), old_log_probs=logp[:2], entropys=ent[:2]
+    )
+    ref, _ = compute_grpo_vectorized_outcome_advantage(r2, mask[:2], single_uid)
+    torch.testing.assert_close(adv2, ref)
+    assert adv2[0][mask[0] > 0].min() > 0.5

@@ -255,3 +255,31 @@ def test_half_precision_log_probs_and_entropy(dtype):
     out, met = stare_reweight(adv, mask.long(), logp.to(dtype), ent.to(dtype), StareController(StareConfig()))
     assert out.dtype == adv.dtype and torch.equal(out, ref)
     assert met == ref_met
+
+
+def test_resume_uses_the_configured_weights_unless_adaptive():
+    """Without the adaptive schedule W and M are configuration: a run resumed with a new reweight_w/m uses it
+    (only the step count comes from the checkpoint); with it, the saved W/M are restored within the clips."""
+    saved = StareController(StareConfig(reweight_w=1.1)).state_dict() | {"steps": 7}
+    fixed = StareController(StareConfig(variant="C2", reweight_w=1.5, reweight_m=0.5))
+    fixed.load_state_dict(saved)
+    assert (fixed.w, fixed.m, fixed.steps) == (1.5, 0.5, 7)
+    d = fixed.step(0.01)
+    assert (d.w, d.m, fixed.steps) == (1.5, 0.5, 8)
+    adaptive = StareController(StareConfig(variant="C2", adaptive=True, w_max=1.3, m_min=0.7))
+    adaptive.load_state_dict(saved | {"w": 1.45, "m": 0.6})
+    assert (adaptive.w, adaptive.m) == (1.3, 0.7)  # clipped into this run's schedule
+    adaptive.load_state_dict(saved | {"w": 1.2, "m": 0.8})
+    assert (adaptive.w, adaptive.m, adaptive.steps) == (1.2, 0.8, 7)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"w": float("nan")}, {"w": -3.0}, {"m": 0.0}, {"w": "inf"}, {"m": "x"}, {"steps": -1}, {"w": None}],
+)
+def test_a_corrupt_controller_state_is_refused(bad):
+    state = StareController(StareConfig()).state_dict() | bad
+    ctrl = StareController(StareConfig(adaptive=True))
+    with pytest.raises(ValueError):
+        ctrl.load_state_dict(state)
+    assert (ctrl.w, ctrl.m, ctrl.steps) == (1.1, 0.9, 0)  # untouched
