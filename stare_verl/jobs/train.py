@@ -194,9 +194,9 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         args.run_dir or os.environ.get("RUN_DIR") or REPO / "runs" / f"{family}-{args.method}-seed{args.seed}"
     )
     run_dir = run_dir.resolve()
-    if args.steps < 1 or args.eval_samples < 1:
-        print(f"error: --steps and --eval-samples must be >= 1 (got {args.steps}, {args.eval_samples})",
-              file=sys.stderr)
+    bad = bad_option(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
         return 2
     t0 = time.time()
     what = "CPU default" if backend.path == "cpu" else f"GPU ({backend.path}: no SGLang installed)"
@@ -370,6 +370,26 @@ def train_gpu(args: argparse.Namespace) -> int:
     print(f"[train-{args.family}] GPU recipe {recipe}: {backend.line()}", flush=True)
     print(f"[train-{args.family}] {' '.join(cmd)}", flush=True)
     return subprocess.call(cmd, cwd=REPO)
+
+
+# (option, smallest allowed value) of the numeric options, checked before anything runs or is written
+OPTION_MINIMA = (
+    ("steps", 1), ("eval_samples", 1), ("n_train", 1), ("n_eval", 1), ("max_turns", 1),
+    ("save_freq", 0), ("sft_steps", 0), ("sft_threads", 0),
+)  # fmt: skip
+
+
+def bad_option(args: argparse.Namespace) -> str | None:
+    """The first out-of-range numeric option of ``stare-verl train`` as a one-line message, or None. Checked up
+    front: most of them are only used after the cold-start SFT, minutes into a run."""
+    for name, low in OPTION_MINIMA:
+        value = getattr(args, name, low)
+        if value < low:
+            return f"--{name.replace('_', '-')} must be >= {low} (got {value})"
+    acc = getattr(args, "min_sft_accuracy", None)
+    if acc is not None and not 0.0 <= acc <= 1.0:
+        return f"--min-sft-accuracy must be in [0, 1] (got {acc})"
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -125,3 +125,24 @@ def test_cpu_run_env_keeps_the_cpu_platform():
     env = train.run_env("t", train.REPO / "x.jsonl")
     assert env["VERL_PLATFORM"] == "cpu"
     assert "VERL_PLATFORM" not in train.run_env("t", train.REPO / "x.jsonl", "cuda")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "0"], "--steps must be >= 1 (got 0)"),
+        (["--eval-samples", "0"], "--eval-samples must be >= 1 (got 0)"),
+        (["--n-eval", "0"], "--n-eval must be >= 1"),
+        (["--n-train", "-2"], "--n-train must be >= 1"),
+        (["--max-turns", "0"], "--max-turns must be >= 1"),
+        (["--save-freq", "-1"], "--save-freq must be >= 0"),
+        (["--sft-steps", "-5"], "--sft-steps must be >= 0"),
+        (["--sft-threads", "-3"], "--sft-threads must be >= 0"),
+        (["--min-sft-accuracy", "2"], "--min-sft-accuracy must be in [0, 1]"),
+    ],
+)
+def test_out_of_range_options_fail_before_anything_runs(argv, message):
+    from stare_verl.jobs.train import bad_option, build_parser
+
+    assert message in bad_option(build_parser().parse_args(argv))
+    assert bad_option(build_parser().parse_args([])) is None
