@@ -68,13 +68,29 @@ def slot_uids(sb: LocalSandbox) -> set[int]:
     return set(sb._uids._free)
 
 
-def own_children() -> list[int]:
+def _children() -> list[int]:
     pid = os.getpid()
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as fh:
             return [int(x) for x in fh.read().split()]
     except OSError:
         return []
+
+
+_PREEXISTING: set[int] = set()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _children_before_this_module():
+    """Children of the pytest process that earlier tests started and that live on by design (e.g. the
+    math-verify worker pool of an in-process evaluation): not the sandbox's, so not counted as leftovers."""
+    _PREEXISTING.update(_children())
+    yield
+
+
+def own_children() -> list[int]:
+    """Children of the pytest process started since this module began (the sandbox's leftovers, if any)."""
+    return [p for p in _children() if p not in _PREEXISTING]
 
 
 def sandbox(kind: str, **limits) -> LocalSandbox:
