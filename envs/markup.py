@@ -21,9 +21,10 @@ Rules (the *extent* of each piece of markup):
   call inside reasoning; a broken ``<tool_call>`` there is prose (its tag is text; the valid JSON before its
   break point is still skipped).
 
-Every scan is linear in ``len(text)``: each character is read by the JSON decoder at most once (a decode
-starts only after the previous call's end and the next start is after the break point or the call's end),
-and tags are found with forward searches only.
+Every scan is linear in ``len(text)``: a decode starts only after the previous call's end and reads the call's
+JSON plus at most a few windows of ``_FIRST_WINDOW`` characters (the next start is after the break point or the
+call's end), and tags are found with forward searches only (``tests/unit/test_tool_call_markup.py`` counts the
+characters read on tag floods).
 """
 
 from __future__ import annotations

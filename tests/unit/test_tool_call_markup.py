@@ -107,13 +107,38 @@ def test_empty_arguments_of_a_tool_with_required_ones_stay_a_clear_error(args):
     assert calls[0].error.startswith("Error: \"arguments\" of tool 'clock' must be a JSON object")
 
 
-def _best_time(fn, reps=3):
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+class _Counting:
+    """Wraps a compiled regex or the JSON decoder of ``envs.markup`` and adds up the characters each call can read:
+    a forward search from ``pos`` reads up to its match's end (or the text's end), a decode reads its window."""
+
+    def __init__(self, inner, tally):
+        self.inner, self.tally = inner, tally
+
+    def search(self, text, pos=0):
+        m = self.inner.search(text, pos)
+        self.tally[0] += (m.end() if m else len(text)) - pos
+        return m
+
+    def match(self, text, pos=0):
+        m = self.inner.match(text, pos)
+        self.tally[0] += (m.end() if m else pos) - pos + 1
+        return m
+
+    def raw_decode(self, window):
+        self.tally[0] += len(window)
+        return self.inner.raw_decode(window)
+
+
+def _chars_read(monkeypatch, text):
+    """Characters the scan behind the parser, the call removal and the think spans reads for ``text`` (all three
+    run on :func:`envs.markup.scan_markup`)."""
+    import envs.markup as markup
+
+    tally = [0]
+    for name in ("_TAG_RE", "_BROKEN_END_RE", "_WS_RE", "_DECODER"):
+        monkeypatch.setattr(markup, name, _Counting(getattr(markup, name), tally))
+    parse_tool_calls(text, TOOLS), remove_tool_calls(text), think_visible_spans(text)
+    return tally[0]
 
 
 FLOODS = {
@@ -130,15 +155,17 @@ FLOODS = {
 
 
 @pytest.mark.parametrize("unit", list(FLOODS.values()), ids=list(FLOODS))
-def test_scans_stay_linear_on_tag_floods(unit):
-    def run(n):
-        text = unit * n
-        return lambda: (parse_tool_calls(text, TOOLS), remove_tool_calls(text), think_visible_spans(text))
+def test_scans_stay_linear_on_tag_floods(unit, monkeypatch):
+    # work counted in characters read, not seconds: a quadratic scan (a search or decode restarting from a call's
+    # start, or a decoder reading to the text's end per call) reads ~n^2/2 characters and fails both bounds
+    from envs.markup import _FIRST_WINDOW
 
     small, big = 2_000, 16_000
-    t_small, t_big = _best_time(run(small)), _best_time(run(big), reps=1)
-    # linear: ratio ~8; quadratic: ~64. Loose (shared, loaded CPUs), with a floor for tiny timings.
-    assert t_big < 24 * max(t_small, 0.005), (t_small, t_big)
+    read_small, read_big = (_chars_read(monkeypatch, unit * k) for k in (small, big))
+    # each search reads forward a few times over the text; each call's first decode reads at most a few windows
+    text = unit * big
+    assert read_big <= 8 * len(text) + 4 * _FIRST_WINDOW * text.count("<tool_call>"), (read_big, len(text))
+    assert read_big <= 8.5 * read_small, (read_small, read_big)  # 8x the text: 8x the work (quadratic: 64x)
 
 
 def test_hundred_thousand_tags_take_bounded_time():
