@@ -123,7 +123,7 @@ def test_exact_values_are_bounded_by_digits_not_exponent():
     for too_big in ("10^{10000}", "2^{100000}", "9^{9^{9}}", "1001!", r"\frac{1}{(10^{2000})^{2}}", "3!!"):
         t0 = time.perf_counter()
         assert evaluate(too_big) is None, too_big  # left to math-verify
-        assert time.perf_counter() - t0 < 0.5
+        assert time.perf_counter() - t0 < 5.0  # a hang guard (~ms idle); speed lives in make bench
 
 
 @pytest.mark.parametrize(
@@ -236,4 +236,4 @@ def test_no_input_makes_the_fast_path_slow():
     for w in worst:
         evaluate.cache_clear()
         evaluate(w)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 10.0  # a hang guard (~0.1 s idle); speed lives in make bench
