@@ -7,6 +7,7 @@ Source: STARE steps 2-6 (``docs/stare.md``). The GRPO advantage (step 1) comes f
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
@@ -57,7 +58,8 @@ def stare_reweight(
 
     Returns:
         ``(advantages_eff, metrics)``: ``[B, T]`` tensor ``omega * advantages`` (exactly 0 where the mask is 0),
-        and ``stare/*`` metrics (floats): gate_on, batch_entropy, target_entropy, w, m, frac_l_plus,
+        and ``stare/*`` metrics (floats): gate_on, batch_entropy (NaN when no model token has a finite log-prob
+        and entropy: the gate stays off), target_entropy, w, m, frac_l_plus,
         frac_l_minus (share of model tokens reweighted: 0 with the gate off, when L+/L- are not selected),
         mean_weight, surprisal_threshold_plus/minus (nats; -1 when the set is empty or the gate is off),
         model_tokens, nonfinite_tokens; and the entropy-dynamics metrics over valid model tokens (see
@@ -91,7 +93,10 @@ def stare_reweight(
     chunk = cfg.chunk_size if cfg.scope == "chunk" else None
     # outcome advantages are constant along a row's model tokens: read each row at its first model token
     model = mask_np if mask_np.dtype == np.bool_ else mask_np > 0
-    row_adv = adv_np[np.arange(adv_np.shape[0]), model.argmax(axis=1)] * model.any(axis=1)
+    if model.shape[1] == 0:  # empty responses: no model token, every row's advantage is 0
+        row_adv = np.zeros(model.shape[0], dtype=adv_np.dtype)
+    else:
+        row_adv = adv_np[np.arange(adv_np.shape[0]), model.argmax(axis=1)] * model.any(axis=1)
     cov_base = covariance_sums(row_adv, lp_np, masks, decision.batch_entropy)
     cov_eff = cov_base
     w_eff, m_eff = 1.0, 1.0
@@ -123,8 +128,11 @@ def _stare_reweight_torch(advantages, response_mask, old_log_probs, entropys, co
     chunk = cfg.chunk_size if cfg.scope == "chunk" else None
     # outcome advantages are constant along a row's model tokens: read each row at its first model token
     model = (mask if mask.dtype == torch.bool else mask > 0).to(torch.uint8)
-    first = model.argmax(dim=1, keepdim=True)
-    row_adv = adv.gather(1, first).squeeze(1) * model.amax(dim=1).to(adv.dtype)
+    if model.shape[1] == 0:  # empty responses: no model token, every row's advantage is 0
+        row_adv = adv.new_zeros(model.shape[0])
+    else:
+        first = model.argmax(dim=1, keepdim=True)
+        row_adv = adv.gather(1, first).squeeze(1) * model.amax(dim=1).to(adv.dtype)
     row_adv_np = row_adv.double().cpu().numpy()
     cov_base = class_sums(
         row_adv_np, *core_torch.covariance_row_stats(lp, masks.valid, decision.batch_entropy)
@@ -159,7 +167,8 @@ def _metrics(cfg, decision, masks, l_plus, l_minus, w_eff: float, m_eff: float, 
     n = max(masks.n_model, 1)
     metrics = {
         "stare/gate_on": float(decision.gate_on),
-        "stare/batch_entropy": decision.batch_entropy if decision.batch_entropy is not None else 0.0,
+        # NaN, not 0.0, when no model token has a finite log-prob and entropy: 0.0 would read as a collapse
+        "stare/batch_entropy": decision.batch_entropy if decision.batch_entropy is not None else math.nan,
         "stare/target_entropy": cfg.target_entropy,
         "stare/w": decision.w,
         "stare/m": decision.m,

@@ -163,10 +163,12 @@ def test_degenerate_batches_are_defined():
     out, met = stare_reweight(zeros, torch.ones(4, 5), -torch.rand(4, 5), torch.zeros(4, 5), ctrl)
     assert torch.equal(out, zeros) and met["stare/frac_l_plus"] == 0.0
     assert met["stare/surprisal_threshold_plus"] == -1.0
-    # all rows with an empty mask -> gate off, no NaN anywhere
+    # all rows with an empty mask -> gate off; the batch entropy is undefined (NaN, not a 0.0 that reads as a
+    # collapse), every other metric is finite
     out, met = stare_reweight(zeros, torch.zeros(4, 5), torch.zeros(4, 5), torch.zeros(4, 5), ctrl)
     assert met["stare/gate_on"] == 0.0 and met["stare/model_tokens"] == 0.0
-    assert all(not math.isnan(v) for v in met.values())
+    assert math.isnan(met.pop("stare/batch_entropy"))
+    assert all(math.isfinite(v) for v in met.values())
     # no A > 0 token at all, C2: L- still chosen, L+ empty
     adv = -torch.ones(2, 5)
     out, met = stare_reweight(
@@ -178,6 +180,30 @@ def test_degenerate_batches_are_defined():
     )
     assert met["stare/frac_l_plus"] == 0.0 and met["stare/frac_l_minus"] == pytest.approx(0.1)
     assert out[1, 4].item() == pytest.approx(-0.9) and (out.flatten()[:-1] == -1).all()
+
+
+@pytest.mark.parametrize("b", [0, 3])
+def test_empty_responses_are_defined(b):
+    # T = 0 (every response empty) and B = 0: advantages returned unchanged, gate off, nothing selected
+    ctrl = StareController(StareConfig(target_entropy=5.0, variant="C2"))
+    for t in (0, 4) if b == 0 else (0,):
+        adv = torch.zeros(b, t)
+        out, met = stare_reweight(adv, torch.ones(b, t), torch.zeros(b, t), torch.zeros(b, t), ctrl)
+        assert out.shape == (b, t) and met["stare/gate_on"] == 0.0 and met["stare/model_tokens"] == 0.0
+        assert met["stare/frac_l_plus"] == met["stare/frac_l_minus"] == 0.0 and met["stare/cov_logp_adv"] == 0.0
+    assert ctrl.steps == (2 if b == 0 else 1)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_no_finite_token_leaves_the_gate_off_and_the_entropy_undefined(bad):
+    # every model token's log-prob (or entropy) is non-finite: nothing enters the gate, nothing is reweighted
+    adv, mask, logp = _batch(b=2, t=6, adv=(1.0, -1.0))
+    ctrl = StareController(StareConfig(target_entropy=5.0, variant="C2"))
+    for lp, ent in ((torch.full_like(logp, bad), torch.zeros_like(logp)), (logp, torch.full_like(logp, bad))):
+        out, met = stare_reweight(adv, mask, lp, ent, ctrl)
+        assert torch.equal(out, adv) and met["stare/gate_on"] == 0.0
+        assert math.isnan(met["stare/batch_entropy"]) and met["stare/nonfinite_tokens"] == 12.0
+        assert met["stare/frac_l_plus"] == met["stare/frac_l_minus"] == 0.0
 
 
 def test_nonfinite_tokens_ignored_and_counted():
