@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stare-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps sandbox-python test test-gpu bench lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
+.PHONY: install system-deps sandbox-python test test-gpu bench bench-main-job lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
 
 install: $(STAMP)
 
@@ -56,6 +56,10 @@ test-gpu: install system-deps
 
 bench: install system-deps
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
+
+# Phase breakdown of the main job, first and cached run (10-30 minutes on 2 cores): FAMILY=tooluse|shortcot|longcot
+bench-main-job: install system-deps
+	$(BIN)/python bench/main_job.py --family $(or $(FAMILY),tooluse) $(ARGS)
 
 # Offline reasoning-gym sets for every family (no network).
 data: install

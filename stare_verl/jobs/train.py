@@ -251,7 +251,10 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     if model:
         print(f"[{name}] MODEL={model}: RL from it (no cold-start SFT, no held-out evaluation)", flush=True)
         return _train_tiny_recipe(args, backend, sft_cfg, Path(model), run_dir, recipe, name, t0, None)
+    phases: dict[str, float] = {}  # wall seconds per phase of the run (bench/bench_main_job.py prints them)
+    t_phase = time.time()
     sft_dir = ensure_sft_checkpoint(sft_cfg)
+    phases["sft"] = round(time.time() - t_phase, 1)
     sft_acc = read_report(sft_dir)["heldout"]["T=0.0"]["accuracy"]
     min_acc = MIN_SFT_ACCURACY[family] if args.min_sft_accuracy is None else args.min_sft_accuracy
     if sft_acc < min_acc:
@@ -263,19 +266,22 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         )
         return 1
     eval_before = run_dir / "eval_before.json"
+    t_phase = time.time()
     if not eval_before.exists():
         eval_before.write_text(
             json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns, args.eval_samples), indent=1)
         )
     before = json.loads(eval_before.read_text())
+    phases["eval_before"] = round(time.time() - t_phase, 1)
     print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
-    return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run_dir, recipe, name, t0, before)
+    return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run_dir, recipe, name, t0, before, phases)
 
 
 def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_dir: Path, recipe: str, name: str,
-                       t0: float, before: dict | None) -> int:  # fmt: skip
+                       t0: float, before: dict | None, phases: dict[str, float] | None = None) -> int:  # fmt: skip
     """RL with ``recipes/cpu/<recipe>.yaml`` from ``model_dir``, then the held-out evaluation (when ``before`` is
-    given), plots and ``summary.json``; returns the exit status."""
+    given), plots and ``summary.json`` (``phases_s``: wall seconds of the phases before RL given in ``phases``,
+    then ``rl`` (verl's main_ppo, start-up included) and ``eval_after``); returns the exit status."""
     from stare_verl.jobs.demo.sft import write_rl_data
     from stare_verl.jobs.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
 
@@ -312,7 +318,10 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_
     part = run_dir / "logs" / f"verl_metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part, backend.platform)
     print(f"[{name}] verl main_ppo ({args.steps} steps); log: {run_dir / 'train.log'}", flush=True)
+    phases = dict(phases or {})
+    t_phase = time.time()
     rc = run_main_ppo(cmd, env, run_dir / "train.log", part, args.steps)
+    phases["rl"] = round(time.time() - t_phase, 1)
 
     rows = read_verl_jsonl(sorted((run_dir / "logs").glob("verl_metrics.*.jsonl")))
     write_metrics_jsonl(rows, run_dir / "metrics.jsonl")
@@ -326,12 +335,14 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_
         return rc if rc > 0 else 1
 
     ckpt = latest_hf_checkpoint(run_dir)
+    t_phase = time.time()
     after = (
         _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns, args.eval_samples)
         if ckpt and before is not None
         else {}
     )
     (run_dir / "eval_after.json").write_text(json.dumps(after, indent=1))
+    phases["eval_after"] = round(time.time() - t_phase, 1)
     summary = {
         "family": family,
         "method": args.method,
@@ -343,6 +354,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_
         "eval_before": before,
         "eval_after": after,
         "wall_s": round(time.time() - t0, 1),
+        "phases_s": phases,
         "plots": [str(p) for p in plots],
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
