@@ -3,6 +3,10 @@
 Sizes 512 x 8192 and 1024 x 16384, variants O1 (default) and C2, on CPU tensors (as verl's driver holds them):
 target ratio <= 15 (issue 15, on a 2-core CPU). Where CUDA is available, the same on CUDA tensors: target
 <= 10 ms for 1024 x 16384. The gate is forced on (entropy below target) so the reweighting path is timed.
+
+Also the cost of the entropy-dynamics metrics (issue 13: Cov(log pi, A) and its quadrants, GRPO and effective
+advantage): the estimator as shipped vs the same with the covariance sums replaced by zeros, paired on CPU;
+target ratio <= 1.10.
 """
 
 import statistics
@@ -17,6 +21,7 @@ from stare_verl.estimator import compute_stare_advantage
 
 SIZES = [(512, 8192), (1024, 16384)]
 GROUP, REPEATS = 8, 15
+COV_TARGET_RATIO = 1.10
 CPU_TARGET_RATIO, GPU_TARGET_MS = 15.0, 10.0
 
 
@@ -77,10 +82,45 @@ def bench(device: str, b: int, t: int) -> None:
         )
 
 
+def bench_covariance(b: int, t: int) -> None:
+    """Paired time of the estimator with and without the covariance metrics (NumPy path, O1 and C2)."""
+    from unittest import mock
+
+    import stare_verl.stare as stare_mod
+    from stare_verl.core import CovarianceSums
+
+    def no_cov(*args, **kwargs):
+        z = np.zeros(5)
+        return CovarianceSums(n=z, lp=z, adv=z, lp_adv=z)
+
+    rewards, mask, uid, logp, ent = make_batch(b, t)
+    for variant in ("O1", "C2"):
+        algo = OmegaConf.create({"norm_adv_by_std_in_grpo": True, "stare": {"variant": variant}})
+
+        def run(algo=algo):
+            return compute_stare_advantage(rewards, mask, uid, algo, old_log_probs=logp, entropys=ent)
+
+        def run_without(algo=algo):
+            with (
+                mock.patch.object(stare_mod, "covariance_sums", no_cov),
+                mock.patch.object(stare_mod, "reweighted_covariance_sums", no_cov),
+            ):
+                return run(algo)
+
+        without, with_cov, ratio = paired_ms(run_without, run)
+        print(
+            f"cpu  {b:4d} x {t:5d} | stare ({variant}) without cov metrics {without:7.1f} ms | with {with_cov:7.1f} ms"
+            f" | ratio {ratio:5.2f} (target <= {COV_TARGET_RATIO:g})",
+            flush=True,
+        )
+
+
 def main() -> None:
     print(f"padding ~30%, gate on, torch threads {torch.get_num_threads()}, CUDA {torch.cuda.is_available()}")
     for b, t in SIZES:
         bench("cpu", b, t)
+    for b, t in SIZES:
+        bench_covariance(b, t)
     if torch.cuda.is_available():
         for b, t in SIZES:
             bench("cuda", b, t)
