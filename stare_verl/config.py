@@ -42,7 +42,7 @@ class StareConfig(BaseModel):
         chunk_size: sequences per chunk when ``scope == "chunk"``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf/NaN: a clear error
 
     variant: Literal["O1", "C2"] = "O1"
     top_p_ratio: float = Field(0.10, gt=0.0, le=1.0)

@@ -164,6 +164,13 @@ def test_controller_state_persists_across_calls():
         ({"top_p_raito": 0.1}, "top_p_raito"),
         ({"scope": "chunk"}, "chunk_size"),
         ({"epsilon": 0.0}, "epsilon"),
+        # non-finite values are refused, not run with (inf passes every bound, NaN would silently fail them)
+        ({"reweight_w": float("inf")}, "reweight_w"),
+        ({"alpha": float("inf")}, "alpha"),
+        ({"alpha": float("nan")}, "alpha"),
+        ({"target_entropy": float("inf")}, "target_entropy"),
+        ({"w_max": float("inf")}, "w_max"),
+        ({"epsilon": float("nan")}, "epsilon"),
     ],
 )
 def test_bad_config_names_key(stare, key):
