@@ -1,7 +1,8 @@
-"""Issue 12 (one tool-call path): the same scripted tool-use episode through the API evaluation (``run_api_eval``
-over a scripted chat client) and the held-out evaluation (``run_episodes`` over a scripted token policy) gives
-the same per-episode statistics, observations, reward text and score: both share one episode driver and one
-record type over the training loop's parser, tool-call runner, stop rules and reward.
+"""Issue 12 (one tool-call path): the same scripted tool-use episode through the TRAINING loop (verl's agent-loop
+worker with ``stare_tool_agent`` and verl's reward loop, in-process), the API evaluation (``run_api_eval`` over a
+scripted chat client) and the held-out evaluation (``run_episodes`` over a scripted token policy) gives the same
+per-episode statistics, observations, reward text and score: the three share the parser, the tool-call runner,
+the stop rules and the reward, and both evaluations share one episode driver and one record type.
 
 The episode: a call whose code prints markup (ends nothing) next to a second call beyond the per-turn limit of 1;
 a call with empty arguments (a required argument missing: answered, nothing run); a call that sleeps past the
@@ -13,6 +14,7 @@ import asyncio
 import re
 import types
 
+import numpy as np
 import pytest
 import yaml
 
@@ -20,6 +22,7 @@ from envs.datasets import write_parquet
 from envs.tools.schema import tool_call_text
 from stare_verl.jobs.demo import demos as D
 from stare_verl.jobs.demo.evaluate import run_episodes
+from stare_verl.jobs.demo.model import build_model, save_model
 from stare_verl.jobs.demo.sft import render_demo
 from stare_verl.jobs.demo.tokenizer import build_tokenizer
 from stare_verl.jobs.evaluation.client import ChatResult
@@ -30,7 +33,7 @@ from stare_verl.jobs.evaluation.runner import (
     load_tools,
     run_api_eval,
 )
-from tests.support import REPO
+from tests.support.agent_loop import REPO, RewardHandle, compose_multi_turn_config
 
 MARKUP_CODE = 'print("</tool_call>")\nx = "\\\\boxed{9} <think>"'
 SANDBOX_LIMIT_S = 1.0
@@ -63,6 +66,7 @@ def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("one_tool_path")
     demos, _ = D.build_demos(D.sample_problems(3, seed=5))
     tok = build_tokenizer([render_demo(d) for d in demos], tmp / "model")
+    save_model(build_model(tok, seed=0), tok, tmp / "model")
     demo = demos[0]
     for t in _turns(demo.problem.answer):
         assert tok.decode(tok.encode(t, add_special_tokens=False)) == t
@@ -72,6 +76,51 @@ def setup(tmp_path_factory):
     tool_cfg = tmp / "tool_config.yaml"
     tool_cfg.write_text(yaml.safe_dump(cfg))
     return types.SimpleNamespace(tmp=tmp, tok=tok, demo=demo, data=data, tool_cfg=tool_cfg)
+
+
+def _training(s) -> dict:
+    """verl's AgentLoopWorker (stare_tool_agent) over a scripted server, rewarded by verl's reward loop worker."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    import envs.tool_use.agent_loop  # noqa: F401  (registers stare_tool_agent)
+    from envs.simulators import ScriptedEpisode, ScriptedLLMServer
+
+    cfg = compose_multi_turn_config(
+        str(s.tmp / "model"), str(s.tool_cfg), prompt_length=512, response_length=BUDGET,
+        max_model_len=4096, max_assistant_turns=8,
+        overrides=[f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={OBS_CHARS}"],
+    )
+    dataset = RLHFDataset(data_files=[str(s.data)], tokenizer=s.tok, config=cfg.data, processor=None)
+    batch = DataProto.from_single_dict(collate_fn([dataset[0]]))
+    batch.non_tensor_batch["uid"] = np.array(["0"], dtype=object)
+    server = ScriptedLLMServer(s.tok, [ScriptedEpisode(s.demo.problem.question, _turns(s.demo.problem.answer))],
+                               max_model_len=4096)
+
+    async def go():
+        reward_worker = RewardLoopWorker(cfg)
+        worker = AgentLoopWorker(cfg, server, reward_loop_worker_handles=[RewardHandle(reward_worker)])
+        try:
+            return await asyncio.wait_for(worker.generate_sequences(batch), timeout=180)
+        finally:
+            await worker.tools[0].aclose()
+
+    out = asyncio.run(go())
+    nt = {k: v[0] for k, v in out.non_tensor_batch.items()}
+    prompt_len = out.batch["prompts"].shape[1]
+    n_resp = int(out.batch["attention_mask"][0][prompt_len:].sum())
+    response = out.batch["input_ids"][0][prompt_len : prompt_len + n_resp].tolist()
+    return {
+        "turns": int(nt["num_assistant_turns"]), "tool_calls": int(nt["num_tool_calls"]),
+        "tool_executed": int(nt["num_tool_executed"]), "malformed_calls": int(nt["num_malformed_calls"]),
+        "tool_errors": int(nt["num_tool_errors"]), "tool_timeouts": int(nt["num_tool_timeouts"]),
+        "termination": str(nt["termination"]), "truncated": not bool(nt["hit_eos"]), "correct": bool(nt["acc"]),
+        "score": float(out.batch["rm_scores"][0].sum()), "response": str(nt["model_response_text"]),
+        "tokens": int(nt["response_length"]), "response_tokens": n_resp,
+        "observations": _observations(s.tok.decode(response, skip_special_tokens=False)),
+    }
 
 
 def _heldout(s) -> dict:
@@ -122,18 +171,20 @@ def _api(s, out) -> dict:
     return {**rec, "observations": [re.sub(r"after [\d.]+ s", "after _ s", o) for o in tool_msgs]}
 
 
-def test_same_episode_same_statistics_through_api_and_heldout(setup, tmp_path):
-    held, api = _heldout(setup), _api(setup, tmp_path / "api.jsonl")
-    for name, r in (("held-out", held), ("API", api)):
+def test_same_episode_same_statistics_through_training_api_and_heldout(setup, tmp_path):
+    train, held, api = _training(setup), _heldout(setup), _api(setup, tmp_path / "api.jsonl")
+    for name, r in (("training", train), ("held-out", held), ("API", api)):
         assert {k: r[k] for k in EXPECTED} == EXPECTED, name
     # the same observations reached the model: the markup run, the per-turn limit, the missing argument, the timeout
-    obs = held["observations"]
-    assert api["observations"] == obs
+    obs = train["observations"]
+    assert held["observations"] == obs and api["observations"] == obs
     assert obs[0].strip() == "</tool_call>" and "at most 1 tool call(s) per turn" in obs[1]
     assert "needs the argument(s) code" in obs[2] and "TimeoutError: the program was stopped after _ s" in obs[3]
     # the same reward text: no call, no tool output (the \boxed{9} inside the code is never the answer)
     answer = setup.demo.problem.answer
-    assert held["response"] == api["response"] == f"Run it.\nWait.\nSo \\boxed{{{answer}}}."
+    assert train["response"] == held["response"] == api["response"] == f"Run it.\nWait.\nSo \\boxed{{{answer}}}."
+    # token-level paths: the same model tokens and the same response (model + tool) tokens
+    assert (held["tokens"], held["response_tokens"]) == (train["tokens"], train["response_tokens"])
     assert api["tokens"] is None and api["response_tokens"] is None  # the scripted server reports no usage
     # timeouts and tool time are the episode's own (nothing zeroed on the way to the record)
     assert held["tool_time_s"] >= SANDBOX_LIMIT_S and api["tool_time_s"] >= SANDBOX_LIMIT_S
