@@ -179,11 +179,12 @@ def test_evaluation_scores_the_single_turn_with_the_family(splits, tok, family):
         return answers[tuple(prompt_ids)][:max_tokens]
 
     res = asyncio.run(run_episodes(problems, generate, tok, family=family, max_response_tokens=128))
-    assert [r.acc for r in res] == [True, False, True, True]
-    assert all(r.assistant_turns == 1 and r.tool_calls == 0 for r in res) and len(calls) == 4
+    assert [r.correct for r in res] == [True, False, True, True]
+    assert all(r.turns == 1 and r.tool_calls == 0 and r.termination == "answer" for r in res) and len(calls) == 4
+    assert res[0].response == demos[0].text  # the whole turn is scored (EOS dropped), as verl's single-turn reward
     # a response cut by the budget scores nothing, even with the right answer inside
     short = asyncio.run(run_episodes(problems[:1], generate, tok, family=family, max_response_tokens=8))
-    assert short[0].truncated and not short[0].acc
+    assert short[0].truncated and not short[0].correct and short[0].tokens == 8
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from stare_verl.jobs.demo.demos import build_demos, sample_problems, tool_call_text
-from stare_verl.jobs.demo.evaluate import EpisodeResult, _pass_at_ks, _report, evaluate_model, run_episodes
+from stare_verl.jobs.demo.evaluate import _pass_at_ks, _report, evaluate_model, run_episodes
 from stare_verl.jobs.demo.model import build_model
 from stare_verl.jobs.demo.sft import render_demo
 from stare_verl.jobs.demo.tokenizer import build_tokenizer
+from stare_verl.jobs.evaluation.episode import EvalRecord
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,8 @@ def setup(tmp_path_factory):
 
 
 def _scripted(tok, by_question, turns_of):
-    """A GenerateFn answering each problem's turn k with ``turns_of(demo)[k]`` (+ EOS)."""
+    """A token policy answering each problem's turn k with ``turns_of(demo)[k]`` (+ EOS); ``calls`` records
+    (question, k, max_tokens, decoded prompt) of every call."""
     calls = []
 
     async def generate(prompt_ids, temperature, max_tokens, seed):
@@ -28,10 +30,15 @@ def _scripted(tok, by_question, turns_of):
         demo = next(d for q, d in by_question.items() if q in text)
         k = text.count("<tool_response>")
         ids = tok.encode(turns_of(demo)[k], add_special_tokens=False) + [tok.eos_token_id]
-        calls.append((demo.problem.question, k, max_tokens))
+        calls.append((demo.problem.question, k, max_tokens, text))
         return ids[:max_tokens]
 
     return generate, calls
+
+
+def _record(question="q", correct=False, **kw):
+    return EvalRecord(problem_id=question, problem_index=0, sample_index=0, data_source="rg/t", ground_truth="1",
+                      correct=correct, **kw)
 
 
 def test_correct_tool_assisted_policy_scores_one(setup):
@@ -41,10 +48,13 @@ def test_correct_tool_assisted_policy_scores_one(setup):
     rep = _report(res, 0.0, 0.0)
     assert rep.accuracy == 1.0 and rep.mean_turns == 2.0 and rep.mean_tool_calls == 1.0
     assert rep.tool_error_rate == 0.0 and rep.truncated_rate == 0.0
-    for r, d in zip(res, demos, strict=True):
-        assert r.model_text == f"\\boxed{{{d.problem.answer}}}"  # tool call removed, tool text never included
-        obs = tok.decode([t for t, m in zip(r.response_ids, r.response_mask, strict=True) if not m])
-        assert f"<tool_response>\n{d.problem.answer}\n</tool_response>" in obs
+    assert set(rep.per_task) == {d.problem.task for d in demos}
+    for i, (r, d) in enumerate(zip(res, demos, strict=True)):
+        assert r.response == f"\\boxed{{{d.problem.answer}}}"  # tool call removed, tool text never included
+        assert (r.problem_index, r.seed, r.data_source, r.termination) == (i, i, d.problem.data_source, "answer")
+        second = next(c[3] for c in calls if c[0] == d.problem.question and c[1] == 1)
+        assert f"<tool_response>\n{d.problem.answer}\n</tool_response>" in second  # the observation the model read
+        assert r.tool_time_s > 0 and r.response_tokens > r.tokens > 0
     assert len(calls) == 2 * len(demos)
 
 
@@ -54,31 +64,38 @@ def test_tool_output_earns_no_credit_and_malformed_call_is_answered(setup):
     wrong = str(int(d.problem.answer) + 1)
     gen, _ = _scripted(tok, {d.problem.question: d}, lambda d: [tool_call_text(d.problem.code), f"\\boxed{{{wrong}}}"])
     (r,) = asyncio.run(run_episodes([d.problem], gen, tok))
-    assert r.acc is False and r.score == 0.0 and r.tool_calls == 1
+    assert r.correct is False and r.score == 0.0 and r.tool_calls == 1
 
     bad = '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(1)"}</tool_call>'  # brace missing
-    gen, _ = _scripted(tok, {d.problem.question: d}, lambda d: [bad, *d.assistant_texts()])
+    gen, calls = _scripted(tok, {d.problem.question: d}, lambda d: [bad, *d.assistant_texts()])
     (r,) = asyncio.run(run_episodes([d.problem], gen, tok, max_response_tokens=512))
     assert r.malformed_calls == 1 and r.tool_calls == 2 and r.tool_errors == 1
-    assert r.assistant_turns == 3 and r.acc is True
-    obs = tok.decode([t for t, m in zip(r.response_ids, r.response_mask, strict=True) if not m])
-    assert "not valid JSON" in obs
+    assert r.turns == 3 and r.correct is True
+    assert "not valid JSON" in calls[1][3]
 
 
 def test_failing_code_and_length_budget(setup):
     demos, tok = setup
     d = demos[1]
-    gen, _ = _scripted(tok, {d.problem.question: d}, lambda d: [tool_call_text("print(1/0)"), "\\boxed{0}"])
+    gen, calls = _scripted(tok, {d.problem.question: d}, lambda d: [tool_call_text("print(1/0)"), "\\boxed{0}"])
     (r,) = asyncio.run(run_episodes([d.problem], gen, tok))
     # training's rule (envs.tool_use.episode): code that ran and failed is a result the model reads, not a tool error
-    assert r.tool_errors == 0 and r.stats.num_tool_executed == 1 and r.stats.num_tool_calls == 1
-    obs = tok.decode([t for t, m in zip(r.response_ids, r.response_mask, strict=True) if not m])
-    assert "ZeroDivisionError" in obs
+    assert r.tool_errors == 0 and r.tool_executed == 1 and r.tool_calls == 1
+    assert "ZeroDivisionError" in calls[1][3]
 
     gen, calls = _scripted(tok, {d.problem.question: d}, lambda d: d.assistant_texts())
     (r,) = asyncio.run(run_episodes([d.problem], gen, tok, max_response_tokens=10))
-    assert r.truncated and r.acc is False and r.tool_calls == 0  # a cut call is never executed
-    assert sum(r.response_mask) == 10 and calls[0][2] == 10
+    assert r.truncated and r.correct is False and r.tool_calls == 0  # a cut call is never executed
+    assert (r.termination, r.finish_reason) == ("length", "length")
+    assert r.tokens == r.response_tokens == 10 and calls[0][2] == 10
+
+    # the observation does not fit what is left of the budget (training's rule): the episode ends on "length"
+    # without another turn and without the observation's tokens; not a cut
+    n1 = len(tok.encode(d.assistant_texts()[0], add_special_tokens=False)) + 1
+    gen, calls = _scripted(tok, {d.problem.question: d}, lambda d: d.assistant_texts())
+    (r,) = asyncio.run(run_episodes([d.problem], gen, tok, max_response_tokens=n1 + 3))
+    assert (r.turns, r.tool_executed, r.termination, r.truncated, r.finish_reason) == (1, 1, "length", False, "stop")
+    assert r.tokens == r.response_tokens == n1 and len(calls) == 1
 
 
 def test_real_tiny_model_batched(setup):
@@ -95,13 +112,15 @@ def test_real_tiny_model_batched(setup):
     for t in (0.0, 1.0):
         rep, eps = out[t]
         assert rep.n == 4 and 0.0 <= rep.accuracy <= 1.0
-        assert all(sum(e.response_mask) <= 16 and e.assistant_turns >= 1 for e in eps)
-    assert [e.response_ids for e in greedy_again] == [e.response_ids for e in out[0.0][1]]
+        assert all(e.response_tokens <= 16 and e.turns >= 1 for e in eps)
+        assert rep.mean_response_tokens == pytest.approx(sum(e.tokens for e in eps) / 4)
+    again = [(e.response, e.tokens, e.response_tokens) for e in greedy_again]
+    assert again == [(e.response, e.tokens, e.response_tokens) for e in out[0.0][1]]
 
 
 def test_pass_at_k_from_rounds():
     # 2 problems x 4 rounds: problem 0 correct in rounds 0 and 2, problem 1 never
-    eps = [EpisodeResult("t", "s", "1", acc=(i == 0 and j in (0, 2))) for j in range(4) for i in range(2)]
+    eps = [_record(f"p{i}", correct=(i == 0 and j in (0, 2))) for j in range(4) for i in range(2)]
     got = _pass_at_ks(eps, 2, 4)
     assert list(got) == [1, 2, 4]
     assert got[1] == pytest.approx(0.25) and got[4] == pytest.approx(0.5)
@@ -126,4 +145,4 @@ def test_real_tiny_model_samples_per_problem(setup):
     assert sampled.n == 9 and sampled.samples_per_problem == 3 and list(sampled.pass_at_k) == [1, 2, 3]
     assert sampled.pass_at_k[1] == pytest.approx(sampled.accuracy)
     # round 0 uses the seeds of the single-sample evaluation
-    assert [e.response_ids for e in out[1.0][1][:3]] == [e.response_ids for e in one]
+    assert [(e.seed, e.response, e.tokens) for e in out[1.0][1][:3]] == [(e.seed, e.response, e.tokens) for e in one]

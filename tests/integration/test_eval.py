@@ -18,6 +18,7 @@ from envs.tool_use.task import to_tool_use_row
 from stare_verl.jobs.evaluation import cli
 from stare_verl.jobs.evaluation.client import ChatClient, ClientConfig, ModelNotServed, ServerUnreachable
 from stare_verl.jobs.evaluation.runner import (
+    RECORD_KEYS,
     SEED_STRIDE,
     DatasetError,
     EvalSettings,
@@ -334,9 +335,10 @@ def test_cli_end_to_end_table_summary_and_resume(tmp_path, capsys):
 # -------------------------------------------------------------------------------------- local checkpoint
 
 
-def test_local_checkpoint_mode_finds_latest_run_and_resumes(tmp_path, capsys):
+def test_local_checkpoint_mode_finds_latest_run_and_resumes(tmp_path, capsys, monkeypatch):
     import os
 
+    import envs.reward
     from stare_verl.jobs.evaluation.local import find_latest_checkpoint
     from stare_verl.jobs.tiny import build_tiny_model
 
@@ -351,10 +353,14 @@ def test_local_checkpoint_mode_finds_latest_run_and_resumes(tmp_path, capsys):
     os.utime(old.parent.parent, (1, 1))
     assert find_latest_checkpoint(tmp_path / "runs") == ck
 
+    real, scored = envs.reward.compute_score, []
+    monkeypatch.setattr(envs.reward, "compute_score", lambda *a, **kw: scored.append(a[1]) or real(*a, **kw))
     args = ["--runs-dir", str(tmp_path / "runs"), "--k", "2", "--max-tokens", "24", "--no-progress"]
     assert cli.main(args) == 0
     out = run / "eval" / "local" / "val_k2_t1_p0.7.jsonl"
     recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(scored) == sorted(r["response"] for r in recs)  # each sample scored once, its record's text
+    assert all(list(r) == list(RECORD_KEYS) for r in recs)  # the one record schema, in its order
     assert sorted((r["problem_index"], r["sample_index"]) for r in recs) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for r in recs:  # a random model: budget respected, nothing correct, no tool output in the text
         assert 1 <= r["tokens"] <= 24 and r["response_tokens"] <= 24 and r["turns"] >= 1
@@ -364,6 +370,7 @@ def test_local_checkpoint_mode_finds_latest_run_and_resumes(tmp_path, capsys):
     assert summary["groups"]["all"]["mean_tokens"] == pytest.approx(sum(r["tokens"] for r in recs) / 4)
     before = out.read_text()
     assert cli.main(args) == 0 and out.read_text() == before  # resumed: nothing generated again
+    assert len(scored) == 4
 
 
 def test_tool_loop_context_overflow_and_tool_choice_refusal(tmp_path):

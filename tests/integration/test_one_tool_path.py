@@ -1,102 +1,207 @@
-"""Issue 12 (one tool-call path): the same scripted tool-use episode through the API evaluation and the held-out
-evaluation gives the same statistics, because both answer calls with ``envs.tool_use.episode``'s runner.
-(The training loop uses the same runner; ``tests/test_agent_loop.py`` runs it through verl.)"""
+"""Issue 12 (one tool-call path): the same scripted tool-use episode through the TRAINING loop (verl's agent-loop
+worker with ``stare_tool_agent`` and verl's reward loop, in-process), the API evaluation (``run_api_eval`` over a
+scripted chat client) and the held-out evaluation (``run_episodes`` over a scripted token policy) gives the same
+per-episode statistics, observations, reward text and score: the three share the parser, the tool-call runner,
+the stop rules and the reward, and both evaluations share one episode driver and one record type.
+
+The episode: a call whose code prints markup (ends nothing) next to a second call beyond the per-turn limit of 1;
+a call with empty arguments (a required argument missing: answered, nothing run); a call that sleeps past the
+sandbox's time limit (a tool timeout); the answer."""
+
+from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
+import re
+import types
 
+import numpy as np
 import pytest
+import yaml
 
+from envs.datasets import write_parquet
 from envs.tools.schema import tool_call_text
-from stare_verl.jobs.demo.demos import build_demos, sample_problems
+from stare_verl.jobs.demo import demos as D
 from stare_verl.jobs.demo.evaluate import run_episodes
+from stare_verl.jobs.demo.model import build_model, save_model
 from stare_verl.jobs.demo.sft import render_demo
 from stare_verl.jobs.demo.tokenizer import build_tokenizer
 from stare_verl.jobs.evaluation.client import ChatResult
-from stare_verl.jobs.evaluation.runner import EvalProblem, EvalSettings, _Runner
+from stare_verl.jobs.evaluation.runner import (
+    EvalSettings,
+    ResultsFile,
+    load_problems,
+    load_tools,
+    run_api_eval,
+)
+from tests.support.agent_loop import REPO, RewardHandle, compose_multi_turn_config
 
 MARKUP_CODE = 'print("</tool_call>")\nx = "\\\\boxed{9} <think>"'
+SANDBOX_LIMIT_S = 1.0
+OBS_CHARS = 256
+BUDGET = 2048  # response tokens (model + tool) of the token-level paths
 
 
 def _turns(answer: str) -> list[str]:
     return [
-        # a call whose code prints markup (ends nothing) and a second call beyond the per-turn limit of 1
         "Run it. " + tool_call_text(MARKUP_CODE) + tool_call_text("print(2)"),
-        # empty arguments of a tool with a required parameter: a clear error, nothing run
         '<tool_call>{"name": "code_interpreter", "arguments": ""}</tool_call>',
+        "Wait. " + tool_call_text("import time\ntime.sleep(30)"),
         f"So \\boxed{{{answer}}}.",
     ]
 
 
+EXPECTED = {"turns": 4, "tool_calls": 4, "tool_executed": 2, "malformed_calls": 2, "tool_errors": 3,
+            "tool_timeouts": 1, "termination": "answer", "truncated": False, "correct": True, "score": 1.0}
+_OBS = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
+
+
+def _observations(text: str) -> list[str]:
+    """The tool observations rendered in ``text``, the sandbox's measured duration blanked."""
+    return [re.sub(r"after [\d.]+ s", "after _ s", o) for o in _OBS.findall(text)]
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    demos, _ = build_demos(sample_problems(3, seed=5))
-    tok = build_tokenizer([render_demo(d) for d in demos], tmp_path_factory.mktemp("tok"))
-    return demos[0], tok
-
-
-def _heldout(demo, tok):
-    turns = _turns(demo.problem.answer)
-    for t in turns:
+    """The demo tokenizer and model folder, one held-out problem as a verl row, a tool config with a short limit."""
+    tmp = tmp_path_factory.mktemp("one_tool_path")
+    demos, _ = D.build_demos(D.sample_problems(3, seed=5))
+    tok = build_tokenizer([render_demo(d) for d in demos], tmp / "model")
+    save_model(build_model(tok, seed=0), tok, tmp / "model")
+    demo = demos[0]
+    for t in _turns(demo.problem.answer):
         assert tok.decode(tok.encode(t, add_special_tokens=False)) == t
-    k = [0]
+    data = write_parquet([D.problem_row(demo.problem, "test", 0)], tmp / "rows.parquet")
+    cfg = yaml.safe_load((REPO / "recipes" / "tool_use" / "tool_config.yaml").read_text())
+    cfg["tools"][0]["config"]["sandbox"]["limits"].update(timeout_s=SANDBOX_LIMIT_S, cpu_s=5)
+    tool_cfg = tmp / "tool_config.yaml"
+    tool_cfg.write_text(yaml.safe_dump(cfg))
+    return types.SimpleNamespace(tmp=tmp, tok=tok, demo=demo, data=data, tool_cfg=tool_cfg)
 
-    async def generate(prompt_ids, temperature, max_tokens, seed):
-        ids = tok.encode(turns[k[0]], add_special_tokens=False) + [tok.eos_token_id]
-        k[0] += 1
+
+def _training(s) -> dict:
+    """verl's AgentLoopWorker (stare_tool_agent) over a scripted server, rewarded by verl's reward loop worker."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    import envs.tool_use.agent_loop  # noqa: F401  (registers stare_tool_agent)
+    from envs.simulators import ScriptedEpisode, ScriptedLLMServer
+
+    cfg = compose_multi_turn_config(
+        str(s.tmp / "model"), str(s.tool_cfg), prompt_length=512, response_length=BUDGET,
+        max_model_len=4096, max_assistant_turns=8,
+        overrides=[f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={OBS_CHARS}"],
+    )
+    dataset = RLHFDataset(data_files=[str(s.data)], tokenizer=s.tok, config=cfg.data, processor=None)
+    batch = DataProto.from_single_dict(collate_fn([dataset[0]]))
+    batch.non_tensor_batch["uid"] = np.array(["0"], dtype=object)
+    server = ScriptedLLMServer(s.tok, [ScriptedEpisode(s.demo.problem.question, _turns(s.demo.problem.answer))],
+                               max_model_len=4096)
+
+    async def go():
+        reward_worker = RewardLoopWorker(cfg)
+        worker = AgentLoopWorker(cfg, server, reward_loop_worker_handles=[RewardHandle(reward_worker)])
+        try:
+            return await asyncio.wait_for(worker.generate_sequences(batch), timeout=180)
+        finally:
+            await worker.tools[0].aclose()
+
+    out = asyncio.run(go())
+    nt = {k: v[0] for k, v in out.non_tensor_batch.items()}
+    prompt_len = out.batch["prompts"].shape[1]
+    n_resp = int(out.batch["attention_mask"][0][prompt_len:].sum())
+    response = out.batch["input_ids"][0][prompt_len : prompt_len + n_resp].tolist()
+    return {
+        "turns": int(nt["num_assistant_turns"]), "tool_calls": int(nt["num_tool_calls"]),
+        "tool_executed": int(nt["num_tool_executed"]), "malformed_calls": int(nt["num_malformed_calls"]),
+        "tool_errors": int(nt["num_tool_errors"]), "tool_timeouts": int(nt["num_tool_timeouts"]),
+        "termination": str(nt["termination"]), "truncated": not bool(nt["hit_eos"]), "correct": bool(nt["acc"]),
+        "score": float(out.batch["rm_scores"][0].sum()), "response": str(nt["model_response_text"]),
+        "tokens": int(nt["response_length"]), "response_tokens": n_resp,
+        "observations": _observations(s.tok.decode(response, skip_special_tokens=False)),
+    }
+
+
+def _heldout(s) -> dict:
+    """The CPU held-out evaluation's driver over a scripted token policy (the local engine's place)."""
+    turns, seen = _turns(s.demo.problem.answer), []
+
+    async def policy(prompt_ids, temperature, max_tokens, seed):
+        seen.append(s.tok.decode(prompt_ids, skip_special_tokens=False))
+        ids = s.tok.encode(turns[len(seen) - 1], add_special_tokens=False) + [s.tok.eos_token_id]
         return ids[:max_tokens]
 
-    (r,) = asyncio.run(run_episodes([demo.problem], generate, tok, max_assistant_turns=8, max_response_tokens=4096,
-                                    max_tool_response_chars=256, tool_timeout_s=5.0))
-    st = r.stats
-    return {"turns": r.assistant_turns, "tool_calls": st.num_tool_calls, "tool_executed": st.num_tool_executed,
-            "malformed_calls": st.num_malformed_calls, "tool_errors": st.num_tool_errors,
-            "tool_timeouts": st.num_tool_timeouts, "termination": st.termination, "truncated": st.truncated,
-            "correct": r.acc, "score": r.score, "response": r.model_text}
+    (rec,) = asyncio.run(run_episodes([s.demo.problem], policy, s.tok, max_assistant_turns=8,
+                                      max_response_tokens=BUDGET, max_tool_response_chars=OBS_CHARS,
+                                      tool_timeout_s=SANDBOX_LIMIT_S))
+    return {**rec.model_dump(), "observations": _observations(seen[-1])}
 
 
 class _ScriptedClient:
+    """A chat client answering turn k of the episode with the scripted text (no usage reported)."""
+
+    config = types.SimpleNamespace(max_concurrency=4)
+
     def __init__(self, turns):
-        self.turns, self.k, self.seen = turns, 0, []
+        self.turns, self.seen = turns, []
 
     async def chat(self, messages, **params):
         self.seen.append([dict(m) for m in messages])
-        text = self.turns[self.k]
-        self.k += 1
-        return ChatResult(content=text, finish_reason="stop")
+        return ChatResult(content=self.turns[len(self.seen) - 1], finish_reason="stop")
 
 
-def _api(demo):
-    from envs.tools.code_interpreter import CodeInterpreterTool
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        tool = CodeInterpreterTool({"type": "native", "sandbox": {"limits": {"timeout_s": 5.0, "cpu_s": 5}}})
-    settings = EvalSettings(k=1, max_turns=8, tools="on", max_tool_response_chars=256, max_parallel_calls=1,
-                            tool_timeout_s=10.0)
-    p = EvalProblem(0, "x/0", demo.problem.data_source, [{"role": "user", "content": demo.problem.question}],
-                    demo.problem.answer, {"family": "tool_use"}, True)
-    client = _ScriptedClient(_turns(demo.problem.answer))
+def _api(s, out) -> dict:
+    """The API evaluation (run_api_eval: the driver over the chat client's generate) on the same data row."""
+    problems = load_problems(s.data)
+    settings = EvalSettings(k=1, max_turns=8, max_tool_response_chars=OBS_CHARS, tool_timeout_s=10.0)
+    client = _ScriptedClient(_turns(s.demo.problem.answer))
+    tools = load_tools(s.tool_cfg)
 
     async def go():
+        results = ResultsFile(out, settings.fingerprint("scripted", str(s.data)))
         try:
-            return await _Runner(client, settings, {"code_interpreter": tool}).run_sample(p, 0)
+            return await run_api_eval(problems, client, settings, results, tools=tools, progress=False)
         finally:
-            await tool.aclose()
+            results.close()
+            await tools["code_interpreter"].aclose()
 
-    rec = asyncio.run(go())
-    return {k: rec[k] for k in ("turns", "tool_calls", "tool_executed", "malformed_calls", "tool_errors",
-                                "tool_timeouts", "termination", "truncated", "correct", "score", "response")}
+    (rec,) = asyncio.run(go())
+    tool_msgs = [m["content"] for m in client.seen[-1] if m["role"] == "tool"]
+    return {**rec, "observations": [re.sub(r"after [\d.]+ s", "after _ s", o) for o in tool_msgs]}
 
 
-def test_same_episode_same_statistics_through_api_and_heldout(setup):
-    demo, tok = setup
-    held, api = _heldout(demo, tok), _api(demo)
-    expected = {"turns": 3, "tool_calls": 3, "tool_executed": 1, "malformed_calls": 2, "tool_errors": 2,
-                "tool_timeouts": 0, "termination": "answer", "truncated": False, "correct": True, "score": 1.0}
-    assert {k: held[k] for k in expected} == expected
-    assert {k: api[k] for k in expected} == expected
-    # the reward text holds no call: the \boxed{9} inside the code is never the answer
-    for r in (held, api):
-        assert "\\boxed{9}" not in r["response"] and "tool_call" not in r["response"]
-        assert r["response"].endswith(f"So \\boxed{{{demo.problem.answer}}}.")
+def test_same_episode_same_statistics_through_training_api_and_heldout(setup, tmp_path):
+    train, held, api = _training(setup), _heldout(setup), _api(setup, tmp_path / "api.jsonl")
+    for name, r in (("training", train), ("held-out", held), ("API", api)):
+        assert {k: r[k] for k in EXPECTED} == EXPECTED, name
+    # the same observations reached the model: the markup run, the per-turn limit, the missing argument, the timeout
+    obs = train["observations"]
+    assert held["observations"] == obs and api["observations"] == obs
+    assert obs[0].strip() == "</tool_call>" and "at most 1 tool call(s) per turn" in obs[1]
+    assert "needs the argument(s) code" in obs[2] and "TimeoutError: the program was stopped after _ s" in obs[3]
+    # the same reward text: no call, no tool output (the \boxed{9} inside the code is never the answer)
+    answer = setup.demo.problem.answer
+    assert train["response"] == held["response"] == api["response"] == f"Run it.\nWait.\nSo \\boxed{{{answer}}}."
+    # token-level paths: the same model tokens and the same response (model + tool) tokens
+    assert (held["tokens"], held["response_tokens"]) == (train["tokens"], train["response_tokens"])
+    assert api["tokens"] is None and api["response_tokens"] is None  # the scripted server reports no usage
+    # timeouts and tool time are the episode's own (nothing zeroed on the way to the record)
+    assert held["tool_time_s"] >= SANDBOX_LIMIT_S and api["tool_time_s"] >= SANDBOX_LIMIT_S
+
+
+def test_each_sample_is_scored_once(setup, tmp_path, monkeypatch):
+    """Both evaluations score an episode with exactly one call of the training reward."""
+    import envs.reward
+
+    real, scored = envs.reward.compute_score, []
+
+    def counting(*args, **kwargs):
+        scored.append(args[1] if len(args) > 1 else kwargs.get("solution_str"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(envs.reward, "compute_score", counting)
+    held = _heldout(setup)
+    assert len(scored) == 1 and scored[0] == held["response"]
+    api = _api(setup, tmp_path / "api.jsonl")
+    assert len(scored) == 2 and scored[1] == api["response"]

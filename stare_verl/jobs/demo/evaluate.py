@@ -1,32 +1,25 @@
 """Held-out evaluation of a checkpoint on a CPU default task: multi-turn with the real sandbox (tool use) or
 single turn (the CoT families), scored with our scorer.
 
-CoT families (``family`` ``shortcot`` / ``longcot``): one turn, like verl's ``single_turn_agent``: the prompt
-ids from the Continuous Token builder over the question (no tools), one generation until ``<|im_end|>`` or the
-token budget, the whole generated text scored with ``envs.reward.compute_score`` (family ``short_cot`` /
-``long_cot``; a response cut by the budget scores 0).
+Each held-out problem is one episode of the evaluation episode driver (``stare_verl.jobs.evaluation.episode``,
+the same driver as the API and local-checkpoint evaluations) with the local engine as its ``generate``
+(``stare_verl.jobs.evaluation.engine.EngineGenerate``): token-in / token-out like verl's agent loop, the prompt
+ids from verl's Continuous Token builder (``model_type`` qwen2) over the question (with
+``tools=[code_interpreter]`` for tool use), observations appended through the same builder (response_mask 0).
 
-Tool use:
+- Tool use (``tooluse``): tool calls are parsed and answered by the training loop's parser and tool-call runner
+  (``envs.tool_use.parser``, ``envs.tool_use.episode``: hermes, calls inside ``<think>`` ignored, malformed
+  calls answered with an error observation, the real ``code_interpreter`` tool, sandboxed); the episode ends on
+  a turn without a tool call, at ``max_assistant_turns`` or at the length budget (a turn cut by the budget is
+  never executed); only the model-generated text, tool-call blocks removed, is scored
+  (``envs.tool_use.task.compute_score``, family tool_use), so output printed by the tool earns nothing.
+- CoT families (``shortcot`` / ``longcot``): one turn without tools, like verl's ``single_turn_agent``, the
+  generated text scored with ``envs.reward.compute_score`` (family ``short_cot`` / ``long_cot``; a response cut
+  by the budget scores 0).
 
-Each held-out problem is one episode, token-in / token-out like verl's ``ToolAgentLoop``:
-
-1. the prompt ids come from verl's Continuous Token builder (``model_type`` qwen2) over the question with
-   ``tools=[code_interpreter]``;
-2. the model generates until ``<|im_end|>`` (or the remaining token budget); tool calls are parsed with the
-   project's parser (``envs.tool_use.parser.parse_tool_calls``: hermes, calls inside ``<think>``
-   ignored, malformed calls answered with an error observation); each valid call runs through the real
-   ``code_interpreter`` tool (``envs.tools``, sandboxed: create -> execute -> release) and the observations
-   are appended through the Continuous Token builder (response_mask 0), as verl's agent loop appends them;
-3. the episode ends on a turn without a tool call, at ``max_assistant_turns`` or at the length budget (a turn
-   cut by the budget is never executed);
-4. only the model-generated text (``envs.tool_use.parser.model_response_text``: mask-1 tokens, tool-call blocks
-   removed) is scored with ``envs.reward.compute_score`` (family tool_use), so output printed by the tool
-   earns nothing by itself.
-
-This is a small loop of our own over those pieces rather than the project's ``stare_tool_agent`` itself,
-which needs verl's agent-loop worker (Hydra trainer config, server manager, Ray-style reward handles); the
-steps above are the same as that loop's. Generation is batched: all episodes run concurrently against the ``hf`` backend's
-continuous-batching :class:`stare_verl.cpu.hf_server.GenerationEngine`.
+Generation is batched: all episodes run concurrently against the ``hf`` backend's continuous-batching
+:class:`stare_verl.cpu.hf_server.GenerationEngine`. Every episode is an ``EvalRecord`` (the evaluation's record
+schema); :class:`EvalReport` aggregates them.
 """
 
 from __future__ import annotations
@@ -36,68 +29,30 @@ import contextlib
 import io
 import json
 import statistics
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stare_verl.jobs.demo.demos import (
-    CODE_INTERPRETER_SCHEMA,
+    DATA_SOURCE_PREFIX,
     REWARD_FAMILY,
     TOOL_NAME,
     Problem,
     heldout_problems,
 )
+from stare_verl.jobs.evaluation.engine import TokenPolicy
+from stare_verl.jobs.evaluation.episode import EvalProblem, EvalRecord
 
 __all__ = [
-    "EpisodeResult",
     "EvalReport",
-    "GenerateFn",
-    "engine_generate_fn",
+    "TokenPolicy",
     "evaluate_checkpoint",
     "evaluate_model",
+    "heldout_problem",
     "run_episodes",
+    "sandbox_tool",
 ]
-
-# (prompt_ids, temperature, max_tokens, seed) -> generated ids (EOS included when the model stopped).
-GenerateFn = Callable[[list[int], float, int, int], Awaitable[list[int]]]
-
-
-@dataclass
-class EpisodeResult:
-    """One evaluated episode.
-
-    Attributes:
-        task, data_source, ground_truth: of the problem.
-        response_ids: every token after the prompt (model and tool tokens); ``response_mask`` 1 for model
-            tokens, 0 for tool/template tokens (same length).
-        model_text: the model-generated text only (mask 1, special tokens dropped): what is scored.
-        assistant_turns, tool_calls, tool_errors: counts, as in training (``envs.tool_use.episode``: a tool error
-            is a malformed call, a tool that raised or a call past its deadline; code that ran and failed is a
-            result the model reads).
-        malformed_calls: unreadable calls (bad JSON, unknown tool, missing argument, unclosed tag, beyond the
-            per-turn limit), each answered with the runner's error observation and counted in ``tool_calls`` and
-            ``tool_errors``.
-        truncated: the last turn was cut by the token budget (never executed), as training's ``hit_eos`` False.
-        score, acc: from ``envs.reward.compute_score``.
-        stats: the episode's ``envs.tool_use.episode.EpisodeStats`` (termination, executed calls, timeouts,
-            tool time, call log).
-    """
-
-    task: str
-    data_source: str
-    ground_truth: str
-    response_ids: list[int] = field(default_factory=list)
-    response_mask: list[int] = field(default_factory=list)
-    model_text: str = ""
-    assistant_turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    malformed_calls: int = 0
-    truncated: bool = False
-    score: float = 0.0
-    acc: bool = False
-    stats: Any = None
 
 
 @dataclass
@@ -105,7 +60,7 @@ class EvalReport:
     """Aggregate of one evaluation (one temperature).
 
     Attributes:
-        n: episodes; accuracy: share with ``acc``; mean_score; mean_turns: assistant turns per episode;
+        n: episodes; accuracy: share with ``correct``; mean_score; mean_turns: assistant turns per episode;
         mean_tool_calls; tool_error_rate: tool errors per call (0 without calls); truncated_rate;
         malformed_call_rate: unreadable tool calls per call;
         mean_response_tokens: model tokens per episode; per_task: accuracy per task; temperature;
@@ -134,111 +89,70 @@ class EvalReport:
         return asdict(self)
 
 
-def _report(results: Sequence[EpisodeResult], temperature: float, wall_s: float) -> EvalReport:
-    if not results:
+def _task(r: EvalRecord) -> str:
+    """The reasoning-gym task of a held-out record (its ``data_source`` is ``rg/<task>``)."""
+    return r.data_source.removeprefix(f"{DATA_SOURCE_PREFIX}/")
+
+
+def _report(records: Sequence[EvalRecord], temperature: float, wall_s: float) -> EvalReport:
+    if not records:
         raise ValueError("no episodes to report")
-    calls = sum(r.tool_calls for r in results)
-    tasks = sorted({r.task for r in results})
+    calls = sum(r.tool_calls for r in records)
+    tasks = sorted({_task(r) for r in records})
     return EvalReport(
-        n=len(results),
+        n=len(records),
         temperature=float(temperature),
-        accuracy=statistics.fmean(float(r.acc) for r in results),
-        mean_score=statistics.fmean(r.score for r in results),
-        mean_turns=statistics.fmean(r.assistant_turns for r in results),
-        mean_tool_calls=calls / len(results),
-        tool_error_rate=(sum(r.tool_errors for r in results) / calls) if calls else 0.0,
-        truncated_rate=statistics.fmean(float(r.truncated) for r in results),
-        malformed_call_rate=(sum(r.malformed_calls for r in results) / calls) if calls else 0.0,
-        mean_response_tokens=statistics.fmean(sum(r.response_mask) for r in results),
-        per_task={t: statistics.fmean(float(r.acc) for r in results if r.task == t) for t in tasks},
+        accuracy=statistics.fmean(float(r.correct) for r in records),
+        mean_score=statistics.fmean(r.score for r in records),
+        mean_turns=statistics.fmean(r.turns for r in records),
+        mean_tool_calls=calls / len(records),
+        tool_error_rate=(sum(r.tool_errors for r in records) / calls) if calls else 0.0,
+        truncated_rate=statistics.fmean(float(r.truncated) for r in records),
+        malformed_call_rate=(sum(r.malformed_calls for r in records) / calls) if calls else 0.0,
+        mean_response_tokens=statistics.fmean(r.tokens or 0 for r in records),
+        per_task={t: statistics.fmean(float(r.correct) for r in records if _task(r) == t) for t in tasks},
         wall_s=wall_s,
     )
 
 
-def _pass_at_ks(episodes: Sequence[EpisodeResult], n_problems: int, k: int) -> dict[int, float]:
+def _pass_at_ks(records: Sequence[EvalRecord], n_problems: int, k: int) -> dict[int, float]:
     """Mean unbiased pass@k' over problems, for k' in ``default_ks(k)``, from ``k`` rounds of episodes over the
     same ``n_problems`` problems (episode ``j * n_problems + i`` is round j of problem i)."""
     from stare_verl.jobs.evaluation.metrics import default_ks, pass_at_k
 
-    if len(episodes) != n_problems * k:
-        raise ValueError(f"{len(episodes)} episodes are not {k} rounds of {n_problems} problems")
-    correct = [sum(bool(episodes[j * n_problems + i].acc) for j in range(k)) for i in range(n_problems)]
+    if len(records) != n_problems * k:
+        raise ValueError(f"{len(records)} episodes are not {k} rounds of {n_problems} problems")
+    correct = [sum(bool(records[j * n_problems + i].correct) for j in range(k)) for i in range(n_problems)]
     return {kk: statistics.fmean(pass_at_k(k, c, kk) for c in correct) for kk in default_ks(k)}
 
 
-class _Episode:
-    """State of one episode; tool calls go through the shared tool-call runner (``envs.tool_use.episode``)."""
+def sandbox_tool(timeout_s: float) -> Any:
+    """The real ``code_interpreter`` tool (``envs.tools``, native sandbox) with a ``timeout_s`` wall-clock limit
+    per program (CPU limit the same, at least 1 s). Close it with ``await tool.aclose()``.
 
-    def __init__(self, problem: Problem, tokenizer, builder, runner, request_id: str):
-        from envs.tool_use.episode import EpisodeStats
+    Raises:
+        envs.sandbox.SandboxUnavailable: no sandbox backend works here.
+    """
+    from envs.tools.code_interpreter import CodeInterpreterTool
 
-        self.p = problem
-        self.tok = tokenizer
-        self.builder = builder
-        self.runner = runner
-        self.request_id = request_id
-        self.messages: list[dict[str, Any]] = [{"role": "user", "content": problem.question}]
-        self.result = EpisodeResult(problem.task, problem.data_source, problem.answer)
-        self.stats = self.result.stats = EpisodeStats()
+    with contextlib.redirect_stdout(io.StringIO()):  # verl's BaseTool prints its schema when built
+        return CodeInterpreterTool({"type": "native", "sandbox": {"limits": {
+            "timeout_s": timeout_s, "cpu_s": max(1, int(timeout_s))}}})
 
 
-async def _run_episode(
-    ep: _Episode,
-    generate: GenerateFn,
-    temperature: float,
-    seed: int,
-    max_assistant_turns: int,
-    max_response_tokens: int,
-) -> EpisodeResult:
-    from envs.tool_use.episode import end_token_ids, turn_termination
-    from envs.tool_use.parser import model_response_text, parse_tool_calls
-
-    tools = [CODE_INTERPRETER_SCHEMA] if ep.runner is not None else None
-    schemas = ep.runner.schemas if ep.runner is not None else {}
-    r, st = ep.result, ep.stats
-    ids = list(ep.builder.build_initial_tokens(ep.messages, tools=tools))
-    n_prompt = len(ids)
-    stop_ids = end_token_ids(ep.tok)
-    while True:
-        budget = max_response_tokens - (len(ids) - n_prompt)
-        if budget <= 0:
-            st.termination = "length"
-            break
-        out = [int(t) for t in await generate(ids, temperature, budget, seed + 7919 * r.assistant_turns)]
-        ids.extend(out)
-        r.response_mask.extend([1] * len(out))
-        r.assistant_turns += 1
-        st.num_assistant_turns = r.assistant_turns
-        if not out or out[-1] not in stop_ids:  # cut by the budget: never executed
-            st.hit_eos, st.termination = False, "length"
-            break
-        if ep.runner is None:  # single turn
-            break
-        content, calls = parse_tool_calls(ep.tok.decode(out, skip_special_tokens=False), schemas)
-        if turn_termination(st, calls=calls, assistant_turns=r.assistant_turns, user_turns=r.assistant_turns - 1,
-                            max_assistant_turns=max_assistant_turns, max_user_turns=None,
-                            budget_spent=len(ids) - n_prompt >= max_response_tokens):
-            break
-        prev = ep.messages + [{"role": "assistant", "content": content}]
-        observations = await ep.runner.answer_turn(calls, st, ep)
-        messages = prev + [{"role": "tool", "content": o} for o in observations]
-        merged = ep.builder.merge_context_tokens(prev, messages, ids, tools=tools)
-        if len(merged.token_ids) - n_prompt >= max_response_tokens:  # the observation does not fit (as training)
-            st.termination = "length"
-            break
-        ep.messages = messages
-        r.response_mask.extend([0] * (len(merged.token_ids) - len(ids)))
-        ids = list(merged.token_ids)
-    r.response_ids = ids[n_prompt:]
-    r.model_text = model_response_text(r.response_ids, r.response_mask, ep.tok)
-    r.tool_calls, r.tool_errors, r.malformed_calls = st.num_tool_calls, st.num_tool_errors, st.num_malformed_calls
-    r.truncated = st.truncated
-    return r
+def heldout_problem(p: Problem, position: int, family: str) -> EvalProblem:
+    """Held-out problem ``p`` as the driver's row: the question alone as the prompt, the family's reward
+    options, ``problem_id`` ``<data_source>/<position>``; tool use for ``tooluse``."""
+    return EvalProblem(
+        index=position, problem_id=f"{p.data_source}/{position}", data_source=p.data_source,
+        prompt=[{"role": "user", "content": p.question}], ground_truth=p.answer,
+        extra_info={"family": REWARD_FAMILY[family], "task": p.task}, tool_use=family == "tooluse",
+    )
 
 
 async def run_episodes(
     problems: Sequence[Problem],
-    generate: GenerateFn,
+    generate: TokenPolicy,
     tokenizer,
     *,
     temperature: float = 0.0,
@@ -250,15 +164,16 @@ async def run_episodes(
     family: str = "tooluse",
     max_parallel_calls: int = 1,
     tool_response_truncate_side: str = "middle",
-) -> list[EpisodeResult]:
-    """Run and score one episode per problem, all concurrently.
+) -> list[EvalRecord]:
+    """Run and score one episode per problem, all concurrently, through the evaluation episode driver.
 
     Args:
         problems: held-out problems.
-        generate: the policy (see :data:`GenerateFn`); must return the EOS id last when the model stopped.
+        generate: the token-level policy (``engine.TokenPolicy``: prompt ids, temperature, max new tokens, seed
+            -> generated ids); must return an end-of-turn id last when the model stopped.
         tokenizer: the run's tokenizer (chat template, eos).
         temperature: sampling temperature passed to ``generate`` (0 = greedy).
-        seed: base seed of the episodes (episode ``i`` uses ``seed + i``).
+        seed: base seed of the episodes (episode ``i`` uses ``seed + i``; turn t of it ``+ 7919 * t``).
         max_assistant_turns: most model turns per episode.
         max_response_tokens: token budget after the prompt (model and tool tokens), like verl's
             ``rollout.response_length``.
@@ -272,63 +187,32 @@ async def run_episodes(
         family: ``tooluse`` (multi-turn with the tool), or ``shortcot`` / ``longcot`` (one turn, no tool;
             the tool arguments are unused).
     Returns:
-        one :class:`EpisodeResult` per problem, in order.
+        one ``EvalRecord`` per problem, in order (``problem_index`` = position, ``seed`` = the episode's seed).
     Raises:
-        envs.sandbox.SandboxUnavailable: no sandbox backend works here.
+        ValueError: unknown family. envs.sandbox.SandboxUnavailable: no sandbox backend works here.
     """
-    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
-
-    from envs.reward import compute_score
     from envs.tool_use.episode import ToolCallRunner
-    from envs.tools.code_interpreter import CodeInterpreterTool
+    from stare_verl.jobs.evaluation.engine import EngineGenerate
+    from stare_verl.jobs.evaluation.episode import Sample, run_samples
 
     if family not in REWARD_FAMILY:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(REWARD_FAMILY)}")
-    builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
+    engine_generate = EngineGenerate(tokenizer, generate, temperature=temperature)
+    samples = [Sample(heldout_problem(p, i, family), 0, seed + i) for i, p in enumerate(problems)]
     tool = runner = None
     if family == "tooluse":
-        with contextlib.redirect_stdout(io.StringIO()):  # verl's BaseTool prints its schema when built
-            tool = CodeInterpreterTool({"type": "native", "sandbox": {"limits": {
-                "timeout_s": tool_timeout_s, "cpu_s": max(1, int(tool_timeout_s))}}})
+        tool = sandbox_tool(tool_timeout_s)
         # the loop-side deadline leaves the sandbox's own limit 5 s to report first
         runner = ToolCallRunner({TOOL_NAME: tool}, max_parallel_calls=max_parallel_calls,
                                 tool_timeout_s=tool_timeout_s + 5, max_tool_response_chars=max_tool_response_chars,
                                 truncate_side=tool_response_truncate_side)
     try:
-        episodes = [_Episode(p, tokenizer, builder, runner, f"heldout-{seed + i}-{id(p)}")
-                    for i, p in enumerate(problems)]
-        results = await asyncio.gather(
-            *(
-                _run_episode(ep, generate, temperature, seed + i, max_assistant_turns, max_response_tokens)
-                for i, ep in enumerate(episodes)
-            )
-        )
+        return await run_samples(samples, engine_generate, concurrency=max(1, len(samples)),
+                                 max_tokens=max_response_tokens, max_turns=max_assistant_turns, runner=runner,
+                                 special_tokens=engine_generate.special_tokens)
     finally:
         if tool is not None:
             await tool.aclose()
-    for r in results:
-        s = await asyncio.to_thread(
-            compute_score,
-            data_source=r.data_source,
-            solution_str=r.model_text,
-            ground_truth=r.ground_truth,
-            extra_info={"family": REWARD_FAMILY[family], "hit_eos": not r.truncated},
-        )
-        r.score = float(s["score"])
-        r.acc = bool(s["acc"])
-    return list(results)
-
-
-def engine_generate_fn(engine) -> GenerateFn:
-    """A :data:`GenerateFn` over a :class:`stare_verl.cpu.hf_server.GenerationEngine` (batched)."""
-    from stare_verl.cpu.hf_server import SamplingParams
-
-    async def generate(prompt_ids: list[int], temperature: float, max_tokens: int, seed: int) -> list[int]:
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-        result = await asyncio.wrap_future(engine.submit(prompt_ids, params))
-        return result.token_ids
-
-    return generate
 
 
 def evaluate_model(
@@ -341,7 +225,7 @@ def evaluate_model(
     max_batch_size: int = 64,
     samples: int = 1,
     **episode_kwargs: Any,
-) -> dict[float, tuple[EvalReport, list[EpisodeResult]]]:
+) -> dict[float, tuple[EvalReport, list[EvalRecord]]]:
     """Evaluate an in-memory causal LM (left in the mode it was in; weights untouched).
 
     Args:
@@ -360,17 +244,14 @@ def evaluate_model(
     """
     import time
 
-    from stare_verl.cpu.hf_server import GenerationEngine
+    from stare_verl.jobs.evaluation.engine import build_engine, engine_policy
 
     if not problems:
         raise ValueError("no problems to evaluate")
-    max_len = int(getattr(model.config, "max_position_embeddings", 1024))
-    eos = sorted({int(tokenizer.eos_token_id)} | {int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))})
-    engine = GenerationEngine(model, eos, max_model_len=max_len, max_batch_size=max_batch_size, seed=seed,
-                              pad_token_id=int(tokenizer.pad_token_id or 0))
-    out: dict[float, tuple[EvalReport, list[EpisodeResult]]] = {}
+    engine = build_engine(model, tokenizer, max_batch_size=max_batch_size, seed=seed)
+    out: dict[float, tuple[EvalReport, list[EvalRecord]]] = {}
     try:
-        gen = engine_generate_fn(engine)
+        gen = engine_policy(engine)
         for t in temperatures:
             t0 = time.perf_counter()
             k = max(1, int(samples)) if t > 0 else 1

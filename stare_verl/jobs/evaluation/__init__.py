@@ -3,9 +3,10 @@
 Against any OpenAI-compatible chat-completions server (SGLang, vLLM) with the training scorer, the training
 loop's tool-call handling and the real sandbox; or, without a server, a local checkpoint on CPU.
 
-Modules: ``metrics`` (pass@k estimator, avg@k), ``client`` (async httpx client), ``runner`` (sampling, tool
-loop, JSONL with resume), ``summary`` (table and JSON), ``local`` (CPU checkpoint), ``cli``
-(``python -m stare_verl.jobs.evaluation``; :func:`main`).
+Modules: ``episode`` (the one episode driver over a ``generate`` function, and the one record schema
+``EvalRecord``), ``metrics`` (pass@k estimator, avg@k), ``client`` (async httpx client), ``runner`` (data,
+the chat client's ``generate``, JSONL with resume), ``engine`` (the local engine's ``generate``), ``summary``
+(table and JSON), ``local`` (CPU checkpoint), ``cli`` (``python -m stare_verl.jobs.evaluation``; :func:`main`).
 """
 
 from stare_verl.jobs.evaluation.cli import main

@@ -1,10 +1,11 @@
 """Evaluate a local checkpoint on this machine (no server): the project's CPU generation code.
 
-Episodes run through ``stare_verl.jobs.demo.evaluate.run_episodes`` (the CPU tool-use evaluation loop: verl's
-Continuous Token builder, ``envs.tool_use.agent_loop.parse_tool_calls``, the real ``code_interpreter`` tool in the
-sandbox, token-in/token-out as in training) over the ``hf`` backend's continuous-batching
-``stare_verl.cpu.hf_server.GenerationEngine``, with the sampling settings of the API path (temperature,
-top_p, k samples per problem). Records, resume and summary are those of the API path (``runner``).
+Episodes run through the evaluation episode driver (``stare_verl.jobs.evaluation.episode``: the training loop's
+parser, tool-call runner, stop rules and reward) with the local engine as its ``generate``
+(``stare_verl.jobs.evaluation.engine``: verl's Continuous Token builder, token-in/token-out as in training, over
+the ``hf`` backend's continuous-batching ``stare_verl.cpu.hf_server.GenerationEngine``), the real
+``code_interpreter`` tool in the sandbox, and the sampling settings of the API path (temperature, top_p, k
+samples per problem). Records (``episode.EvalRecord``), resume and summary are those of the API path.
 
 Checkpoint default: the most recently written ``runs/<run>/checkpoints/global_step_N/actor/huggingface``
 (verl's checkpoint layout with ``hf_model`` in ``checkpoint.save_contents``; ``make train-tooluse`` writes it);
@@ -18,19 +19,21 @@ message (the demo model is trained on exactly that; a row's system message is no
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from envs.tools.schema import TOOL_NAME
 from stare_verl.jobs.evaluation.runner import (
     EvalProblem,
     EvalSettings,
     ResultsFile,
-    _record,
-    pending_samples,
-    sample_seed,
-    score_sample,
+    record_order,
+    record_samples,
+    resume_split,
+    tool_runner,
 )
 
 __all__ = [
@@ -135,13 +138,10 @@ def demo_family(p: EvalProblem) -> str:
     return "longcot" if p.extra_info.get("family") == "long_cot" else "shortcot"
 
 
-def _to_demo_problem(p: EvalProblem):
-    from stare_verl.jobs.demo.demos import Problem
-
-    user = [m["content"] for m in p.prompt if m["role"] == "user"][-1]
-    gt = p.ground_truth[0] if isinstance(p.ground_truth, list) else p.ground_truth
-    return Problem(task=str(p.extra_info.get("task") or p.data_source), question=str(user), answer=str(gt),
-                   expression=str(p.extra_info.get("expression") or ""), index=p.index)
+def _local_prompt(p: EvalProblem) -> EvalProblem:
+    """``p`` with the prompt the demo model was trained on: the row's last user message alone."""
+    user = [m for m in p.prompt if m["role"] == "user"][-1]
+    return dataclasses.replace(p, prompt=[{"role": "user", "content": str(user["content"])}])
 
 
 def run_local_eval(
@@ -155,102 +155,63 @@ def run_local_eval(
 ) -> list[dict[str, Any]]:
     """Draw the missing samples of ``problems`` from the checkpoint on CPU and append them to ``results``.
 
-    Samples are generated ``max_batch_size`` at a time (one continuous batch) and written after each chunk.
-    ``settings.max_tokens`` is the episode budget (model + tool tokens; default: the checkpoint's
-    ``sft_config.json`` value, else 128); episode seeds follow ``run_episodes`` (the chunk's base seed + its
-    position in the chunk).
+    The episodes run through the evaluation episode driver (``episode``) with the local engine's ``generate``
+    (``engine.EngineGenerate`` over a continuous-batching ``GenerationEngine``): ``max_batch_size`` episodes
+    in flight, decoded together; each record is written as soon as it is scored. Tool-use rows run the tool
+    loop with the real ``code_interpreter`` tool in the sandbox (its limit ``settings.tool_timeout_s``, the
+    loop-side deadline 5 s more); CoT rows one turn without the tool. ``settings.max_tokens`` is the episode
+    budget (model + tool tokens; default: the checkpoint's ``sft_config.json`` value, else 128); sample j of
+    problem i is drawn with seed ``sample_seed(settings.seed or 0, i, j)`` (+ 7919 per later turn).
 
     Returns:
-        every record of ``problems`` (earlier and new), in problem/sample order.
-    Rows run as their family (:func:`demo_family`): tool-use rows through the multi-turn tool loop, CoT rows as
-    one turn without the tool, each scored with its family's reward.
-
+        every record of ``problems`` (earlier and new, dicts of ``runner.RECORD_KEYS``), in problem/sample order.
     Raises:
         LocalCheckpointError: the checkpoint has no weights.
         envs.sandbox.SandboxUnavailable: no sandbox backend works here.
     """
     import json
 
-    from tqdm.auto import tqdm
-
-    from stare_verl.cpu.hf_server import GenerationEngine, SamplingParams, load_model
-    from stare_verl.jobs.demo.evaluate import run_episodes
+    from stare_verl.cpu.hf_server import load_model
+    from stare_verl.jobs.demo.evaluate import sandbox_tool
     from stare_verl.jobs.demo.tokenizer import load_tokenizer
+    from stare_verl.jobs.evaluation.engine import EngineGenerate, build_engine, engine_policy
 
     ck = Path(checkpoint)
     if not _has_weights(ck):
         raise LocalCheckpointError(f"{ck} is not a Hugging Face model folder with weights (config.json + "
                                    "*.safetensors)")
-    families = {p.problem_id: demo_family(p) for p in problems}
+    if settings.seed is None:  # the engine always samples with a seed
+        settings = settings.model_copy(update={"seed": 0})
     max_tokens = settings.max_tokens
     if max_tokens is None:
         cfg = ck / "sft_config.json"
         saved = json.loads(cfg.read_text()).get("config", {}) if cfg.is_file() else {}
         max_tokens = int(saved.get("max_response_tokens", 128))
 
-    done = [r for r in results.load() if r["problem_id"] in {p.problem_id for p in problems}
-            and int(r["sample_index"]) < settings.k]
-    todo = pending_samples(problems, settings.k, done)
-    total = len(problems) * settings.k
-    new: list[dict[str, Any]] = []
-    if todo:
-        model = load_model(str(ck))
-        tok = load_tokenizer(ck)
-        eos = sorted({int(tok.eos_token_id)} | {int(t) for t in [tok.convert_tokens_to_ids("<|endoftext|>")]
-                                                if isinstance(t, int) and t >= 0})
-        engine = GenerationEngine(model, eos, max_model_len=int(getattr(model.config, "max_position_embeddings", 1024)),
-                                  max_batch_size=max_batch_size, seed=settings.seed or 0,
-                                  pad_token_id=int(tok.pad_token_id or 0))
+    problems = [_local_prompt(p) for p in problems]
+    done, todo = resume_split(problems, settings, results)
+    if not todo:
+        return record_order(problems, settings.k, done)
+    model = load_model(str(ck))
+    tok = load_tokenizer(ck)
+    engine = build_engine(model, tok, max_batch_size=max_batch_size, seed=settings.seed)
+    generate = EngineGenerate(tok, engine_policy(engine, top_p=settings.top_p), temperature=settings.temperature)
+    tool = runner = None
+    if any(s.problem.tool_use for s in todo):
+        tool = sandbox_tool(settings.tool_timeout_s)
+        runner = tool_runner({TOOL_NAME: tool}, settings, tool_timeout_s=settings.tool_timeout_s + 5)
 
-        async def generate(prompt_ids: list[int], temperature: float, max_new: int, seed: int) -> list[int]:
-            params = SamplingParams(temperature=temperature, top_p=settings.top_p, max_tokens=max_new, seed=seed)
-            return (await asyncio.wrap_future(engine.submit(prompt_ids, params))).token_ids
-
-        bar = tqdm(total=total, initial=total - len(todo), desc="eval (local)", unit="sample", disable=not progress)
-        # one continuous batch per family at a time (tool-use rows run the tool loop, CoT rows one turn)
-        chunks = [
-            (fam, part[start : start + max_batch_size])
-            for fam in sorted(set(families.values()))
-            for part in [[t for t in todo if families[t[0].problem_id] == fam]]
-            for start in range(0, len(part), max_batch_size)
-        ]
+    async def go() -> list[dict[str, Any]]:
         try:
-            for fam, chunk in chunks:
-                base = sample_seed(settings.seed or 0, chunk[0][0].index, chunk[0][1])
-                episodes = asyncio.run(run_episodes(
-                    [_to_demo_problem(p) for p, _ in chunk], generate, tok, temperature=settings.temperature,
-                    seed=base, max_assistant_turns=settings.max_turns, max_response_tokens=max_tokens,
-                    max_tool_response_chars=settings.max_tool_response_chars,
-                    tool_timeout_s=settings.tool_timeout_s, family=fam,
-                ))
-                for i, ((p, j), r) in enumerate(zip(chunk, episodes, strict=True)):
-                    rec = _episode_record(p, j, base + i, r, settings)
-                    results.append(rec)
-                    new.append(rec)
-                    bar.update(1)
+            return await record_samples(problems, settings, results, generate, done=done, todo=todo,
+                                        concurrency=max_batch_size, runner=runner, max_tokens=max_tokens,
+                                        special_tokens=generate.special_tokens, desc="eval (local)",
+                                        progress=progress)
         finally:
-            bar.close()
-            engine.shutdown()
-    order = {(p.problem_id, j): (p.index, j) for p in problems for j in range(settings.k)}
-    recs = {(r["problem_id"], int(r["sample_index"])): r for r in done + new}
-    return [recs[key] for key in sorted(recs, key=lambda key: order[key])]
+            if tool is not None:
+                await tool.aclose()
 
-
-def _episode_record(p: EvalProblem, j: int, seed: int, r, settings: EvalSettings) -> dict[str, Any]:
-    """A runner record from a ``stare_verl.jobs.demo.evaluate.EpisodeResult``: its counters are the episode's
-    ``EpisodeStats`` (scored again with the row's info to get the extracted answer and reflection counts)."""
-    tokens = int(sum(r.response_mask))
-    stats = r.stats  # the shared EpisodeStats of the episode: termination, timeouts and tool time as counted
-    if stats is None:  # a CoT row (one turn, no tool): nothing was counted by a runner
-        from envs.tool_use.episode import EpisodeStats
-
-        stats = EpisodeStats(hit_eos=not r.truncated, termination="length" if r.truncated else "answer",
-                             num_assistant_turns=r.assistant_turns)
-    termination = stats.termination
-    info = {"hit_eos": not r.truncated, "response_length": tokens, **{
-        k: v for k, v in stats.counters().items() if k not in ("hit_eos", "termination", "tool_call_log")}}
-    score = score_sample(p, r.model_text, info, settings.reward_kwargs)
-    ep = {"finish_reason": "length" if r.truncated else "stop", "truncated": bool(r.truncated),
-          "termination": termination, "tokens": tokens, "response_tokens": len(r.response_ids),
-          "turns": r.assistant_turns, "stats": stats, "error": None}
-    return _record(p, j, seed, r.model_text, score, ep)
+    try:
+        return asyncio.run(go())
+    finally:
+        engine.shutdown()

@@ -4,23 +4,20 @@ Data: a verl RLHF parquet written by the project (``envs.datasets`` / ``envs.too
 ``stare_verl.jobs.demo``): ``prompt`` (chat messages), ``data_source``, ``reward_model.ground_truth``,
 ``extra_info``; :func:`load_problems` checks the schema and says what is wrong.
 
-One sample = one episode:
+One sample = one episode of the evaluation episode driver (``stare_verl.jobs.evaluation.episode``: the training
+loop's parser, tool-call runner, stop rules and reward), with :class:`ChatGenerate` as its ``generate``: each
+turn is one chat-completions request.
 
 - plain rows (short / long CoT): one request; the answer (with ``reasoning_content`` put back inside
   ``<think>...</think>`` when the server splits it off) is scored by ``envs.reward.compute_score`` with the
   row's ``extra_info`` (its ``family`` picks the options) and the finish reason (``length`` = truncated =
   no answer), as in training.
 - tool-use rows (``agent_name: stare_tool_agent``, ``extra_info.family: tool_use`` or ``tools_kwargs``): the
-  training loop's logic over the API. The request carries the tool schemas (``tools``); each assistant turn
-  is parsed with ``envs.tool_use.parser.parse_tool_calls`` (hermes ``<tool_call>`` in the content, calls inside
-  ``<think>`` ignored, malformed calls answered with an error observation; a server that parses tool calls
-  itself returns ``tool_calls``, which are read the same way); every call is answered by the training loop's
-  tool-call runner (``envs.tool_use.episode.ToolCallRunner``: the ``code_interpreter`` tool in the sandbox, the
-  loop-side deadline, the observation cut to ``max_tool_response_chars``) and sent back as a ``tool``
-  message. The episode ends on a turn without a tool call, a turn cut by the length limit (never run), at
-  ``max_turns`` assistant turns, or when the token budget ``max_tokens`` (model + tool tokens of all turns,
-  as verl's ``response_length``; measured from the server's ``usage``) is spent. Only the model-generated
-  text, tool calls removed, is scored (``envs.tool_use.task.compute_score``): tool output is never credited.
+  request carries the tool schemas (``tools``); calls in the content are hermes ``<tool_call>`` blocks (a
+  server that parses tool calls itself returns ``tool_calls``, read the same way); every call is answered by
+  the tools of :func:`load_tools` (the ``code_interpreter`` tool in the sandbox) and sent back as a ``tool``
+  message. The token budget ``max_tokens`` (model + tool tokens of all turns, as verl's ``response_length``)
+  is measured from the server's ``usage``.
 
 Results: one JSON line per sample (:data:`RECORD_KEYS`) appended as soon as the sample is scored; a
 ``<out>.meta.json`` next to it records the settings. Run again with the same output and settings to
@@ -30,29 +27,39 @@ different settings raise :class:`ResumeMismatch` (a larger ``k`` is allowed: onl
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import json
 import logging
-import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.contract import AGENT_NAME
 from stare_verl.jobs.evaluation.client import ChatClient, ChatResult, RequestFailed
+from stare_verl.jobs.evaluation.episode import (
+    CONTEXT_FULL,
+    RECORD_KEYS,
+    EvalProblem,
+    EvalRecord,
+    Sample,
+    TurnRequest,
+    TurnResult,
+    run_samples,
+    score_sample,
+)
 
 __all__ = [
     "RECORD_KEYS",
+    "SEED_STRIDE",
+    "ChatGenerate",
     "DatasetError",
     "EvalProblem",
+    "EvalRecord",
     "EvalSettings",
     "ResultsBusy",
     "ResultsFile",
@@ -60,43 +67,18 @@ __all__ = [
     "load_problems",
     "load_tools",
     "pending_samples",
+    "record_order",
+    "record_samples",
+    "resume_split",
     "run_api_eval",
     "sample_seed",
     "score_sample",
+    "tool_runner",
 ]
 
 logger = logging.getLogger(__name__)
 
 SEED_STRIDE = 1_000_003  # seeds of one problem's samples: base + problem_index * SEED_STRIDE + sample_index
-
-RECORD_KEYS = (
-    "problem_id",  # str: data_source/split/index (row position when the row has no index)
-    "problem_index",  # int: row position in the data file
-    "sample_index",  # int: 0..k-1
-    "data_source",  # str
-    "ground_truth",  # str or list
-    "seed",  # int or None: the request seed
-    "response",  # str: the scored model text (tool calls removed; tool output never included)
-    "extracted_answer",  # str: the normalised answer the scorer read ("" when none)
-    "has_answer",  # bool
-    "correct",  # bool: envs.reward acc
-    "score",  # float: the training reward (overlong penalty included when configured)
-    "finish_reason",  # str: of the last turn ("stop", "length", ...)
-    "truncated",  # bool: the last turn was cut by the length limit
-    "termination",  # str: answer | length | max_assistant_turns
-    "tokens",  # int or None: model-generated tokens (usage.completion_tokens summed over turns)
-    "response_tokens",  # int or None: model + tool/template tokens after the prompt (verl's response length)
-    "chars",  # int: characters of "response"
-    "turns",  # int: assistant turns
-    "tool_calls",  # int: call attempts (malformed included)
-    "tool_executed",  # int
-    "malformed_calls",  # int
-    "tool_errors",  # int: malformed + exceptions + timeouts
-    "tool_timeouts",  # int
-    "tool_time_s",  # float
-    "reflections",  # dict: envs.scoring.reflection counts of "response" (per word and "total")
-    "error",  # str or None: why a sample ended early (e.g. the server's context-length message)
-)
 
 _CONTEXT_ERR = re.compile(r"context length|context window|maximum context|too long|max_model_len|exceeds", re.I)
 _CTX_LEN = re.compile(r"maximum context length is (\d+)", re.I)
@@ -174,25 +156,6 @@ def sample_seed(base: int | None, problem_index: int, sample_index: int) -> int 
 
 
 # ---------------------------------------------------------------------------------------------- data
-
-
-@dataclass
-class EvalProblem:
-    """One evaluation problem (a data row).
-
-    Attributes:
-        index: row position; problem_id: stable id (see ``RECORD_KEYS``); data_source; prompt: chat messages;
-        ground_truth: as in ``reward_model.ground_truth``; extra_info: the row's (plain Python types);
-        tool_use: the row asks for the tool loop.
-    """
-
-    index: int
-    problem_id: str
-    data_source: str
-    prompt: list[dict[str, Any]]
-    ground_truth: Any
-    extra_info: dict[str, Any] = field(default_factory=dict)
-    tool_use: bool = False
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
@@ -390,20 +353,7 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
     return {t.tool_schema.function.name: t for t in tools}
 
 
-# ---------------------------------------------------------------------------------------------- scoring
-
-
-def score_sample(problem: EvalProblem, text: str, info: Mapping[str, Any], reward_kwargs: Mapping[str, Any]) -> dict:
-    """Score one sample's model text with the training reward (``envs.tool_use.task.compute_score`` for tool-use
-    rows, which scores ``info["model_response_text"]``; ``envs.reward.compute_score`` otherwise)."""
-    extra = {**problem.extra_info, **info}
-    if problem.tool_use:
-        from envs.tool_use.task import compute_score
-
-        extra["model_response_text"] = text
-    else:
-        from envs.reward import compute_score
-    return compute_score(problem.data_source, text, problem.ground_truth, extra, **dict(reward_kwargs))
+# --------------------------------------------------------------------------------------- generate
 
 
 def _turn_text(res: ChatResult) -> str:
@@ -418,74 +368,29 @@ def _turn_text(res: ChatResult) -> str:
     return text
 
 
-def _record(problem: EvalProblem, j: int, seed: int | None, text: str, score: Mapping[str, Any], ep: dict) -> dict:
-    from envs.scoring.reflection import REFLECTION_PATTERNS
+class ChatGenerate:
+    """The episode driver's ``generate`` (``episode.GenerateFn``) over an OpenAI-compatible chat-completions
+    client: one ``chat`` request per turn with the chat so far.
 
-    refl = {k: int(score.get(f"reflect_{k}", 0)) for k in REFLECTION_PATTERNS}
-    refl["total"] = int(score.get("reflect_total", 0))
-    st = ep["stats"]
-    rec = {
-        "problem_id": problem.problem_id,
-        "problem_index": problem.index,
-        "sample_index": j,
-        "data_source": problem.data_source,
-        "ground_truth": problem.ground_truth,
-        "seed": seed,
-        "response": text,
-        "extracted_answer": score.get("pred", ""),
-        "has_answer": bool(score.get("has_answer", False)),
-        "correct": bool(score.get("acc", False)),
-        "score": float(score.get("score", 0.0)),
-        "finish_reason": ep["finish_reason"],
-        "truncated": ep["truncated"],
-        "termination": ep["termination"],
-        "tokens": ep["tokens"],
-        "response_tokens": ep["response_tokens"],
-        "chars": len(text),
-        "turns": ep["turns"],
-        "tool_calls": st.num_tool_calls,
-        "tool_executed": st.num_tool_executed,
-        "malformed_calls": st.num_malformed_calls,
-        "tool_errors": st.num_tool_errors,
-        "tool_timeouts": st.num_tool_timeouts,
-        "tool_time_s": round(float(st.tool_time_s), 4),
-        "reflections": refl,
-        "error": ep["error"],
-    }
-    return rec
+    The request carries ``max_tokens`` (what is left of the episode budget), ``temperature``, ``top_p``, the
+    sample's ``seed`` (the same on every turn) and, for tool-use rows, ``tools`` (and ``tool_choice`` unless
+    "omit"). The answer becomes the turn's text (:func:`_turn_text`); a server that parsed the calls gets them
+    back in its own format (assistant ``tool_calls``, each observation with its ``tool_call_id``).
 
+    Errors: a 400 whose message gives the context numbers is asked again with the ``max_tokens`` that fits; a
+    400 about ``tool_choice`` is re-raised with what to do; a context-window 400 on a later turn ends the
+    episode as cut (``episode.CONTEXT_FULL``); anything else is raised (``RequestFailed``, ``ServerUnreachable``).
 
-# ------------------------------------------------------------------------------------------------ run
+    Args:
+        client: an open ``ChatClient`` (or any object with its ``chat(messages, **params)``).
+        settings: the sampling settings.
+    """
 
-
-class _Runner:
-    def __init__(self, client: ChatClient, settings: EvalSettings, tools: dict[str, Any] | None):
-        from envs.tool_use.episode import ToolCallRunner
-
+    def __init__(self, client: Any, settings: EvalSettings):
         self.client = client
         self.s = settings
-        self.tools = tools or {}
-        self.calls = ToolCallRunner(
-            self.tools,
-            max_parallel_calls=settings.max_parallel_calls,
-            tool_timeout_s=settings.tool_timeout_s,
-            max_tool_response_chars=settings.max_tool_response_chars,
-            truncate_side=settings.tool_response_truncate_side,
-        )
-        self.schemas = self.calls.schemas
-        self.tool_dicts = [s.model_dump(exclude_unset=True, exclude_none=True) for s in self.schemas.values()]
 
-    async def _chat(self, messages, tool_use: bool, max_tokens: int | None, seed: int | None) -> ChatResult:
-        params: dict[str, Any] = {
-            "max_tokens": max_tokens,
-            "temperature": self.s.temperature,
-            "top_p": self.s.top_p,
-            "seed": seed,
-        }
-        if tool_use and self.tool_dicts:
-            params["tools"] = self.tool_dicts
-            if self.s.tool_choice != "omit":
-                params["tool_choice"] = self.s.tool_choice
+    async def _chat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> ChatResult:
         try:
             return await self.client.chat(messages, **params)
         except RequestFailed as err:
@@ -499,119 +404,147 @@ class _Runner:
                     "--tool-call-parser hermes."
                 ) from err
             fit = _fitted_max_tokens(msg)
+            max_tokens = params.get("max_tokens")
             if fit is not None and max_tokens is not None and 0 < fit < max_tokens:
                 # vLLM/SGLang reject prompt + max_tokens beyond the context window instead of capping it (as
                 # verl's rollout servers do): ask again for what fits
-                params["max_tokens"] = fit
-                return await self.client.chat(messages, **params)
+                return await self.client.chat(messages, **{**params, "max_tokens": fit})
             raise
 
-    async def run_sample(self, p: EvalProblem, j: int) -> dict[str, Any]:
-        from envs.tool_use.episode import EpisodeStats, turn_termination
-        from envs.tool_use.parser import parse_tool_calls, turn_reward_text
-
-        seed = sample_seed(self.s.seed, p.index, j)
-        messages = [dict(m) for m in p.prompt]
-        st = EpisodeStats()
-        agent_data = SimpleNamespace(
-            tools_kwargs=p.extra_info.get("tools_kwargs") or {},
-            tool_rewards=[],
-            request_id=f"eval-{p.problem_id}-{j}-{os.getpid()}",
-        )
-        ep = {"finish_reason": "", "truncated": False, "termination": "answer", "tokens": 0, "response_tokens": 0,
-              "turns": 0, "stats": st, "error": None}
-        budget_total = self.s.max_tokens
-        first_prompt: int | None = None
-        used = 0  # response tokens so far (model + tool/template), from usage
-        usage_known = True
-        parts: list[str] = []
+    async def __call__(self, req: TurnRequest) -> TurnResult:
+        """One turn through the server (see the class docstring)."""
+        params: dict[str, Any] = {
+            "max_tokens": req.max_tokens,
+            "temperature": self.s.temperature,
+            "top_p": self.s.top_p,
+            "seed": req.seed,
+        }
+        if req.tools:
+            params["tools"] = req.tools
+            if self.s.tool_choice != "omit":
+                params["tool_choice"] = self.s.tool_choice
         try:
-            while True:
-                budget = None if budget_total is None else budget_total - used
-                if budget is not None and budget <= 0:
-                    ep["termination"] = "length"
-                    break
-                try:
-                    res = await self._chat(messages, p.tool_use, budget, seed)
-                except RequestFailed as err:
-                    if ep["turns"] == 0 or "HTTP 400" not in str(err) or not _CONTEXT_ERR.search(str(err)):
-                        raise  # the first turn must fit: a setting (--max-tokens) or the data is wrong
-                    # a later turn: the conversation outgrew the server's context window, a cut episode
-                    ep.update(truncated=True, termination="length", finish_reason="context_length",
-                              error=str(err)[:300])
-                    st.hit_eos = False
-                    break
-                ep["turns"] += 1
-                st.num_assistant_turns = ep["turns"]
-                ep["finish_reason"] = res.finish_reason
-                if res.completion_tokens is None:
-                    usage_known = False
-                else:
-                    ep["tokens"] += int(res.completion_tokens)
-                    if res.prompt_tokens is not None:
-                        first_prompt = res.prompt_tokens if first_prompt is None else first_prompt
-                        used = int(res.prompt_tokens) - first_prompt + int(res.completion_tokens)
-                    else:
-                        used += int(res.completion_tokens)
-                text = _turn_text(res)
-                if not p.tool_use:
-                    parts.append(text)
-                else:
-                    visible = turn_reward_text(text)
-                    if visible:
-                        parts.append(visible)
-                if res.finish_reason in ("length", "max_tokens", "abort", "aborted"):
-                    # a cut turn is never executed; an aborted one ends as "aborted" (the training loop's rule)
-                    cut = "aborted" if res.finish_reason in ("abort", "aborted") else "length"
-                    ep.update(truncated=True, termination=cut)
-                    st.hit_eos, st.termination = False, cut
-                    break
-                if not p.tool_use:
-                    break
-                _, calls = parse_tool_calls(text, self.schemas)
-                reason = turn_termination(
-                    st, calls=calls, assistant_turns=ep["turns"], user_turns=ep["turns"] - 1,
-                    max_assistant_turns=self.s.max_turns, max_user_turns=None,
-                    budget_spent=budget_total is not None and used >= budget_total,
-                )
-                if reason is not None:
-                    ep["termination"] = reason
-                    break
-                observations = await self.calls.answer_turn(calls, st, agent_data)
-                if res.tool_calls:  # the server parsed the calls: send them back in its format
-                    messages.append({"role": "assistant", "content": res.content or "", "tool_calls": res.tool_calls})
-                    ids = [tc.get("id") for tc in res.tool_calls]
-                    for i, obs in enumerate(observations):
-                        msg = {"role": "tool", "content": obs}
-                        if i < len(ids) and ids[i]:
-                            msg["tool_call_id"] = ids[i]
-                        messages.append(msg)
-                else:
-                    messages.append({"role": "assistant", "content": res.content})
-                    messages.extend({"role": "tool", "content": obs} for obs in observations)
-        finally:
-            await self.calls.release_trajectory(agent_data.request_id)
-        if not usage_known:
-            ep["tokens"] = ep["response_tokens"] = None
+            res = await self._chat(req.messages, params)
+        except RequestFailed as err:
+            if req.turn == 0 or "HTTP 400" not in str(err) or not _CONTEXT_ERR.search(str(err)):
+                raise  # the first turn must fit: a setting (--max-tokens) or the data is wrong
+            return TurnResult(generated=False, finish_reason=CONTEXT_FULL, error=str(err)[:300])
+        if res.tool_calls:  # the server parsed the calls: send them back in its format
+            message = {"role": "assistant", "content": res.content or "", "tool_calls": res.tool_calls}
         else:
-            ep["response_tokens"] = used
-        text = "\n".join(parts) if p.tool_use else (parts[0] if parts else "")
-        info: dict[str, Any] = {"hit_eos": not ep["truncated"], "finish_reason": ep["finish_reason"] or None}
-        if ep["tokens"] is not None:
-            info["response_length"] = ep["tokens"]
-        if p.tool_use:
-            info.update(num_assistant_turns=ep["turns"], num_tool_calls=st.num_tool_calls,
-                        num_tool_executed=st.num_tool_executed, num_malformed_calls=st.num_malformed_calls,
-                        num_tool_timeouts=st.num_tool_timeouts, num_tool_errors=st.num_tool_errors,
-                        tool_time_s=st.tool_time_s)
-        score = await asyncio.to_thread(score_sample, p, text, info, self.s.reward_kwargs)
-        return _record(p, j, seed, text, score, ep)
+            message = {"role": "assistant", "content": res.content}
+        return TurnResult(
+            text=_turn_text(res),
+            finish_reason=res.finish_reason,
+            prompt_tokens=res.prompt_tokens,
+            completion_tokens=res.completion_tokens,
+            message=message,
+            tool_call_ids=[tc.get("id") for tc in res.tool_calls],
+        )
+
+
+# ------------------------------------------------------------------------------------------------ run
 
 
 def pending_samples(problems: Sequence[EvalProblem], k: int, done: Sequence[Mapping[str, Any]]) -> list[tuple]:
     """(problem, sample_index) pairs not yet in ``done``, problem-major."""
     have = {(str(r["problem_id"]), int(r["sample_index"])) for r in done}
     return [(p, j) for p in problems for j in range(k) if (p.problem_id, j) not in have]
+
+
+def resume_split(
+    problems: Sequence[EvalProblem], settings: EvalSettings, results: ResultsFile
+) -> tuple[list[dict[str, Any]], list[Sample]]:
+    """What ``results`` already holds for ``problems`` (records with sample_index < k) and the samples still
+    to run (problem-major; sample j of problem i asked with ``sample_seed(settings.seed, i, j)``)."""
+    wanted = {p.problem_id for p in problems}
+    done = [r for r in results.load() if r["problem_id"] in wanted and int(r["sample_index"]) < settings.k]
+    todo = [Sample(p, j, sample_seed(settings.seed, p.index, j)) for p, j in pending_samples(problems, settings.k, done)]
+    return done, todo
+
+
+async def record_samples(
+    problems: Sequence[EvalProblem],
+    settings: EvalSettings,
+    results: ResultsFile,
+    generate: Any,
+    *,
+    done: Sequence[dict[str, Any]],
+    todo: Sequence[Sample],
+    concurrency: int,
+    runner: Any = None,
+    max_tokens: int | None = None,
+    special_tokens: Sequence[str] = (),
+    desc: str = "eval",
+    progress: bool = True,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run ``todo`` through the episode driver (``episode.run_samples``) and append each record to ``results``
+    as soon as it is scored (a tqdm bar on stderr with the running accuracy when ``progress``).
+
+    Args:
+        problems, settings, results: of the evaluation; ``done``, ``todo``: from :func:`resume_split`.
+        generate: the driver's ``generate`` (:class:`ChatGenerate`, ``engine.EngineGenerate``).
+        concurrency: episodes in flight.
+        runner: the ``ToolCallRunner`` of tool-use rows; max_tokens: the episode budget (default
+            ``settings.max_tokens``); special_tokens: removed from the scored text.
+        on_record: called with each new record (a dict, :data:`RECORD_KEYS`) after it is written.
+    Returns:
+        every record of ``problems`` with sample_index < k (earlier and new, as dicts), in problem/sample order.
+    Raises:
+        whatever an episode raises first (what was written stays; run again to resume).
+    """
+    from tqdm.auto import tqdm
+
+    new: list[dict[str, Any]] = []
+    total = len(problems) * settings.k
+    bar = tqdm(total=total, initial=total - len(todo), desc=desc, unit="sample", disable=not progress,
+               dynamic_ncols=True)
+    n_correct = sum(bool(r["correct"]) for r in done)
+
+    def written(rec: EvalRecord) -> None:
+        nonlocal n_correct
+        row = rec.model_dump()
+        results.append(row)
+        new.append(row)
+        n_correct += row["correct"]
+        bar.update(1)
+        bar.set_postfix(acc=f"{n_correct / max(1, len(done) + len(new)):.3f}", refresh=False)
+        if on_record is not None:
+            on_record(row)
+
+    try:
+        await run_samples(todo, generate, concurrency=concurrency, on_record=written,
+                          max_tokens=settings.max_tokens if max_tokens is None else max_tokens,
+                          max_turns=settings.max_turns, runner=runner, reward_kwargs=settings.reward_kwargs,
+                          special_tokens=special_tokens)
+    finally:
+        bar.close()
+    return record_order(problems, settings.k, [*done, *new])
+
+
+def record_order(
+    problems: Sequence[EvalProblem], k: int, records: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """``records`` of ``problems`` (sample_index < k), one per (problem_id, sample_index), in problem/sample
+    order (file order of the problems)."""
+    order = {(p.problem_id, j): (p.index, j) for p in problems for j in range(k)}
+    recs = {(r["problem_id"], int(r["sample_index"])): r for r in records}
+    return [recs[key] for key in sorted(recs, key=lambda key: order[key])]
+
+
+def tool_runner(tools: dict[str, Any], settings: EvalSettings, tool_timeout_s: float | None = None) -> Any:
+    """The training loop's ``envs.tool_use.episode.ToolCallRunner`` over ``tools`` with the settings' per-turn
+    call limit, observation cut and deadline (``tool_timeout_s`` overrides ``settings.tool_timeout_s``)."""
+    from envs.tool_use.episode import ToolCallRunner
+
+    return ToolCallRunner(
+        tools,
+        max_parallel_calls=settings.max_parallel_calls,
+        tool_timeout_s=settings.tool_timeout_s if tool_timeout_s is None else tool_timeout_s,
+        max_tool_response_chars=settings.max_tool_response_chars,
+        truncate_side=settings.tool_response_truncate_side,
+    )
 
 
 async def run_api_eval(
@@ -627,8 +560,9 @@ async def run_api_eval(
     """Draw the missing samples of ``problems`` through ``client`` and append them to ``results``.
 
     ``client.check_model()`` must have been called (it fixes the model name). Samples run ``max_concurrency``
-    at a time; the first error that is not the sample's own (unreachable server, a rejected request, a
-    failure after all retries) stops the run, keeping what was written (run again to resume).
+    at a time (:class:`ChatGenerate` under the episode driver); the first error that is not the sample's own
+    (unreachable server, a rejected request, a failure after all retries) stops the run, keeping what was
+    written (run again to resume).
 
     Args:
         problems: from :func:`load_problems`.
@@ -637,60 +571,18 @@ async def run_api_eval(
         results: the output file (already-answered samples are skipped).
         tools: name -> verl tool (:func:`load_tools`); needed when a problem is a tool-use one.
         progress: show a tqdm bar on stderr.
-        on_record: called with each new record after it is written.
+        on_record: called with each new record (a dict) after it is written.
     Returns:
-        every record of ``problems`` with sample_index < k (earlier and new), in problem/sample order.
+        every record of ``problems`` with sample_index < k (earlier and new, dicts of :data:`RECORD_KEYS`), in
+        problem/sample order.
     Raises:
         EvalClientError: see above. ValueError: tool-use problems without ``tools``.
     """
-    from tqdm.auto import tqdm
-
     if any(p.tool_use for p in problems) and not tools:
         raise ValueError("tool-use problems need tools (load_tools())")
-    done = results.load()
-    wanted = {p.problem_id for p in problems}
-    done = [r for r in done if r["problem_id"] in wanted and int(r["sample_index"]) < settings.k]
-    todo = pending_samples(problems, settings.k, done)
-    runner = _Runner(client, settings, tools)
-    queue: asyncio.Queue = asyncio.Queue()
-    for item in todo:
-        queue.put_nowait(item)
-    new: list[dict[str, Any]] = []
-    total = len(problems) * settings.k
-    bar = tqdm(total=total, initial=total - len(todo), desc="eval", unit="sample", disable=not progress,
-               dynamic_ncols=True)
-    n_correct = sum(bool(r["correct"]) for r in done)
-
-    async def worker() -> None:
-        nonlocal n_correct
-        while True:
-            try:
-                p, j = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            rec = await runner.run_sample(p, j)
-            results.append(rec)
-            new.append(rec)
-            n_correct += rec["correct"]
-            bar.update(1)
-            bar.set_postfix(acc=f"{n_correct / max(1, len(done) + len(new)):.3f}", refresh=False)
-            if on_record is not None:
-                on_record(rec)
-
-    n_workers = max(1, min(client.config.max_concurrency, len(todo)))
-    tasks = [asyncio.create_task(worker()) for _ in range(n_workers)] if todo else []
-    try:
-        if tasks:
-            finished, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for t in finished:
-                if t.exception() is not None:
-                    raise t.exception()
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        bar.close()
-    order = {(p.problem_id, j): (p.index, j) for p in problems for j in range(settings.k)}
-    recs = {(r["problem_id"], int(r["sample_index"])): r for r in done + new}
-    return [recs[key] for key in sorted(recs, key=lambda key: order[key])]
-
+    done, todo = resume_split(problems, settings, results)
+    return await record_samples(
+        problems, settings, results, ChatGenerate(client, settings), done=done, todo=todo,
+        concurrency=client.config.max_concurrency, runner=tool_runner(tools or {}, settings), progress=progress,
+        on_record=on_record,
+    )
