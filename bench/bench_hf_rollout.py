@@ -149,7 +149,6 @@ def train_breakdown(model_path: str, workdir: Path) -> dict:
     env.update(
         VERL_PLATFORM="cpu",
         VERL_FILE_LOGGER_PATH=str(metrics),
-        STARE_VERL_REPO=str(REPO),
         TOKENIZERS_PARALLELISM="false",
         HF_HUB_OFFLINE="1",
     )

@@ -2,7 +2,8 @@
 
 Importing this module calls :func:`register`, which registers, by explicit calls: the CPU backend (only with
 ``VERL_PLATFORM=cpu``), the ``stare`` advantage estimator and the ``stare_*`` trainer modes (with the trainer
-guard). verl swallows plugin import errors at debug level, so failures are also logged here at error level.
+guard), and the ``${stare_verl.recipe_file:...}`` OmegaConf resolver the recipes name their files with
+(``stare_verl.recipe_files``; verl resolves the config in its driver and its Ray workers). verl swallows plugin import errors at debug level, so failures are also logged here at error level.
 """
 
 import logging
@@ -25,6 +26,10 @@ def register() -> None:
     except Exception:  # pragma: no cover - surfaced by tests/test_cpu_*.py
         _logger.exception("stare_verl: registering the CPU backend (platform cpu, rollout hf) failed")
         raise
+
+    import stare_verl.recipe_files
+
+    stare_verl.recipe_files.register_resolver()  # verl-free, before any config is resolved
 
     import stare_verl.estimator
     import stare_verl.trainer

@@ -6,7 +6,7 @@ entropy) with the same budget; the GRPO-ds runs use the identical recipe with W 
 ``table.md`` / ``table.json`` (mean entropy over the first and the last quarter of steps, mean
 |entropy - target|, share of steps with the gate on, final held-out accuracy greedy and at T = 1 with
 ``--eval-samples`` samples per problem, and pass@k at T = 1) and ``entropy_overlay.png`` (every run's entropy,
-the target line) into ``runs/compare`` (tool use) or ``runs/compare-<family>``.
+the target line) into ``runs/compare`` (tool use) or ``runs/compare-<family>`` under the working directory.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
-
-from stare_verl.jobs.train import REPO
 
 
 def run_stats(run_dir: Path) -> dict[str, Any]:
@@ -183,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = p.parse_args(argv)
-    default_out = REPO / "runs" / ("compare" if args.family == "tooluse" else f"compare-{args.family}")
+    default_out = Path("runs") / ("compare" if args.family == "tooluse" else f"compare-{args.family}")
     out = Path(args.out or default_out).resolve()
     stats = []
     for seed in args.seeds:

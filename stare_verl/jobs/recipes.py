@@ -1,4 +1,8 @@
-"""Compose and validate the project's verl recipes (Hydra YAMLs under ``recipes/``) without launching."""
+"""Compose and validate the project's verl recipes (Hydra YAMLs under ``recipes/``) without launching.
+
+The recipes are found with :func:`stare_verl.recipe_files.recipes_dir` (package data, so an installed wheel
+works from any working directory).
+"""
 
 from __future__ import annotations
 
@@ -11,31 +15,41 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from stare_verl.config import StareConfig, parse_stare_config
+from stare_verl.recipe_files import recipes_dir, register_resolver
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+__all__ = ["compose_recipe", "recipe_names", "recipes_dir", "validate_recipe"]
 
 
-def recipe_names(recipes_dir: Path = RECIPES_DIR) -> list[str]:
-    """Names of the launchable recipes (top-level YAMLs) in ``recipes_dir``."""
-    return sorted(p.stem for p in recipes_dir.glob("*.yaml"))
+def recipe_names(folder: Path | None = None) -> list[str]:
+    """Names of the launchable recipes (top-level YAMLs) in ``folder`` (default: :func:`recipes_dir`).
+
+    Raises:
+        FileNotFoundError: no recipes folder (see :func:`recipes_dir`).
+    """
+    return sorted(p.stem for p in Path(folder or recipes_dir()).glob("*.yaml"))
 
 
 def compose_recipe(
-    name: str, overrides: list[str] | None = None, recipes_dir: Path = RECIPES_DIR, resolve: bool = True
+    name: str, overrides: list[str] | None = None, folder: Path | None = None, resolve: bool = True
 ) -> DictConfig:
     """Compose recipe ``name`` on verl's ppo_trainer config with Hydra overrides, as ``main_ppo`` would.
-    ``name`` may name a sub-folder of ``recipes_dir`` (``cpu/shortcot_tiny_stare``).
+    ``name`` may name a sub-folder of ``folder`` (default: :func:`recipes_dir`), e.g. ``cpu/shortcot_tiny_stare``.
+    ``resolve``: resolve the interpolations (the ``${stare_verl.recipe_file:...}`` resolver is registered first).
 
     Raises:
+        FileNotFoundError: no recipes folder (see :func:`recipes_dir`).
         hydra.errors.MissingConfigException: no such recipe.
         hydra.errors.ConfigCompositionException: a bad override.
+        omegaconf.errors.InterpolationResolutionError: an interpolation does not resolve (e.g. a missing file).
     """
     from hydra import compose, initialize_config_dir
 
+    folder = Path(folder or recipes_dir())
     if "/" in name.removesuffix(".yaml"):  # e.g. "cpu/shortcot_tiny_stare": its folder is the config dir
         sub, name = name.removesuffix(".yaml").rsplit("/", 1)
-        recipes_dir = Path(recipes_dir) / sub
-    with initialize_config_dir(config_dir=str(Path(recipes_dir).resolve()), version_base=None):
+        folder = folder / sub
+    register_resolver()
+    with initialize_config_dir(config_dir=str(folder.resolve()), version_base=None):
         cfg = compose(config_name=name, overrides=list(overrides or []))
     if resolve:
         OmegaConf.resolve(cfg)

@@ -34,12 +34,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from stare_verl.jobs.recipes import RECIPES_DIR
+from stare_verl.recipe_files import recipes_dir, register_resolver
 
 __all__ = [
     "DEFAULT_LINK",
     "DEFAULT_RECIPE",
-    "SFT_RECIPES_DIR",
     "build_sft_data",
     "compose_sft",
     "cpu_verl_env",
@@ -52,7 +51,6 @@ __all__ = [
     "validate_sft",
 ]
 
-SFT_RECIPES_DIR = RECIPES_DIR / "sft"
 DEFAULT_RECIPE = "tooluse_qwen2.5-7b"
 # Where recipes/base/tooluse_qwen2.5-7b-sft.yaml's actor_rollout_ref.model.path looks by default.
 DEFAULT_LINK = "checkpoints/sft/qwen2.5-7b-tooluse"
@@ -72,7 +70,8 @@ def compose_sft(recipe: str = DEFAULT_RECIPE, overrides: list[str] | None = None
     """
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(SFT_RECIPES_DIR.resolve()), version_base=None):
+    register_resolver()  # the ${stare_verl.recipe_file:...} paths, as compose_recipe
+    with initialize_config_dir(config_dir=str(recipes_dir() / "sft"), version_base=None):
         cfg = compose(config_name=recipe, overrides=list(overrides or []))
     if resolve:
         OmegaConf.resolve(cfg)
@@ -198,7 +197,7 @@ def torchrun_command(recipe: str, overrides: list[str], nproc: int) -> list[str]
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc_per_node={nproc}",
         "-m", "verl.trainer.sft_trainer",
-        f"--config-path={SFT_RECIPES_DIR.resolve()}", f"--config-name={recipe}", *overrides,
+        f"--config-path={recipes_dir() / 'sft'}", f"--config-name={recipe}", *overrides,
     ]
 
 

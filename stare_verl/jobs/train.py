@@ -9,7 +9,7 @@ code_interpreter and ``envs.tool_use.task.compute_score``; short / long CoT: ver
 ``envs.reward.compute_score`` with family ``short_cot`` / ``long_cot``), then the held-out evaluation again.
 The families' tasks: ``stare_verl.jobs.demo`` (tool use: reasoning-gym arithmetic with the Python tool; CoT:
 reasoning-gym sums of 3-4 one-digit terms, solved step by step in a freely chosen order). The run folder
-(``runs/<family>-<method>-seed<seed>`` or ``RUN_DIR``) holds ``metrics.jsonl``, ``checkpoints/`` (verl's; a second invocation resumes from them),
+(``runs/<family>-<method>-seed<seed>`` under the working directory, or ``RUN_DIR``) holds ``metrics.jsonl``, ``checkpoints/`` (verl's; a second invocation resumes from them),
 ``plots/*.png``, ``eval_before.json``/``eval_after.json``, ``summary.json`` and ``train.log``.
 
 GPU (an NVIDIA GPU; never a silent CPU fallback, see ``stare_verl.jobs.backend``): with SGLang installed,
@@ -39,9 +39,8 @@ from typing import Any
 
 from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_tagged
-from stare_verl.jobs.recipes import RECIPES_DIR
+from stare_verl.recipe_files import recipes_dir
 
-REPO = RECIPES_DIR.parent
 # Held-out greedy accuracy the cold-start SFT checkpoint needs before RL (default of --min-sft-accuracy).
 MIN_SFT_ACCURACY = {"tooluse": 0.5, "shortcot": 0.4, "longcot": 0.4}
 GPU_RECIPES = {
@@ -56,9 +55,7 @@ GPU_RECIPES = {
 def run_env(tag: str, metrics_part: Path, platform: str = "cpu") -> dict[str, str]:
     """Environment of this run's ``main_ppo`` subprocess (tagged for clean-up): ``cpu`` sets ``VERL_PLATFORM=cpu``
     (``stare_verl.cpu``'s platform); ``cuda`` leaves verl to detect its NVIDIA platform."""
-    env = cpu_env(
-        {RUN_TAG_ENV: tag, "VERL_FILE_LOGGER_PATH": str(metrics_part), "STARE_VERL_REPO": str(REPO)}
-    )
+    env = cpu_env({RUN_TAG_ENV: tag, "VERL_FILE_LOGGER_PATH": str(metrics_part)})
     if platform != "cpu":
         env.pop("VERL_PLATFORM", None)
     return env
@@ -78,9 +75,7 @@ def run_main_ppo(
     tag = env[RUN_TAG_ENV]
     seen = 0
     with open(log_path, "ab") as log, tqdm(total=total_steps, desc="RL steps", unit="step") as bar:
-        proc = subprocess.Popen(
-            cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while proc.poll() is None:
                 time.sleep(2.0)
@@ -191,7 +186,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     family = getattr(args, "family", "tooluse")
     name = f"train-{family}"
     run_dir = Path(
-        args.run_dir or os.environ.get("RUN_DIR") or REPO / "runs" / f"{family}-{args.method}-seed{args.seed}"
+        args.run_dir or os.environ.get("RUN_DIR") or Path("runs") / f"{family}-{args.method}-seed{args.seed}"
     )
     run_dir = run_dir.resolve()
     bad = bad_option(args)
@@ -203,7 +198,6 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     print(f"[{name}] {what}, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
     recipe = f"{family}_tiny_{args.method}"
     # verl's import-time warnings (optional engines, the accelerator probe) go to train.log, not the console
-    os.environ.setdefault("STARE_VERL_REPO", str(REPO))  # recipes name their tool config under it
     noise = tempfile.TemporaryFile()
     try:  # a bad override fails now, not after the SFT and the held-out evaluation
         with stderr_to(noise):
@@ -211,7 +205,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
 
             placeholders = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x",
                             "trainer.default_local_dir=x"]  # fmt: skip
-            cfg = compose_recipe(recipe, placeholders + list(args.overrides), RECIPES_DIR / "cpu")
+            cfg = compose_recipe(f"cpu/{recipe}", placeholders + list(args.overrides))
             validate_recipe(cfg)
             tool_config = cfg.actor_rollout_ref.rollout.multi_turn.get("tool_config_path")
             backend = dataclasses.replace(backend, sandbox=sandbox_backend(tool_config))
@@ -313,7 +307,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_
     ]
     cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
-        f"--config-path={RECIPES_DIR / 'cpu'}", f"--config-name={recipe}", *overrides,
+        f"--config-path={recipes_dir() / 'cpu'}", f"--config-name={recipe}", *overrides,
     ]  # fmt: skip
     part = run_dir / "logs" / f"verl_metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part, backend.platform)
@@ -372,16 +366,16 @@ def train_gpu(args: argparse.Namespace) -> int:
     recipe = f"{GPU_RECIPES[args.family]}_{args.method}"
     cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
-        f"--config-path={RECIPES_DIR}", f"--config-name={recipe}", *args.overrides,
+        f"--config-path={recipes_dir()}", f"--config-name={recipe}", *args.overrides,
     ]  # fmt: skip
     backend = dataclasses.replace(
         choose_backend(probe_gpu()),
-        sandbox=sandbox_backend(REPO / "recipes" / "tool_use" / "tool_config.yaml") if args.family == "tooluse"
+        sandbox=sandbox_backend(recipes_dir() / "tool_use" / "tool_config.yaml") if args.family == "tooluse"
         else "none",
     )  # fmt: skip
     print(f"[train-{args.family}] GPU recipe {recipe}: {backend.line()}", flush=True)
     print(f"[train-{args.family}] {' '.join(cmd)}", flush=True)
-    return subprocess.call(cmd, cwd=REPO)
+    return subprocess.call(cmd)
 
 
 # (option, smallest allowed value) of the numeric options, checked before anything runs or is written

@@ -112,9 +112,7 @@ def _run(name: str, assets) -> dict:
             *RUNS[name],
         ],
     )
-    env = cpu_env(
-        {"VERL_FILE_LOGGER_PATH": str(metrics_path), "STARE_VERL_REPO": str(REPO), RUN_TAG_ENV: tag}
-    )
+    env = cpu_env({"VERL_FILE_LOGGER_PATH": str(metrics_path), RUN_TAG_ENV: tag})
     log_path = root / f"{name}.log"
     t0 = time.time()
     with open(log_path, "w") as log:

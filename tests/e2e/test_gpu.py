@@ -24,7 +24,6 @@ import pytest
 import torch
 
 from tests.support.cpu import (
-    REPO,
     RUN_TAG_ENV,
     build_tiny_model,
     build_toy_dataset,
@@ -107,9 +106,7 @@ def _run(name: str, assets) -> dict:
             *RUNS[name],
         ],
     )
-    env = gpu_env(
-        {"VERL_FILE_LOGGER_PATH": str(metrics_path), "STARE_VERL_REPO": str(REPO), RUN_TAG_ENV: tag}
-    )
+    env = gpu_env({"VERL_FILE_LOGGER_PATH": str(metrics_path), RUN_TAG_ENV: tag})
     log_path = root / f"{name}.log"
     t0 = time.time()
     with open(log_path, "w") as log:

@@ -78,7 +78,6 @@ def run(tmp_path_factory):
     )
     env = cpu_env(
         {
-            "STARE_VERL_REPO": str(REPO),
             RUN_TAG_ENV: tag,
             "VERL_USE_EXTERNAL_MODULES": "tests.support.loss_probe",
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),

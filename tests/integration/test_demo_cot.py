@@ -205,17 +205,17 @@ def test_rl_rows_use_verls_single_turn_agent_and_our_family(tmp_path, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_cpu_recipes_compose_validate_and_differ_only_in_reweighting(family, monkeypatch):
-    from stare_verl.jobs.recipes import RECIPES_DIR, compose_recipe, validate_recipe
+def test_cpu_recipes_compose_validate_and_differ_only_in_reweighting(family, monkeypatch, tmp_path):
+    from stare_verl.jobs.recipes import compose_recipe, recipes_dir, validate_recipe
 
-    monkeypatch.chdir(RECIPES_DIR.parent)
+    monkeypatch.chdir(tmp_path)  # the recipes name their files by absolute paths: any working directory
     fill = [
         "actor_rollout_ref.model.path=x",
         "data.train_files=x",
         "data.val_files=x",
         "trainer.default_local_dir=x",
     ]
-    cpu = RECIPES_DIR / "cpu"
+    cpu = recipes_dir() / "cpu"
     cfg = compose_recipe(f"{family}_tiny_stare", fill, cpu)
     stare = validate_recipe(cfg)
     assert stare.reweight_w > 1.0 and cfg.trainer.v1.trainer_mode == "stare_sync"

@@ -1,9 +1,10 @@
-"""Every recipe composes on verl's ppo_trainer and passes verl's own config validation on CPU."""
+"""Every recipe composes on verl's ppo_trainer and passes verl's own config validation on CPU, from any working
+directory (the recipes are found as package data and name their files by absolute paths)."""
 
 import pytest
 from omegaconf import OmegaConf
 
-from stare_verl.jobs.recipes import RECIPES_DIR, compose_recipe, recipe_names, validate_recipe
+from stare_verl.jobs.recipes import compose_recipe, recipe_names, validate_recipe
 
 RECIPES = recipe_names()
 
@@ -17,8 +18,8 @@ def test_every_family_has_stare_and_grpo_versions():
 
 
 @pytest.mark.parametrize("name", [r for r in RECIPES if r.endswith(("_stare", "_grpo"))])
-def test_gpu_recipe_composes_and_validates(name, monkeypatch):
-    monkeypatch.chdir(RECIPES_DIR.parent)
+def test_gpu_recipe_composes_and_validates(name, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
     cfg = compose_recipe(name)
     stare = validate_recipe(cfg)
     assert cfg.trainer.v1.trainer_mode == "stare_sync"
@@ -39,8 +40,8 @@ def test_gpu_recipe_composes_and_validates(name, monkeypatch):
         assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "stare_tool_agent"
 
 
-def test_a_broken_recipe_fails_validation(monkeypatch):
-    monkeypatch.chdir(RECIPES_DIR.parent)
+def test_a_broken_recipe_fails_validation(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
     cfg = compose_recipe("shortcot_qwen2.5-math-7b_stare", ["+algorithm.stare.top_p_raito=0.2"])
     with pytest.raises(Exception, match="top_p_raito"):
         validate_recipe(cfg)
@@ -58,10 +59,10 @@ def test_a_broken_recipe_fails_validation(monkeypatch):
         validate_recipe(cfg)
 
 
-def test_cli_check_reports_ok_and_errors(capsys, monkeypatch):
+def test_cli_check_reports_ok_and_errors(capsys, monkeypatch, tmp_path):
     from stare_verl.jobs.cli import main
 
-    monkeypatch.chdir(RECIPES_DIR.parent)
+    monkeypatch.chdir(tmp_path)
     assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=C2"]) == 0
     assert "variant=C2" in capsys.readouterr().out
     assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=X9"]) == 1

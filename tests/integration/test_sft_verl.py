@@ -23,8 +23,8 @@ from envs.tool_use.sft_data import (
     write_sft_parquet,
 )
 from stare_verl.jobs import sft as L
-from stare_verl.jobs.recipes import RECIPES_DIR, compose_recipe
-from tests.support import FIXTURES
+from stare_verl.jobs.recipes import compose_recipe, recipes_dir
+from tests.support import FIXTURES, REPO
 
 FIXTURE = FIXTURES / "retool_sft_sample.jsonl"
 
@@ -46,12 +46,11 @@ def test_sft_recipe_composes_on_verls_sft_trainer_and_validates(monkeypatch):
     assert cfg.trainer.default_local_dir == "checkpoints/sft/qwen2.5-7b-tooluse-verl"
     # where the launcher links the final HF checkpoint is where the RL recipe loads its policy from
     monkeypatch.delenv("MODEL", raising=False)
-    monkeypatch.chdir(RECIPES_DIR.parent)
     rl = compose_recipe("tooluse_qwen2.5-7b-sft_stare")
     assert rl.actor_rollout_ref.model.path == L.DEFAULT_LINK
     cmd = L.torchrun_command(L.DEFAULT_RECIPE, ["optim.lr=2e-5"], 8)
     assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=8",
-                       "-m", "verl.trainer.sft_trainer", f"--config-path={L.SFT_RECIPES_DIR}",
+                       "-m", "verl.trainer.sft_trainer", f"--config-path={recipes_dir() / 'sft'}",
                        "--config-name=tooluse_qwen2.5-7b", "optim.lr=2e-5"]
 
 
@@ -235,7 +234,7 @@ def test_verl_sft_trainer_runs_three_steps_on_cpu(tiny_model, tmp_path):
 
     root, res, _ = tiny_model
     tag = f"test-sft-verl-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "STARE_VERL_RUN_TAG": tag, "PYTHONPATH": str(RECIPES_DIR.parent)}
+    env = {**os.environ, "STARE_VERL_RUN_TAG": tag, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "stare_verl.jobs.sft", "train", "--cpu-verl", "--link", str(tmp_path / "sft-model"),
            f"model.path={root / 'model'}", f"data.train_files={res['train']}",
            f"trainer.default_local_dir={tmp_path / 'ckpt'}"]

@@ -9,6 +9,7 @@ import pytest
 
 from stare_verl.jobs import backend, train
 from stare_verl.jobs.backend import GpuProbe, RunBackend, choose_backend, probe_gpu
+from stare_verl.recipe_files import recipes_dir
 
 H200 = GpuProbe(gpu=True, name="NVIDIA H200", sglang=False)
 
@@ -62,7 +63,7 @@ def test_sandbox_backend_of_the_tool_config():
     from envs.sandbox import make_sandbox
 
     assert backend.sandbox_backend(None) == "none"
-    name = backend.sandbox_backend(train.REPO / "recipes" / "tool_use" / "tool_config.yaml")
+    name = backend.sandbox_backend(recipes_dir() / "tool_use" / "tool_config.yaml")
     assert name in ("bwrap", "unshare") or name.startswith("unavailable (")
     if not name.startswith("unavailable"):
         assert name == make_sandbox().name  # the tool config asks for backend auto, as the default does
@@ -105,7 +106,7 @@ def test_gpu_hf_run_with_model_says_where_it_runs(monkeypatch, tmp_path, capsys)
     assert train.main(["--family", "tooluse", "--run-dir", str(run), "--steps", "2", "--n-train", "16",
                        "--n-eval", "8"]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    sandbox = backend.sandbox_backend(train.REPO / "recipes" / "tool_use" / "tool_config.yaml")
+    sandbox = backend.sandbox_backend(recipes_dir() / "tool_use" / "tool_config.yaml")
     line = f"rollout backend hf, platform cuda, device cuda (NVIDIA H200), sandbox {sandbox}"
     assert line in out.splitlines()[1]
     assert "GPU (gpu-hf: no SGLang installed)" in out.splitlines()[0]
@@ -121,10 +122,10 @@ def test_gpu_hf_run_with_model_says_where_it_runs(monkeypatch, tmp_path, capsys)
     assert not (run / "eval_before.json").exists()
 
 
-def test_cpu_run_env_keeps_the_cpu_platform():
-    env = train.run_env("t", train.REPO / "x.jsonl")
+def test_cpu_run_env_keeps_the_cpu_platform(tmp_path):
+    env = train.run_env("t", tmp_path / "x.jsonl")
     assert env["VERL_PLATFORM"] == "cpu"
-    assert "VERL_PLATFORM" not in train.run_env("t", train.REPO / "x.jsonl", "cuda")
+    assert "VERL_PLATFORM" not in train.run_env("t", tmp_path / "x.jsonl", "cuda")
 
 
 @pytest.mark.parametrize(

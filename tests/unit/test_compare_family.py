@@ -33,7 +33,7 @@ def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
         return 0
 
     monkeypatch.setattr(T, "train_cpu", fake_train_cpu)
-    monkeypatch.setattr(compare, "REPO", tmp_path)
+    monkeypatch.chdir(tmp_path)  # the default output folder is runs/compare-<family> under the working directory
     assert compare.main(["--family", "shortcot", "--seeds", "0", "1", "--steps", "2"]) == 0
     assert sorted(seen) == sorted(
         (f, m, s, 2, True) for f in ["shortcot"] for m in ("stare", "grpo") for s in (0, 1)

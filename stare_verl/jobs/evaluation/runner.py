@@ -336,9 +336,9 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
     from verl.tools.tool_registry import initialize_tools_from_config
 
     if tool_config is None:
-        from stare_verl.jobs.recipes import RECIPES_DIR
+        from stare_verl.recipe_files import recipes_dir
 
-        default = RECIPES_DIR / "tool_use" / "tool_config.yaml"
+        default = recipes_dir() / "tool_use" / "tool_config.yaml"
         if default.is_file():
             tool_config = default
     if tool_config is None:
