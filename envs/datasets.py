@@ -62,9 +62,12 @@ __all__ = [
     "build_hub",
     "build_offline",
     "build_rows",
+    "hub_mode",
+    "hub_reachable",
     "load_records",
     "main",
     "make_row",
+    "read_local_records",
     "write_parquet",
 ]
 
@@ -315,7 +318,12 @@ SOURCES: dict[str, HubSource] = {
 }
 
 
-def _read_local(path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_local_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a local dataset file (parquet, jsonl/ndjson, json or csv; csv cells as strings) as dicts.
+
+    Raises:
+        DatasetUnavailableError: the file is missing, of another type, or cannot be parsed.
+    """
     import pandas as pd
 
     p = Path(path)
@@ -340,8 +348,9 @@ def _read_local(path: str | os.PathLike) -> list[dict[str, Any]]:
     return df.to_dict(orient="records")
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """Whether the hub answers an HTTP request within ``timeout_s`` (DNS included: run in a thread)."""
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the hub (``HF_ENDPOINT``) answers an HTTP request within ``timeout_s`` (DNS included: run in a
+    thread). Never raises: any failure is False."""
     import threading
 
     import httpx
@@ -362,8 +371,10 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 
 
 @contextlib.contextmanager
-def _hub_mode(offline: bool) -> Iterator[None]:
-    """Switch huggingface_hub/datasets offline mode for the duration (they read it at import time)."""
+def hub_mode(offline: bool) -> Iterator[None]:
+    """Context manager: huggingface_hub/datasets offline mode set to ``offline`` for the duration, restored after
+    (they read it at import time). Sets default hub timeouts (``HF_HUB_ETAG_TIMEOUT``,
+    ``HF_HUB_DOWNLOAD_TIMEOUT``) when unset. Raises ImportError without ``datasets``/``huggingface_hub``."""
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "30")
     import datasets.config as dc
@@ -406,13 +417,13 @@ def load_records(
     if split not in src.splits:
         raise KeyError(f"dataset {name!r} has no split {split!r}; choose one of {sorted(src.splits)}")
     if from_file is not None:
-        return _read_local(from_file)
+        return read_local_records(from_file)
     if offline is None:
-        offline = not _hub_reachable()
+        offline = not hub_reachable()
     import datasets
 
     parts = []
-    with _hub_mode(offline):
+    with hub_mode(offline):
         for cfg in src.configs:
             try:
                 ds = datasets.load_dataset(src.repo, cfg, split=src.splits[split], cache_dir=cache_dir)
