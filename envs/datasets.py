@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.prompts import FAMILIES, STYLES, build_prompt
+from envs.contract import FAMILIES, LONG_COT, SHORT_COT, TOOL_USE
+from envs.prompts import STYLES, build_prompt
 
 __all__ = [
     "OFFLINE_TASKS",
@@ -104,7 +105,7 @@ def make_row(
     data_source: str,
     index: int,
     split: str,
-    family: str = "short_cot",
+    family: str = SHORT_COT,
     style: str = "default",
     extra: Mapping[str, Any] | None = None,
     system: str | None = None,
@@ -147,7 +148,7 @@ def build_rows(
     to_qa: Callable[[Mapping[str, Any]], tuple[Any, Any, dict[str, Any]]],
     data_source: str,
     split: str,
-    family: str = "short_cot",
+    family: str = SHORT_COT,
     style: str = "default",
     dedupe: bool = True,
     limit: int | None = None,
@@ -291,7 +292,7 @@ class HubSource:
     splits: Mapping[str, str]  # our split name -> hub split name
     to_qa: Callable[[Mapping[str, Any]], tuple[Any, Any, dict[str, Any]]]
     fields: str  # human-readable schema, for error messages
-    default_family: str = "short_cot"
+    default_family: str = SHORT_COT
 
 
 SOURCES: dict[str, HubSource] = {
@@ -305,15 +306,15 @@ SOURCES: dict[str, HubSource] = {
     ),
     "dapo_math": HubSource(
         "dapo_math", "BytedTsinghua-SIA/DAPO-Math-17k", (None,), {"train": "train"}, _dapo_qa,
-        "prompt (chat list), reward_model.ground_truth[, extra_info.index]", default_family="long_cot",
+        "prompt (chat list), reward_model.ground_truth[, extra_info.index]", default_family=LONG_COT,
     ),
     "aime2024": HubSource(
         "aime2024", "HuggingFaceH4/aime_2024", (None,), {"test": "train"}, _aime_qa,
-        "problem, answer[, id]", default_family="long_cot",
+        "problem, answer[, id]", default_family=LONG_COT,
     ),
     "aime2025": HubSource(
         "aime2025", "opencompass/AIME2025", ("AIME2025-I", "AIME2025-II"), {"test": "test"}, _aime_qa,
-        "question (or problem), answer", default_family="long_cot",
+        "question (or problem), answer", default_family=LONG_COT,
     ),
 }
 
@@ -474,7 +475,7 @@ def build_hub(
 # Per family: (reasoning-gym task, config overrides). Only tasks whose answers are numbers the scorer
 # reads exactly (integers, fractions) and where any equivalent form is a right answer.
 OFFLINE_TASKS: dict[str, list[tuple[str, dict[str, Any]]]] = {
-    "short_cot": [
+    SHORT_COT: [
         ("gsm_symbolic", {}),
         ("basic_arithmetic", {"min_terms": 2, "max_terms": 4, "max_digits": 2}),
         ("chain_sum", {"min_terms": 2, "max_terms": 5}),
@@ -483,7 +484,7 @@ OFFLINE_TASKS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("gcd", {"max_value": 1000}),
         ("leg_counting", {}),
     ],
-    "long_cot": [
+    LONG_COT: [
         ("gsm_symbolic", {}),
         ("basic_arithmetic", {"min_terms": 4, "max_terms": 6, "max_digits": 3}),
         ("simple_equations", {"min_terms": 3, "max_terms": 4}),
@@ -491,7 +492,7 @@ OFFLINE_TASKS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("lcm", {"min_numbers": 3, "max_numbers": 4, "max_value": 200}),
         ("leg_counting", {"min_animals": 4, "max_animals": 8}),
     ],
-    "tool_use": [
+    TOOL_USE: [
         ("count_primes", {}),
         ("products", {"min_terms": 2, "max_terms": 3, "min_digits": 4, "max_digits": 6}),
         ("lcm", {"min_numbers": 3, "max_numbers": 5, "max_value": 10000}),

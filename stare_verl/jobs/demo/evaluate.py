@@ -360,12 +360,13 @@ def evaluate_model(
     """
     import time
 
+    from envs.tool_use.episode import end_token_ids
     from stare_verl.cpu.hf_server import GenerationEngine
 
     if not problems:
         raise ValueError("no problems to evaluate")
     max_len = int(getattr(model.config, "max_position_embeddings", 1024))
-    eos = sorted({int(tokenizer.eos_token_id)} | {int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))})
+    eos = sorted(end_token_ids(tokenizer))  # what ends a turn in training (envs.contract.END_OF_TURN_TOKENS)
     engine = GenerationEngine(model, eos, max_model_len=max_len, max_batch_size=max_batch_size, seed=seed,
                               pad_token_id=int(tokenizer.pad_token_id or 0))
     out: dict[float, tuple[EvalReport, list[EpisodeResult]]] = {}

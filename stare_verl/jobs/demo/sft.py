@@ -118,7 +118,7 @@ class SFTConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    family: Literal["tooluse", "shortcot", "longcot"] = "tooluse"
+    family: Literal[FAMILIES] = "tooluse"  # the job spelling of envs.contract.JOB_FAMILIES
     data_seed: int = 0
     n_train: int = Field(4096, ge=1)
     n_heldout: int = Field(200, ge=1)
