@@ -8,11 +8,11 @@ import io
 
 import pytest
 
+from envs.tiny_hf import build_tokenizer
 from envs.tools.schema import tool_call_text
 from stare_verl.jobs.demo.demos import build_demos, sample_problems
 from stare_verl.jobs.demo.evaluate import run_episodes
 from stare_verl.jobs.demo.sft import render_demo
-from stare_verl.jobs.demo.tokenizer import build_tokenizer
 from stare_verl.jobs.evaluation.client import ChatResult
 from stare_verl.jobs.evaluation.runner import EvalProblem, EvalSettings, _Runner
 
