@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from envs.reward import compute_score  # noqa: E402
-from envs.scoring import prewarm  # noqa: E402
+from envs.scoring import clear_caches, prewarm  # noqa: E402
 
 STEPS = [
     "First, we rewrite the condition as an equation in $x$ and move every term to one side.",
@@ -78,15 +78,6 @@ def typical_responses(n: int, seed: int = 0) -> list[tuple[str, str, bool]]:
         ending = rng.choice(["Therefore, the final answer is $\\boxed{%s}$.", "**Final Answer**\n\\[\\boxed{%s}\\]"])
         out.append((body + "\n\n" + ending % (right if ok else wrong), gt, ok))
     return out
-
-
-def _clear_caches() -> None:
-    from envs.scoring import clear_verdict_cache, normalize, numeric, reflection
-
-    clear_verdict_cache()
-    normalize._normalize_cached.cache_clear()
-    numeric.evaluate.cache_clear()
-    reflection._FORM_CACHE.clear()
 
 
 def _ours(resp: str, gt: str) -> bool:
@@ -158,7 +149,7 @@ def main() -> int:
     print(f"== Throughput: {args.n} typical responses, single process")
     print(f"{'scorer':24s} {'resp/s':>10s} {'acc vs label':>13s} {'n':>6s}")
     for name, fn in scorers.items():
-        _clear_caches()  # cold: no memoised normalisation / evaluation from earlier passes
+        clear_caches()  # cold: no memoised normalisation / evaluation from earlier passes
         rate, acc, n = throughput(fn, data)
         print(f"{name:24s} {rate:10.0f} {acc:13.3f} {n:6d}")
     methods = Counter(compute_score("bench", r, g)["verify_method"] for r, g, _ in data)
@@ -169,7 +160,7 @@ def main() -> int:
             if r["category"] in ("symbolic", "interval", "tuple")]
     print(f"\n== Slow path: {len(slow)} labelled symbolic/interval/tuple answers (math-verify needed), single process")
     for name in ("ours (envs.reward)", "plain math-verify"):
-        _clear_caches()
+        clear_caches()
         rate, acc, n = throughput(scorers[name], slow)
         print(f"{name:24s} {rate:10.0f} resp/s {acc:13.3f} {n:6d}")
     if verl_ok:

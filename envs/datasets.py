@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.prompts import FAMILIES, STYLES, build_prompt
+from envs.contract import FAMILIES, LONG_COT, SHORT_COT, TOOL_USE
+from envs.prompts import STYLES, build_prompt
 
 __all__ = [
     "OFFLINE_TASKS",
@@ -62,9 +63,12 @@ __all__ = [
     "build_hub",
     "build_offline",
     "build_rows",
+    "hub_mode",
+    "hub_reachable",
     "load_records",
     "main",
     "make_row",
+    "read_local_records",
     "write_parquet",
 ]
 
@@ -101,7 +105,7 @@ def make_row(
     data_source: str,
     index: int,
     split: str,
-    family: str = "short_cot",
+    family: str = SHORT_COT,
     style: str = "default",
     extra: Mapping[str, Any] | None = None,
     system: str | None = None,
@@ -144,7 +148,7 @@ def build_rows(
     to_qa: Callable[[Mapping[str, Any]], tuple[Any, Any, dict[str, Any]]],
     data_source: str,
     split: str,
-    family: str = "short_cot",
+    family: str = SHORT_COT,
     style: str = "default",
     dedupe: bool = True,
     limit: int | None = None,
@@ -288,7 +292,7 @@ class HubSource:
     splits: Mapping[str, str]  # our split name -> hub split name
     to_qa: Callable[[Mapping[str, Any]], tuple[Any, Any, dict[str, Any]]]
     fields: str  # human-readable schema, for error messages
-    default_family: str = "short_cot"
+    default_family: str = SHORT_COT
 
 
 SOURCES: dict[str, HubSource] = {
@@ -302,20 +306,25 @@ SOURCES: dict[str, HubSource] = {
     ),
     "dapo_math": HubSource(
         "dapo_math", "BytedTsinghua-SIA/DAPO-Math-17k", (None,), {"train": "train"}, _dapo_qa,
-        "prompt (chat list), reward_model.ground_truth[, extra_info.index]", default_family="long_cot",
+        "prompt (chat list), reward_model.ground_truth[, extra_info.index]", default_family=LONG_COT,
     ),
     "aime2024": HubSource(
         "aime2024", "HuggingFaceH4/aime_2024", (None,), {"test": "train"}, _aime_qa,
-        "problem, answer[, id]", default_family="long_cot",
+        "problem, answer[, id]", default_family=LONG_COT,
     ),
     "aime2025": HubSource(
         "aime2025", "opencompass/AIME2025", ("AIME2025-I", "AIME2025-II"), {"test": "test"}, _aime_qa,
-        "question (or problem), answer", default_family="long_cot",
+        "question (or problem), answer", default_family=LONG_COT,
     ),
 }
 
 
-def _read_local(path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_local_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a local dataset file (parquet, jsonl/ndjson, json or csv; csv cells as strings) as dicts.
+
+    Raises:
+        DatasetUnavailableError: the file is missing, of another type, or cannot be parsed.
+    """
     import pandas as pd
 
     p = Path(path)
@@ -340,8 +349,9 @@ def _read_local(path: str | os.PathLike) -> list[dict[str, Any]]:
     return df.to_dict(orient="records")
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """Whether the hub answers an HTTP request within ``timeout_s`` (DNS included: run in a thread)."""
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the hub (``HF_ENDPOINT``) answers an HTTP request within ``timeout_s`` (DNS included: run in a
+    thread). Never raises: any failure is False."""
     import threading
 
     import httpx
@@ -362,8 +372,10 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 
 
 @contextlib.contextmanager
-def _hub_mode(offline: bool) -> Iterator[None]:
-    """Switch huggingface_hub/datasets offline mode for the duration (they read it at import time)."""
+def hub_mode(offline: bool) -> Iterator[None]:
+    """Context manager: huggingface_hub/datasets offline mode set to ``offline`` for the duration, restored after
+    (they read it at import time). Sets default hub timeouts (``HF_HUB_ETAG_TIMEOUT``,
+    ``HF_HUB_DOWNLOAD_TIMEOUT``) when unset. Raises ImportError without ``datasets``/``huggingface_hub``."""
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "30")
     import datasets.config as dc
@@ -406,13 +418,13 @@ def load_records(
     if split not in src.splits:
         raise KeyError(f"dataset {name!r} has no split {split!r}; choose one of {sorted(src.splits)}")
     if from_file is not None:
-        return _read_local(from_file)
+        return read_local_records(from_file)
     if offline is None:
-        offline = not _hub_reachable()
+        offline = not hub_reachable()
     import datasets
 
     parts = []
-    with _hub_mode(offline):
+    with hub_mode(offline):
         for cfg in src.configs:
             try:
                 ds = datasets.load_dataset(src.repo, cfg, split=src.splits[split], cache_dir=cache_dir)
@@ -463,7 +475,7 @@ def build_hub(
 # Per family: (reasoning-gym task, config overrides). Only tasks whose answers are numbers the scorer
 # reads exactly (integers, fractions) and where any equivalent form is a right answer.
 OFFLINE_TASKS: dict[str, list[tuple[str, dict[str, Any]]]] = {
-    "short_cot": [
+    SHORT_COT: [
         ("gsm_symbolic", {}),
         ("basic_arithmetic", {"min_terms": 2, "max_terms": 4, "max_digits": 2}),
         ("chain_sum", {"min_terms": 2, "max_terms": 5}),
@@ -472,7 +484,7 @@ OFFLINE_TASKS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("gcd", {"max_value": 1000}),
         ("leg_counting", {}),
     ],
-    "long_cot": [
+    LONG_COT: [
         ("gsm_symbolic", {}),
         ("basic_arithmetic", {"min_terms": 4, "max_terms": 6, "max_digits": 3}),
         ("simple_equations", {"min_terms": 3, "max_terms": 4}),
@@ -480,7 +492,7 @@ OFFLINE_TASKS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("lcm", {"min_numbers": 3, "max_numbers": 4, "max_value": 200}),
         ("leg_counting", {"min_animals": 4, "max_animals": 8}),
     ],
-    "tool_use": [
+    TOOL_USE: [
         ("count_primes", {}),
         ("products", {"min_terms": 2, "max_terms": 3, "min_digits": 4, "max_digits": 6}),
         ("lcm", {"min_numbers": 3, "max_numbers": 5, "max_value": 10000}),

@@ -20,7 +20,7 @@ added by the chat template from the tool config).
 
 from __future__ import annotations
 
-from envs.contract import FAMILIES
+from envs.contract import FAMILIES, SHORT_COT, TOOL_USE
 
 __all__ = ["BOXED_INSTRUCTION", "FAMILIES", "STYLES", "TOOL_USE_SYSTEM", "build_prompt"]
 
@@ -36,7 +36,7 @@ STYLES = ("default", "qwen_math", "r1_distill", "qwen3")
 
 
 def build_prompt(
-    question: str, family: str = "short_cot", style: str = "default", system: str | None = None
+    question: str, family: str = SHORT_COT, style: str = "default", system: str | None = None
 ) -> list[dict[str, str]]:
     """Chat messages for one problem.
 
@@ -57,7 +57,7 @@ def build_prompt(
     q = (question or "").strip()
     if not q:
         raise ValueError("empty question")
-    if family == "tool_use":
+    if family == TOOL_USE:
         return [
             {"role": "system", "content": system if system is not None else TOOL_USE_SYSTEM},
             {"role": "user", "content": q},

@@ -70,6 +70,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from envs.contract import FAMILIES, LONG_COT, SHORT_COT
 from envs.scoring.extract import extract_final_answer, split_think
 from envs.scoring.normalize import normalize_answer
 from envs.scoring.reflection import REFLECTION_PATTERNS, count_reflections
@@ -87,7 +88,7 @@ class RewardOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    family: Literal["short_cot", "long_cot", "tool_use"] = "short_cot"
+    family: Literal[FAMILIES] = SHORT_COT  # the family names of envs.contract
     strict_box: bool = True
     think: Literal["auto", "required", "off"] | None = None
     max_response_length: int | None = Field(default=None, gt=0)
@@ -114,7 +115,7 @@ class RewardOptions(BaseModel):
         """The effective think mode: explicit ``think`` or the family preset."""
         if self.think is not None:
             return self.think
-        return "required" if self.family == "long_cot" else "auto"
+        return "required" if self.family == LONG_COT else "auto"
 
 
 _OPTIONS_CACHE: dict[tuple, "RewardOptions"] = {}

@@ -15,9 +15,9 @@ the STARE estimator run together in pytest. It behaves like a rollout server whe
 Episodes are matched to requests by a marker string in the decoded first prompt and by verl's sticky
 ``request_id`` (constant over the turns of one trajectory). Every request is recorded in ``calls``.
 
-``build_tiny_tokenizer`` trains a byte-level BPE (digits split one per token) on a few lines and adds a
-ChatML/hermes chat template that renders tools, tool calls and tool responses like Qwen2.5's, so verl's
-Continuous Token builder works on it. Nothing is downloaded.
+``build_tiny_tokenizer`` / ``build_tiny_model_dir``: the project's tiny tokenizer (``envs.tiny_hf``: byte-level
+BPE, digits one per token, the ChatML/hermes chat template verl's Continuous Token builder works on) trained on a
+few lines of this module. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ from typing import Any
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
-from envs.tiny_hf import TOOLS_AS_SCHEMA, hermes_chat_template, tiny_qwen2_config, train_bpe_tokenizer
+from envs.tiny_hf import TinyModelConfig, build_tokenizer, tiny_qwen2_config
 from envs.tools.schema import tool_call_text
 
 __all__ = [
-    "CHAT_TEMPLATE",
     "GenerateCall",
     "ScriptedEpisode",
     "ScriptedLLMServer",
@@ -44,9 +43,6 @@ __all__ = [
     "build_tiny_tokenizer",
     "tool_call_text",
 ]
-
-# ChatML with hermes tool calls, listing each tool's whole JSON schema (the shape of Qwen2.5's template).
-CHAT_TEMPLATE = hermes_chat_template(TOOLS_AS_SCHEMA)
 
 _CORPUS = [
     "What is 12 + 7? Use the code interpreter. The answer is \\boxed{19}.",
@@ -60,27 +56,14 @@ _CORPUS = [
 
 
 def build_tiny_tokenizer(out_dir: str | Path | None = None, vocab_size: int = 400):
-    """A byte-level BPE tokenizer with a hermes/ChatML chat template, trained here on a few lines.
-
-    Args:
-        out_dir: if given, the tokenizer is saved there (``save_pretrained``) and loaded back from it,
-            so ``AutoTokenizer.from_pretrained(out_dir)`` gives the same tokenizer.
-        vocab_size: BPE vocabulary size (the alphabet of 256 bytes plus merges and added tokens).
+    """``envs.tiny_hf.build_tokenizer`` trained on this module's few lines (arguments as there).
 
     Returns:
         ``transformers.PreTrainedTokenizerFast``: eos ``<|im_end|>``, pad ``<|endoftext|>``; digits are one
         token each; ``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>``,
         ``<think>``, ``</think>`` are single added (non-special) tokens.
     """
-    from transformers import AutoTokenizer
-
-    hf_tok = train_bpe_tokenizer(_CORPUS * 8, vocab_size=vocab_size, chat_template=CHAT_TEMPLATE)
-    if out_dir is None:
-        return hf_tok
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf_tok.save_pretrained(out)
-    return AutoTokenizer.from_pretrained(out)
+    return build_tokenizer(_CORPUS * 8, out_dir, vocab_size=vocab_size)
 
 
 def build_tiny_model_dir(out_dir: str | Path) -> str:
@@ -91,15 +74,9 @@ def build_tiny_model_dir(out_dir: str | Path) -> str:
     """
     out = Path(out_dir)
     tok = build_tiny_tokenizer(out)
-    tiny_qwen2_config(
-        tok,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=4096,
-    ).save_pretrained(out)
+    shape = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1, max_position_embeddings=4096)  # fmt: skip
+    tiny_qwen2_config(tok, shape).save_pretrained(out)
     return str(out)
 
 

@@ -1,30 +1,47 @@
-"""Tiny local Hugging Face pieces shared by the simulators, the CPU demo and the ``hf`` backend's smoke model.
+"""The one builder of tiny local Hugging Face models and tokenizers (the CPU demo, the simulators, the ``hf``
+backend's smoke model and the tests all build theirs here).
 
-Nothing here downloads anything, and importing this module imports neither verl nor transformers.
+It lives in ``envs`` because both sides need it: ``envs.simulators`` (which may not import ``stare_verl``) and
+the jobs (``stare_verl.jobs.tiny``, ``stare_verl.jobs.demo``), which may import ``envs``. Nothing here
+downloads anything; importing this module imports neither verl, transformers nor torch (pydantic only).
 
-- :func:`hermes_chat_template`: a ChatML chat template with hermes tool calls, in the shape of Qwen2.5's
-  (written for this project). ``tools=`` opens a system turn listing the tools (how each tool is listed is
-  the caller's choice: :data:`TOOLS_AS_SCHEMA` or :data:`TOOLS_AS_NAMES`); an assistant message's
-  ``tool_calls`` render as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; consecutive ``tool``
-  messages render inside one user turn as ``\\n<tool_response>\\n...\\n</tool_response>``.
-- :func:`train_bpe_tokenizer`: a byte-level BPE trained with the ``tokenizers`` library on a given corpus,
-  wrapped as a ``transformers.PreTrainedTokenizerFast`` with Qwen2.5's special tokens.
-- :func:`tiny_qwen2_config`: a ``transformers.Qwen2Config`` sized to such a tokenizer.
+- :data:`CHAT_TEMPLATE`: the one chat template, ChatML with hermes tool calls in the shape of Qwen2.5's
+  (written for this project). ``tools=`` opens a system turn listing each tool's *name* (a tiny model pays for
+  every prompt token and learns the interface from demonstrations, not from a schema); an assistant message's
+  ``tool_calls`` render as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (no surrounding
+  newlines); consecutive ``tool`` messages render inside one user turn as
+  ``\\n<tool_response>\\n...\\n</tool_response>``. Without tools and tool messages it is plain ChatML. verl's
+  Continuous Token builder for ``model_type`` qwen2 renders tool observations with it (tests/unit/test_tiny_hf.py).
+- :func:`build_tokenizer`: a byte-level BPE trained with the ``tokenizers`` library on a given corpus, digits
+  pre-split one per token (the calibration, ``docs/cpu-demo-calibration.md``, found this is what lets a tiny
+  model copy numbers), wrapped as a ``transformers.PreTrainedTokenizerFast`` with Qwen2.5's special tokens
+  (:data:`SPECIAL_TOKENS`) and single, non-special tool/think tokens (:data:`ADDED_TOKENS`), left padding and
+  :data:`CHAT_TEMPLATE`; :func:`load_tokenizer` loads a saved one.
+- :class:`TinyModelConfig`, :func:`tiny_qwen2_config`, :func:`build_model`, :func:`save_model`: a seeded random
+  ``Qwen2ForCausalLM`` sized to such a tokenizer (or to a bare vocabulary size), and saving model and tokenizer
+  into one folder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ADDED_TOKENS",
+    "CHAT_TEMPLATE",
+    "MIN_VOCAB_SIZE",
     "SPECIAL_TOKENS",
-    "TOOLS_AS_NAMES",
-    "TOOLS_AS_SCHEMA",
-    "hermes_chat_template",
+    "TinyModelConfig",
+    "build_model",
+    "build_tokenizer",
+    "load_tokenizer",
+    "save_model",
     "tiny_qwen2_config",
-    "train_bpe_tokenizer",
 ]
 
 # Special tokens as in Qwen2.5: pad, turn start, turn end (eos).
@@ -32,28 +49,15 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Added but not special, as in Qwen2.5/Qwen3 (so ``skip_special_tokens=True`` keeps them).
 ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
 
-# How the system turn opened by ``tools=`` lists the tools (a Jinja fragment inside ``<tools>...``).
-# Each tool's whole JSON schema, one a line, then a line that says how to call a tool (like Qwen2.5).
-TOOLS_AS_SCHEMA = (
-    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    '{{- \'\\n</tools>\\nCall a tool as <tool_call>{"name": <name>, "arguments": <json>}</tool_call>'
-    "<|im_end|>\\n' }}"
-)
-# Only each tool's name (a tiny model pays for every prompt token and learns the interface from examples).
-TOOLS_AS_NAMES = (
-    "{%- for tool in tools %}"
-    "{{- '\\n' + (tool['function']['name'] if 'function' in tool else tool['name']) }}"
-    "{%- endfor %}"
-    "{{- '\\n</tools><|im_end|>\\n' }}"
-)
-
-_SYSTEM_TOOLS_HEAD = (
+CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
     "{{- '# Tools\\n<tools>' }}"
-)
-_MESSAGES = (
+    "{%- for tool in tools %}"
+    "{{- '\\n' + (tool['function']['name'] if 'function' in tool else tool['name']) }}"
+    "{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
     "{%- elif messages[0]['role'] == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
     "{%- endif %}"
@@ -80,112 +84,170 @@ _MESSAGES = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-
-def hermes_chat_template(tools_block: str) -> str:
-    """The ChatML / hermes-tool chat template (module docstring), the tool list rendered by ``tools_block``.
-
-    Args:
-        tools_block: a Jinja fragment run inside the tools system turn, after ``# Tools\\n<tools>``; it must
-            close the list and the turn (``</tools>`` ... ``<|im_end|>\\n``): :data:`TOOLS_AS_SCHEMA` or
-            :data:`TOOLS_AS_NAMES`.
-
-    Returns:
-        The template string (for ``PreTrainedTokenizerFast(chat_template=...)``).
-    """
-    return _SYSTEM_TOOLS_HEAD + tools_block + _MESSAGES
+_MARKERS = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + ADDED_TOKENS))
+# Smallest vocabulary: the 256 byte symbols, the special and the added tokens.
+MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
 
 
-def train_bpe_tokenizer(
-    corpus: Iterable[str],
-    *,
-    vocab_size: int,
-    chat_template: str,
-    special_tokens: Sequence[str] = SPECIAL_TOKENS,
-    added_tokens: Sequence[str] = ADDED_TOKENS,
-    split_digits: bool = True,
-    padding_side: str | None = None,
-    show_progress: bool = True,
-):
-    """Train a byte-level BPE on ``corpus`` and wrap it as a transformers tokenizer (in memory, not saved).
+def _pieces(texts: Iterable[str]) -> Iterable[str]:
+    """The corpus with the special/added token strings cut out (they are whole tokens, never merged)."""
+    for text in texts:
+        for piece in _MARKERS.split(text):
+            if piece:
+                yield piece
+
+
+def build_tokenizer(texts: Iterable[str], out_dir: str | Path | None = None, vocab_size: int = 384):
+    """Train the byte-level BPE on ``texts`` and wrap it as a transformers tokenizer with :data:`CHAT_TEMPLATE`.
 
     Args:
-        corpus: training texts (special/added token strings in them are not removed here).
-        vocab_size: the BPE trainer's vocabulary size (256 byte symbols, ``special_tokens`` and merges);
-            ``added_tokens`` come on top.
-        chat_template: the tokenizer's chat template (e.g. :func:`hermes_chat_template`).
-        special_tokens: special tokens of the trainer; must contain ``<|im_end|>`` (eos) and
-            ``<|endoftext|>`` (pad).
-        added_tokens: single, non-special, non-normalised tokens added after training.
-        split_digits: every decimal digit is its own token (pre-tokenised one per token).
-        padding_side: the tokenizer's padding side (None: transformers' default, right).
-        show_progress: the ``tokenizers`` trainer's progress bar.
+        texts: training corpus, e.g. rendered demonstrations (chat-template text: the special and added token
+            strings in it are cut out before training).
+        out_dir: if given, the tokenizer is saved there with ``save_pretrained`` and loaded back with
+            :func:`load_tokenizer` (so what is returned is exactly what later runs load).
+        vocab_size: total vocabulary size: the 256 byte symbols, :data:`SPECIAL_TOKENS`, :data:`ADDED_TOKENS`
+            and BPE merges (fewer merges when the corpus has fewer to learn).
 
     Returns:
-        ``transformers.PreTrainedTokenizerFast`` with eos ``<|im_end|>`` and pad ``<|endoftext|>``;
-        deterministic for a given corpus (order included).
+        ``transformers.PreTrainedTokenizerFast``: eos ``<|im_end|>``, pad ``<|endoftext|>``, left padding,
+        :data:`CHAT_TEMPLATE`; every decimal digit is its own token; each special/added token is one id.
+        Deterministic for a given corpus (order included).
+
+    Raises:
+        ValueError: ``vocab_size`` below ``MIN_VOCAB_SIZE`` (265), or a corpus with nothing but token markers.
     """
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"vocab_size {vocab_size} is below {MIN_VOCAB_SIZE} (bytes + special + added tokens)")
+    corpus = list(_pieces(texts))
+    if not corpus:
+        raise ValueError("empty tokenizer corpus")
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    if split_digits:
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
-    else:
-        tok.pre_tokenizer = byte_level
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(special_tokens),
+        vocab_size=vocab_size - len(ADDED_TOKENS),
+        special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=show_progress,
+        show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer)
-    if added_tokens:
-        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
-    extra: dict[str, Any] = {} if padding_side is None else {"padding_side": padding_side}
-    return PreTrainedTokenizerFast(
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        chat_template=chat_template,
-        **extra,
+        chat_template=CHAT_TEMPLATE,
+        padding_side="left",
     )
+    if out_dir is None:
+        return hf_tok
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tok.save_pretrained(out)
+    return load_tokenizer(out)
 
 
-def tiny_qwen2_config(
-    tokenizer,
-    *,
-    hidden_size: int,
-    num_hidden_layers: int,
-    num_attention_heads: int,
-    num_key_value_heads: int,
-    intermediate_size: int,
-    max_position_embeddings: int,
-    **extra: Any,
-):
-    """A ``transformers.Qwen2Config`` for a tiny model over ``tokenizer`` (tied embeddings, no BOS).
+def load_tokenizer(path: str | Path):
+    """Load a tokenizer saved by :func:`build_tokenizer` or :func:`save_model` (``AutoTokenizer``, local files
+    only). Raises OSError when ``path`` holds no tokenizer."""
+    from transformers import AutoTokenizer
 
-    ``vocab_size`` is ``len(tokenizer)``; eos/pad ids are the tokenizer's; ``architectures`` is
-    ``["Qwen2ForCausalLM"]`` (``model_type`` qwen2 selects verl's Qwen Continuous Token builder).
-    ``extra`` goes to ``Qwen2Config`` as well (e.g. ``rope_theta``, ``attn_implementation``).
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+class TinyModelConfig(BaseModel):
+    """Architecture of a tiny Qwen2 model. The defaults are the CPU demo's calibrated model (~0.84 M parameters
+    with a 384-token vocabulary; ``docs/cpu-demo-calibration.md``); every field is part of the demo's SFT cache
+    key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden_size: int = Field(128, ge=8)
+    num_hidden_layers: int = Field(4, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(2, ge=1)
+    intermediate_size: int = Field(384, ge=8)
+    max_position_embeddings: int = Field(1024, ge=64)
+    rope_theta: float = Field(10000.0, gt=0)
+    tie_word_embeddings: bool = True
+
+
+def tiny_qwen2_config(tokenizer=None, config: TinyModelConfig | None = None, *, vocab_size: int | None = None):
+    """A ``transformers.Qwen2Config`` of ``config`` (default :class:`TinyModelConfig`), float32, sdpa attention,
+    no BOS; ``architectures`` ``["Qwen2ForCausalLM"]`` (``model_type`` qwen2 selects verl's Qwen Continuous Token
+    builder).
+
+    Args:
+        tokenizer: sizes the vocabulary (``len(tokenizer)``) and gives the eos/pad ids.
+        config: the architecture.
+        vocab_size: instead of ``tokenizer``: a bare vocabulary size (no eos/pad ids; for models fed raw ids).
+
+    Raises:
+        ValueError: neither or both of ``tokenizer`` and ``vocab_size``; heads that do not divide
+            ``hidden_size``, or KV heads that do not divide the heads.
     """
+    if (tokenizer is None) == (vocab_size is None):
+        raise ValueError("give exactly one of tokenizer and vocab_size")
+    cfg = config or TinyModelConfig()
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise ValueError(f"num_attention_heads {cfg.num_attention_heads} must divide hidden_size {cfg.hidden_size}")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ValueError(
+            f"num_key_value_heads {cfg.num_key_value_heads} must divide num_attention_heads {cfg.num_attention_heads}"
+        )
     from transformers import Qwen2Config
 
+    ids: dict[str, Any] = {}
+    if tokenizer is not None:
+        ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     return Qwen2Config(
         architectures=["Qwen2ForCausalLM"],
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=extra.pop("tie_word_embeddings", True),
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer) if tokenizer is not None else vocab_size,
         bos_token_id=None,
-        **extra,
+        attn_implementation="sdpa",
+        dtype="float32",
+        **cfg.model_dump(),
+        **ids,
     )
+
+
+def build_model(tokenizer=None, config: TinyModelConfig | None = None, seed: int = 0, *, vocab_size: int | None = None):
+    """A freshly initialised ``Qwen2ForCausalLM`` of :func:`tiny_qwen2_config` (same arguments).
+
+    ``seed`` fixes the initialisation: the same seed gives bit-identical weights (the global torch RNG state is
+    saved and restored around it). With a ``tokenizer`` the model's generation config stops at its eos and pads
+    with its pad id.
+
+    Returns:
+        ``transformers.Qwen2ForCausalLM`` in float32, train mode, sdpa attention.
+
+    Raises:
+        ValueError: as :func:`tiny_qwen2_config`.
+    """
+    hf_config = tiny_qwen2_config(tokenizer, config, vocab_size=vocab_size)
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(hf_config)
+    if tokenizer is not None:
+        model.generation_config = GenerationConfig(
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
+        )
+    return model
+
+
+def save_model(model, tokenizer, out_dir: str | Path) -> Path:
+    """Save model (safetensors, with its generation config) and tokenizer into one folder; returns its path.
+    Raises OSError when the folder cannot be written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -38,9 +38,12 @@ class OutOfBudget(BaseException):
     """The request's CPU budget ran out (a BaseException: math-verify's ``except Exception`` lets it through)."""
 
 
-class _Timer:
+class CpuTimer:
     """A CPU-time alarm that raises ``OutOfBudget`` in the main thread once armed time is used up, and again
-    every 50 ms of CPU after that until disarmed (library code that swallows one exception gets the next)."""
+    every 50 ms of CPU after that until disarmed (library code that swallows one exception gets the next).
+
+    Creating one installs its SIGPROF handler (main thread only: ``ValueError`` elsewhere); the worker's main loop
+    and the verifier's inline check in ``envs.scoring.verify`` use it."""
 
     def __init__(self) -> None:
         self.armed = False
@@ -51,10 +54,12 @@ class _Timer:
             raise OutOfBudget
 
     def arm(self, seconds: float) -> None:
+        """Start the alarm: ``OutOfBudget`` after ``seconds`` of this process's CPU time."""
         self.armed = True
         signal.setitimer(signal.ITIMER_PROF, max(1e-4, float(seconds)), 0.05)
 
     def disarm(self) -> None:
+        """Stop the alarm (no ``OutOfBudget`` after this)."""
         self.armed = False
         signal.setitimer(signal.ITIMER_PROF, 0)
 
@@ -96,7 +101,7 @@ def make_checker():
     return check
 
 
-def answer(line: str, check, timer: _Timer) -> dict:
+def answer(line: str, check, timer: CpuTimer) -> dict:
     """The reply to one request line. Never raises (bar KeyboardInterrupt/SystemExit) and always leaves the
     timer disarmed."""
     try:
@@ -135,7 +140,7 @@ def main() -> int:
     out = sys.stdout
     sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the reply stream
     check = make_checker()
-    timer = _Timer()
+    timer = CpuTimer()
     check([(r"\frac{1}{2}", "0.5"), ("x^2+1", "(x+1)^2"), (r"\{1,2\}", "[1,2]")])  # warm-up, no budget
     check.cache.clear()
     out.write(json.dumps({"ready": True}) + "\n")

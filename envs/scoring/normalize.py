@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-__all__ = ["normalize_answer", "strip_wrappers"]
+__all__ = ["clear_normalize_cache", "normalize_answer", "strip_wrappers"]
 
 _MAX_LEN = 2000  # answers longer than this are not normalised further (math-verify decides)
 
@@ -123,6 +123,11 @@ def _drop_space(m: re.Match) -> str:
 @lru_cache(maxsize=65536)
 def _normalize_cached(s: str) -> str:
     return _normalize(s)
+
+
+def clear_normalize_cache() -> None:
+    """Forget the memoised normalisations of :func:`normalize_answer` (benchmarks, tests)."""
+    _normalize_cached.cache_clear()
 
 
 def normalize_answer(ans: str | None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-__all__ = ["REFLECTION_PATTERNS", "count_reflections"]
+__all__ = ["REFLECTION_PATTERNS", "clear_reflection_cache", "count_reflections"]
 
 REFLECTION_PATTERNS: dict[str, str] = {
     "wait": r"wait",
@@ -38,6 +38,11 @@ def _category(word: str) -> str | None:
     if len(_FORM_CACHE) < 200_000:
         _FORM_CACHE[word] = cat
     return cat
+
+
+def clear_reflection_cache() -> None:
+    """Forget the memoised word categories of :func:`count_reflections` (benchmarks, tests)."""
+    _FORM_CACHE.clear()
 
 
 def count_reflections(text: str) -> dict[str, int]:

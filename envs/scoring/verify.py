@@ -305,7 +305,7 @@ def _inline_verify(pairs: list[tuple[str, str]], timeout_s: float) -> Verdict:
         if _INLINE_CHECK is None:
             _INLINE_CHECK = _mv_worker.make_checker()
         request = json.dumps({"pairs": [list(p) for p in pairs], "budget_s": timeout_s})
-        reply = _mv_worker.answer(request, _INLINE_CHECK, _mv_worker._Timer())
+        reply = _mv_worker.answer(request, _INLINE_CHECK, _mv_worker.CpuTimer())
     except Exception:  # noqa: BLE001
         return Verdict(None, "error")
     finally:

@@ -275,15 +275,15 @@ def load_retool_records(
     Raises:
         envs.datasets.DatasetUnavailableError: not reachable and not cached, or an unreadable local file.
     """
-    from envs.datasets import DatasetUnavailableError, _hub_mode, _hub_reachable, _read_local
+    from envs.datasets import DatasetUnavailableError, hub_mode, hub_reachable, read_local_records
 
     if from_file is not None:
-        return _read_local(from_file)
+        return read_local_records(from_file)
     if offline is None:
-        offline = not _hub_reachable()
+        offline = not hub_reachable()
     import datasets
 
-    with _hub_mode(offline):
+    with hub_mode(offline):
         try:
             ds = datasets.load_dataset(RETOOL_REPO, split="train", cache_dir=cache_dir)
         except Exception as err:  # noqa: BLE001 - one clear message

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from envs.contract import AGENT_NAME, MODEL_TEXT_KEY
+from envs.contract import AGENT_NAME, MODEL_TEXT_KEY, TOOL_USE
 from envs.datasets import BadRow, BuildReport, build_hub, make_row, write_parquet
 from envs.prompts import TOOL_USE_SYSTEM
 from envs.tools.schema import TOOL_NAME
@@ -112,7 +112,7 @@ def to_tool_use_row(row: Mapping[str, Any], create_kwargs: Mapping[str, Any] | N
     out["prompt"] = [{"role": "system", "content": TOOL_USE_SYSTEM}, *msgs]
     out["agent_name"] = AGENT_NAME
     info = dict(out.get("extra_info") or {})
-    info["family"] = "tool_use"
+    info["family"] = TOOL_USE
     kwargs = (
         dict(create_kwargs) if create_kwargs is not None else {"data_source": str(out.get("data_source", ""))}
     )
@@ -173,7 +173,7 @@ def build_offline_tool_use(
                 f"rg/{task}",
                 len(report.rows),
                 split,
-                family="tool_use",
+                family=TOOL_USE,
                 extra={"task": task, "expression": expr, "source_id": f"{task}/{seed}/{j}"},
             )
             report.rows.append(to_tool_use_row(row))
@@ -187,7 +187,7 @@ def build_tool_use_hub(name: str, split: str | None = None, **kwargs: Any) -> Bu
     Raises:
         KeyError: unknown source/split; DatasetUnavailableError: not reachable and not cached.
     """
-    rep = build_hub(name, split=split, family="tool_use", **kwargs)
+    rep = build_hub(name, split=split, family=TOOL_USE, **kwargs)
     rep.rows = [to_tool_use_row(r) for r in rep.rows]
     return rep
 
@@ -236,7 +236,7 @@ def compute_score(
     from envs.reward import compute_score as score_math
 
     info = dict(extra_info) if isinstance(extra_info, Mapping) else {}
-    info.setdefault("family", "tool_use")
+    info.setdefault("family", TOOL_USE)
     text = info.get(MODEL_TEXT_KEY)
     from_loop = isinstance(text, str)
     if not from_loop:

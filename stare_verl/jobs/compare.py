@@ -18,15 +18,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stare_verl.jobs.runlog import RunFolder
+
 
 def run_stats(run_dir: Path) -> dict[str, Any]:
-    """Per-run figures from a finished run folder (``metrics.jsonl`` and ``summary.json``).
+    """Per-run figures from a finished run folder (its ``metrics.jsonl`` and ``summary.json``, see
+    ``stare_verl.jobs.runlog.RunFolder``).
 
     Entropy is ``actor/entropy`` (nats, verl's token mean over model tokens); the target is the run's
     ``stare/target_entropy``. Raises FileNotFoundError when the run did not finish.
     """
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    run = RunFolder(run_dir)
+    rows = run.read_metrics()
+    summary = run.read_summary()
     ent = [r["actor/entropy"] for r in rows if "actor/entropy" in r]
     target = next((r["stare/target_entropy"] for r in rows if "stare/target_entropy" in r), float("nan"))
     gate = [r["stare/gate_on"] for r in rows if "stare/gate_on" in r]
@@ -38,7 +42,7 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
     passes = t1.get("pass_at_k") or {}
     k = max((int(x) for x in passes), default=None)
     return {
-        "run": run_dir.name,
+        "run": run.path.name,
         "method": summary["method"],
         "seed": summary["seed"],
         "steps": len(ent),
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         for method in ("stare", "grpo"):
             run_dir = out / f"{method}-seed{seed}"
-            if not (run_dir / "summary.json").exists():
+            if not RunFolder(run_dir).is_finished():
                 targs = train_parser().parse_args(
                     ["--cpu", "--family", args.family, "--method", method, "--seed", str(seed),
                      "--steps", str(args.steps), "--n-eval", str(args.n_eval), "--run-dir", str(run_dir),

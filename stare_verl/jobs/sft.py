@@ -34,6 +34,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from stare_verl.jobs.runlog import SFT_HF_SUBDIR, latest_hf_checkpoint
 from stare_verl.recipe_files import recipes_dir, register_resolver
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
     "compose_sft",
     "cpu_verl_env",
     "has_gpu",
-    "latest_hf_checkpoint",
     "link_checkpoint",
     "main",
     "mark_end_of_turn",
@@ -55,7 +55,6 @@ DEFAULT_RECIPE = "tooluse_qwen2.5-7b"
 # Where recipes/base/tooluse_qwen2.5-7b-sft.yaml's actor_rollout_ref.model.path looks by default.
 DEFAULT_LINK = "checkpoints/sft/qwen2.5-7b-tooluse"
 _OVERRIDE = re.compile(r"^(~|\+\+?)?[A-Za-z_][\w.@/\-\[\]]*(=|$)")
-_TRACKER = "latest_checkpointed_iteration.txt"
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -211,17 +210,6 @@ def cpu_verl_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def latest_hf_checkpoint(default_local_dir: str | os.PathLike) -> Path | None:
-    """``<dir>/global_step_<N>/huggingface`` of the latest checkpoint verl recorded, or None."""
-    root = Path(default_local_dir)
-    try:
-        step = int((root / _TRACKER).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    hf = root / f"global_step_{step}" / "huggingface"
-    return hf if (hf / "config.json").is_file() else None
-
-
 def mark_end_of_turn(hf_dir: str | os.PathLike, token: str = "<|im_end|>") -> bool:
     """Make ``token`` (the chat template's end of turn) an EOS of the checkpoint's ``generation_config.json``.
 
@@ -350,7 +338,7 @@ def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str
     if rc != 0:
         print(f"error: verl's SFT trainer exited with status {rc}", file=sys.stderr)
         return rc
-    hf = latest_hf_checkpoint(out_dir)
+    hf = latest_hf_checkpoint(out_dir, SFT_HF_SUBDIR)  # the latest checkpoint, in verl's meaning (jobs.runlog)
     if hf is None:
         print(f"error: the trainer finished but left no HF checkpoint under {out_dir}", file=sys.stderr)
         return 1

@@ -1,7 +1,8 @@
 """A tiny local model, tokenizer and toy dataset for CPU smoke runs of the ``hf`` backend.
 
-Nothing is downloaded: the tokenizer is a byte-level BPE trained here on a few lines (with a chat
-template and Qwen-style special tokens), the model a random Qwen2 (hidden 64, 2 layers by default).
+Nothing is downloaded: the tokenizer is the project's tiny byte-level BPE (``envs.tiny_hf``: its chat template
+and Qwen-style special tokens) trained here on a few lines, the model a random Qwen2 (hidden 64, 2 layers by
+default).
 The toy task rewards the share of the letter ``a`` in the response (``recipes/cpu/toy_reward.py``),
 so rewards vary within a group even for a random policy.
 """
@@ -11,53 +12,32 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 TOOL_CALL_REPLY = '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+_CORPUS = [
+    "user assistant system What is 12 + 7? The answer is 19.",
+    "Count the letters a b c d e f g h i j k l m n o p q r s t u v w x y z 0 1 2 3 4 5 6 7 8 9",
+    "Say something short. ok yes no maybe aaaa bbbb",
+    TOOL_CALL_REPLY,
+]
 
 
 def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0, hidden: int = 64, layers: int = 2) -> str:
-    """Write a random tiny Qwen2 causal LM + tokenizer to ``out_dir``; return the path (str)."""
-    import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
+    """Write a random tiny Qwen2 causal LM (hidden ``hidden``, FFN 2 x hidden, ``layers`` layers, 4 heads / 2 KV
+    heads, context 512, initialised under ``seed``) and its tokenizer (``envs.tiny_hf``, 300 tokens) to
+    ``out_dir``; an existing model there (``config.json``) is kept. Returns the path (str).
 
-    from envs.tiny_hf import tiny_qwen2_config, train_bpe_tokenizer
+    Raises:
+        ValueError: 4 heads do not divide ``hidden``.
+    """
+    from envs.tiny_hf import TinyModelConfig, build_model, build_tokenizer, save_model
 
     out = Path(out_dir)
     if (out / "config.json").exists():
         return str(out)
-    out.mkdir(parents=True, exist_ok=True)
-    corpus = [
-        "user assistant system What is 12 + 7? The answer is 19.",
-        "Count the letters a b c d e f g h i j k l m n o p q r s t u v w x y z 0 1 2 3 4 5 6 7 8 9",
-        "Say something short. ok yes no maybe aaaa bbbb",
-        TOOL_CALL_REPLY,
-    ] * 4
-    hf_tok = train_bpe_tokenizer(
-        corpus,
-        vocab_size=300,
-        chat_template=CHAT_TEMPLATE,
-        special_tokens=SPECIAL,
-        added_tokens=(),
-        split_digits=False,
-    )
-    hf_tok.save_pretrained(out)
-    torch.manual_seed(seed)
-    config = tiny_qwen2_config(
-        hf_tok,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(out)
-    GenerationConfig(eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id).save_pretrained(out)
+    shape = TinyModelConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+    tokenizer = build_tokenizer(_CORPUS * 4, vocab_size=300)
+    save_model(build_model(tokenizer, shape, seed), tokenizer, out)
     return str(out)
 
 

@@ -40,6 +40,7 @@ from typing import Any
 from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_tagged
 from stare_verl.recipe_files import recipes_dir
+from stare_verl.jobs.runlog import RunFolder
 
 # Held-out greedy accuracy the cold-start SFT checkpoint needs before RL (default of --min-sft-accuracy).
 MIN_SFT_ACCURACY = {"tooluse": 0.5, "shortcot": 0.4, "longcot": 0.4}
@@ -115,17 +116,6 @@ def _progress_line(row: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------------------------------------------
 # the CPU default
-def latest_hf_checkpoint(run_dir: Path) -> Path | None:
-    """``checkpoints/global_step_N/actor/huggingface`` with the largest N that holds model weights."""
-    best, best_step = None, -1
-    for d in (run_dir / "checkpoints").glob("global_step_*/actor/huggingface"):
-        step = int(d.parent.parent.name.rsplit("_", 1)[1])
-        has_weights = any(d.glob("*.safetensors")) or any(d.glob("*.bin"))
-        if has_weights and step > best_step:
-            best, best_step = d, step
-    return best
-
-
 def _evaluate(path: Path, sft_cfg, n: int, max_turns: int, samples: int = 1) -> dict[str, Any]:
     from stare_verl.jobs.demo.evaluate import evaluate_checkpoint
 
@@ -216,20 +206,17 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         )
         return 2
     print(f"[{name}] {backend.line()}", flush=True)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "train.log", "ab") as log:  # the run's own lines first, then what verl printed
+    run = RunFolder(run_dir)
+    run.logs.mkdir(parents=True, exist_ok=True)
+    with open(run.train_log, "ab") as log:  # the run's own lines first, then what verl printed
         log.write(f"[{name}] {time.strftime('%Y-%m-%d %H:%M:%S')} {backend.line()}\n".encode())
         noise.seek(0)
         shutil.copyfileobj(noise, log)
     noise.close()
-    done = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
-    if (
-        done.exists()
-        and int(done.read_text().strip() or 0) >= args.steps
-        and (run_dir / "summary.json").exists()
-    ):
+    done = run.latest_step()
+    if done is not None and done >= args.steps and run.is_finished():
         print(
-            f"[{name}] {run_dir} already holds step {done.read_text().strip()} >= --steps {args.steps}: "
+            f"[{name}] {run_dir} already holds step {done} >= --steps {args.steps}: "
             "nothing to train (raise --steps to continue it)",
             flush=True,
         )
@@ -244,8 +231,8 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     sft_cfg = SFTConfig(family=family, **sft_kw)
     if model:
         print(f"[{name}] MODEL={model}: RL from it (no cold-start SFT, no held-out evaluation)", flush=True)
-        return _train_tiny_recipe(args, backend, sft_cfg, Path(model), run_dir, recipe, name, t0, None)
-    phases: dict[str, float] = {}  # wall seconds per phase of the run (bench/bench_main_job.py prints them)
+        return _train_tiny_recipe(args, backend, sft_cfg, Path(model), run, recipe, name, t0, None)
+    phases: dict[str, float] = {}  # wall seconds per phase of the run (bench/main_job.py prints them)
     t_phase = time.time()
     sft_dir = ensure_sft_checkpoint(sft_cfg)
     phases["sft"] = round(time.time() - t_phase, 1)
@@ -259,7 +246,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
             file=sys.stderr,
         )
         return 1
-    eval_before = run_dir / "eval_before.json"
+    eval_before = run.eval_before
     t_phase = time.time()
     if not eval_before.exists():
         eval_before.write_text(
@@ -268,10 +255,10 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     before = json.loads(eval_before.read_text())
     phases["eval_before"] = round(time.time() - t_phase, 1)
     print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
-    return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run_dir, recipe, name, t0, before, phases)
+    return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run, recipe, name, t0, before, phases)
 
 
-def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_dir: Path, recipe: str, name: str,
+def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run: RunFolder, recipe: str, name: str,
                        t0: float, before: dict | None, phases: dict[str, float] | None = None) -> int:  # fmt: skip
     """RL with ``recipes/cpu/<recipe>.yaml`` from ``model_dir``, then the held-out evaluation (when ``before`` is
     given), plots and ``summary.json`` (``phases_s``: wall seconds of the phases before RL given in ``phases``,
@@ -281,13 +268,13 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_
 
     family = sft_cfg.family
     sft_dir = model_dir
-    data = write_rl_data(sft_cfg, run_dir / "data", n_train=args.n_train, n_val=args.n_eval)
+    data = write_rl_data(sft_cfg, run.data, n_train=args.n_train, n_val=args.n_eval)
     on_gpu = backend.platform != "cpu"
     overrides = [
         f"actor_rollout_ref.model.path={sft_dir}",
         f"data.train_files={data['train']}",
         f"data.val_files={data['val']}",
-        f"trainer.default_local_dir={run_dir / 'checkpoints'}",
+        f"trainer.default_local_dir={run.checkpoints}",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.save_freq={args.save_freq or args.steps}",
         *(
@@ -298,8 +285,8 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_
         f"data.seed={args.seed}",
         f"actor_rollout_ref.actor.data_loader_seed={args.seed}",
         f"actor_rollout_ref.rollout.seed={args.seed}",
-        f"trainer.experiment_name={run_dir.name}",
-        f"hydra.run.dir={run_dir / 'logs' / 'hydra'}",
+        f"trainer.experiment_name={run.path.name}",
+        f"hydra.run.dir={run.logs / 'hydra'}",
         *(["trainer.device=cuda"] if on_gpu else []),
         # a real model's chat template makes longer prompts than the tiny tokenizer's
         *(["data.max_prompt_length=1024"] if before is None else []),
@@ -309,33 +296,33 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_
         sys.executable, "-m", "verl.trainer.main_ppo",
         f"--config-path={recipes_dir() / 'cpu'}", f"--config-name={recipe}", *overrides,
     ]  # fmt: skip
-    part = run_dir / "logs" / f"verl_metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    part = run.new_verl_metric_part()
     env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part, backend.platform)
-    print(f"[{name}] verl main_ppo ({args.steps} steps); log: {run_dir / 'train.log'}", flush=True)
+    print(f"[{name}] verl main_ppo ({args.steps} steps); log: {run.train_log}", flush=True)
     phases = dict(phases or {})
     t_phase = time.time()
-    rc = run_main_ppo(cmd, env, run_dir / "train.log", part, args.steps)
+    rc = run_main_ppo(cmd, env, run.train_log, part, args.steps)
     phases["rl"] = round(time.time() - t_phase, 1)
 
-    rows = read_verl_jsonl(sorted((run_dir / "logs").glob("verl_metrics.*.jsonl")))
-    write_metrics_jsonl(rows, run_dir / "metrics.jsonl")
-    plots = plot_run(rows, run_dir / "plots")
+    rows = read_verl_jsonl(run.verl_metric_parts())
+    write_metrics_jsonl(rows, run.metrics)
+    plots = plot_run(rows, run.plots)
     if rc != 0:
-        tail = (run_dir / "train.log").read_text(errors="replace")[-3000:]
+        tail = run.train_log.read_text(errors="replace")[-3000:]
         print(
-            f"error: verl main_ppo exited with {rc}; last lines of {run_dir / 'train.log'}:\n{tail}",
+            f"error: verl main_ppo exited with {rc}; last lines of {run.train_log}:\n{tail}",
             file=sys.stderr,
         )
         return rc if rc > 0 else 1
 
-    ckpt = latest_hf_checkpoint(run_dir)
+    ckpt = run.latest_checkpoint()
     t_phase = time.time()
     after = (
         _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns, args.eval_samples)
         if ckpt and before is not None
         else {}
     )
-    (run_dir / "eval_after.json").write_text(json.dumps(after, indent=1))
+    run.eval_after.write_text(json.dumps(after, indent=1))
     phases["eval_after"] = round(time.time() - t_phase, 1)
     summary = {
         "family": family,
@@ -351,11 +338,11 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run_
         "phases_s": phases,
         "plots": [str(p) for p in plots],
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    run.write_summary(summary)
     if before is not None:
         print(f"[{name}] held-out after RL:  {_fmt_eval(after) if after else 'no checkpoint'}", flush=True)
     print(
-        f"[{name}] done in {summary['wall_s']:.0f} s: {run_dir}/metrics.jsonl, plots/, summary.json",
+        f"[{name}] done in {summary['wall_s']:.0f} s: {run.path}/metrics.jsonl, plots/, summary.json",
         flush=True,
     )
     return 0

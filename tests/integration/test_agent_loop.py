@@ -53,7 +53,7 @@ CASES: dict[str, tuple[str, str]] = {
     "length": ("What is 2 ** 10?", "1024"),
     "split": ("What is 10 + 11?", "21"),
     "window": (
-        ("What is 3 * 3? " + "Think about it carefully. " * 20).strip(),
+        ("What is 3 * 3? " + "Think about it carefully. " * 30).strip(),
         "9",
     ),  # a prompt near the window
 }

@@ -12,10 +12,9 @@ import pytest
 import envs.tool_use.agent_loop  # noqa: F401  (registers stare_tool_agent)
 from envs.datasets import write_parquet
 from envs.simulators import ScriptedEpisode, ScriptedLLMServer
+from envs.tiny_hf import build_model, build_tokenizer, save_model
 from stare_verl.jobs.demo import demos as D
-from stare_verl.jobs.demo.model import build_model, save_model
 from stare_verl.jobs.demo.sft import encode_demo, render_demo
-from stare_verl.jobs.demo.tokenizer import build_tokenizer
 from tests.support.agent_loop import REPO, RewardHandle, compose_multi_turn_config
 
 

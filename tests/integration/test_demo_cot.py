@@ -10,10 +10,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from envs.reward import compute_score
+from envs.tiny_hf import build_tokenizer
 from stare_verl.jobs.demo import cot as C
 from stare_verl.jobs.demo import demos as D
 from stare_verl.jobs.demo import sft as S
-from stare_verl.jobs.demo.tokenizer import build_tokenizer
 
 FAMILIES = ("shortcot", "longcot")
 

@@ -5,11 +5,10 @@ import asyncio
 import pytest
 import torch
 
+from envs.tiny_hf import build_model, build_tokenizer
 from stare_verl.jobs.demo.demos import build_demos, sample_problems, tool_call_text
 from stare_verl.jobs.demo.evaluate import _pass_at_ks, _report, evaluate_model, run_episodes
-from stare_verl.jobs.demo.model import build_model
 from stare_verl.jobs.demo.sft import render_demo
-from stare_verl.jobs.demo.tokenizer import build_tokenizer
 from stare_verl.jobs.evaluation.episode import EvalRecord
 
 

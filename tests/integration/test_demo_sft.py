@@ -6,11 +6,10 @@ import pandas as pd
 import pytest
 import torch
 
+from envs.tiny_hf import TinyModelConfig, build_model, build_tokenizer
 from stare_verl.jobs.demo import sft as S
 from stare_verl.jobs.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems, split_problems
 from stare_verl.jobs.demo.evaluate import evaluate_checkpoint
-from stare_verl.jobs.demo.model import TinyModelConfig, build_model
-from stare_verl.jobs.demo.tokenizer import build_tokenizer
 
 TINY = dict(n_train=48, n_heldout=3, steps=20, batch_size=8, lr=3e-3, warmup_steps=2, progress=False,
             eval_temperatures=(0.0,), max_response_tokens=32, num_threads=1)

@@ -336,8 +336,6 @@ def test_cli_end_to_end_table_summary_and_resume(tmp_path, capsys):
 
 
 def test_local_checkpoint_mode_finds_latest_run_and_resumes(tmp_path, capsys, monkeypatch):
-    import os
-
     import envs.reward
     from stare_verl.jobs.evaluation.local import find_latest_checkpoint
     from stare_verl.jobs.tiny import build_tiny_model
@@ -345,12 +343,12 @@ def test_local_checkpoint_mode_finds_latest_run_and_resumes(tmp_path, capsys, mo
     run = tmp_path / "runs" / "tooluse-cpu"
     old = run / "checkpoints" / "global_step_1" / "actor" / "huggingface"
     old.mkdir(parents=True)
-    (old / "config.json").write_text("{}")  # saved without hf_model: no weights, skipped
+    (old / "config.json").write_text("{}")  # an older step without weights: not the latest, never looked at
     ck = Path(build_tiny_model(run / "checkpoints" / "global_step_2" / "actor" / "huggingface"))
     rows = [to_tool_use_row(make_row(q, a, "rg/chain_sum", i, "test", family="tool_use"))
             for i, (q, (a, _)) in enumerate(list(KNOWN.items())[:2])]
     write_parquet(rows, run / "data" / "val.parquet")
-    os.utime(old.parent.parent, (1, 1))
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")  # as verl records its last save
     assert find_latest_checkpoint(tmp_path / "runs") == ck
 
     real, scored = envs.reward.compute_score, []

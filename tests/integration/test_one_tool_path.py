@@ -19,12 +19,11 @@ import pytest
 import yaml
 
 from envs.datasets import write_parquet
+from envs.tiny_hf import build_model, build_tokenizer, save_model
 from envs.tools.schema import tool_call_text
 from stare_verl.jobs.demo import demos as D
 from stare_verl.jobs.demo.evaluate import run_episodes
-from stare_verl.jobs.demo.model import build_model, save_model
 from stare_verl.jobs.demo.sft import render_demo
-from stare_verl.jobs.demo.tokenizer import build_tokenizer
 from stare_verl.jobs.evaluation.client import ChatResult
 from stare_verl.jobs.evaluation.runner import (
     EvalSettings,

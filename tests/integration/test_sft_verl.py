@@ -128,8 +128,7 @@ def test_check_conversation_rejects_shapes_verl_or_the_agent_loop_would_not_repr
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """A tiny Qwen2 + byte-level tokenizer with the hermes chat template, trained on the SFT rows' text."""
-    from stare_verl.jobs.demo.model import build_model, save_model
-    from stare_verl.jobs.demo.tokenizer import build_tokenizer
+    from envs.tiny_hf import build_model, build_tokenizer, save_model
 
     root = tmp_path_factory.mktemp("sft_verl")
     res = L.build_sft_data(root / "data", n_demos=24, demo_seed=5, retool_file=str(FIXTURE), n_val=2)

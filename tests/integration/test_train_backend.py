@@ -147,3 +147,25 @@ def test_out_of_range_options_fail_before_anything_runs(argv, message):
 
     assert message in bad_option(build_parser().parse_args(argv))
     assert bad_option(build_parser().parse_args([])) is None
+
+
+def test_a_run_at_its_latest_checkpoint_is_not_trained_again(tmp_path, capsys, monkeypatch):
+    """The latest checkpoint is verl's (the tracker's step, its folder present): at --steps or beyond, with the run's
+    summary.json written, nothing runs; a tracker naming a deleted step is no checkpoint (verl would start over)."""
+    import stare_verl.jobs.demo.sft as demo_sft
+
+    def no_sft(cfg):
+        raise RuntimeError(f"the SFT of {cfg.family} would start")
+
+    monkeypatch.setattr(demo_sft, "ensure_sft_checkpoint", no_sft)
+    run = tmp_path / "run"
+    (run / "checkpoints" / "global_step_3").mkdir(parents=True)
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("3")
+    (run / "summary.json").write_text("{}")
+    assert train.main(["--cpu", "--run-dir", str(run), "--steps", "3"]) == 0
+    assert f"{run} already holds step 3 >= --steps 3" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="the SFT of tooluse would start"):
+        train.main(["--cpu", "--run-dir", str(run), "--steps", "4"])  # more steps asked: it goes on
+    (run / "checkpoints" / "global_step_3").rmdir()
+    with pytest.raises(RuntimeError, match="the SFT of tooluse would start"):
+        train.main(["--cpu", "--run-dir", str(run), "--steps", "3"])

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from transformers import Qwen2Config, Qwen2ForCausalLM
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
 
+from envs.tiny_hf import TinyModelConfig, build_model
 from stare_verl.estimator import compute_stare_advantage
 
 VOCAB, PROMPT, T, B, GROUP = 48, 4, 10, 8, 4
@@ -26,12 +26,9 @@ ACTOR = OmegaConf.create(
 
 
 def _policy(seed=0):
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(cfg).float().eval()
+    shape = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)  # fmt: skip
+    return build_model(config=shape, seed=seed, vocab_size=VOCAB).eval()
 
 
 def _token_stats(model, ids):

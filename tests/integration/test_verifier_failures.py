@@ -167,7 +167,7 @@ def test_worker_parse_cache_keeps_only_finished_parses():
     from envs.scoring import _mv_worker
 
     check = _mv_worker.make_checker()
-    timer = _mv_worker._Timer()
+    timer = _mv_worker.CpuTimer()
     req = json.dumps({"pairs": [list(RATIO)], "budget_s": 1e-5})
     assert _mv_worker.answer(req, check, timer) == {"timeout": True}
     assert not check.cache  # nothing half-parsed stays

@@ -282,3 +282,19 @@ def test_definite_math_verify_verdicts_are_remembered(pool):
         assert answers_equal(r"(x+1)^{3}", r"x^3+3x^2+3x+1", pool=stuck) == Verdict(True, "math_verify")
     finally:
         stuck.close()
+
+
+def test_clear_caches_forgets_every_memo():
+    from envs.scoring import clear_caches
+    from envs.scoring import normalize as N
+    from envs.scoring import reflection as R
+
+    clear_caches()
+    assert normalize_answer("\\frac{1}{2}") == normalize_answer("\\frac{1}{2}")
+    assert evaluate("3/4") == evaluate("3/4")
+    assert count_reflections("Wait, let me verify.")["total"] == 2
+    assert N._normalize_cached.cache_info().currsize >= 1 and evaluate.cache_info().currsize >= 1
+    assert R._FORM_CACHE["wait"] == "wait"
+    clear_caches()
+    assert N._normalize_cached.cache_info().currsize == 0 and evaluate.cache_info().currsize == 0
+    assert R._FORM_CACHE == {}

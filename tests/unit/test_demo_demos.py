@@ -133,8 +133,8 @@ def test_rl_parquet_loads_in_verl_rlhf_dataset(tmp_path):
     from omegaconf import OmegaConf
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
+    from envs.tiny_hf import build_tokenizer
     from stare_verl.jobs.demo.sft import render_demo
-    from stare_verl.jobs.demo.tokenizer import build_tokenizer
 
     ds, _ = D.build_demos(D.sample_problems(12, seed=1))
     tok = build_tokenizer([render_demo(d) for d in ds], tmp_path / "tok")

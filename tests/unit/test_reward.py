@@ -154,6 +154,17 @@ def test_options_sources_and_precedence():
     assert compute_score("x", r"\boxed{6}", "5", incorrect_score=-1.0)["score"] == -1.0
 
 
+
+def test_reward_families_are_the_contracts():
+    from typing import get_args
+
+    from envs.contract import FAMILIES
+    from envs.reward import RewardOptions
+
+    assert get_args(RewardOptions.model_fields["family"].annotation) == FAMILIES == ("short_cot", "long_cot", "tool_use")
+    assert [resolve_options({"family": f}).family for f in FAMILIES] == list(FAMILIES)
+    with pytest.raises(ValueError, match="invalid reward options"):
+        resolve_options({"family": "tooluse"})  # the job spelling is not the reward's
 @pytest.mark.parametrize(
     "bad",
     [{"strict_bx": True}, {"family": "chess"}, {"overlong_buffer_len": 200}, {"timeout_s": 0},

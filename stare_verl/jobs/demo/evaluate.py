@@ -297,8 +297,8 @@ def evaluate_checkpoint(
     Raises:
         ValueError: ``data_seed``/``n_heldout`` neither given nor in ``sft_config.json``.
     """
+    from envs.tiny_hf import load_tokenizer
     from stare_verl.cpu.hf_server import load_model
-    from stare_verl.jobs.demo.tokenizer import load_tokenizer
 
     saved: dict[str, Any] = {}
     cfg_file = Path(path) / "sft_config.json"

@@ -58,9 +58,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from envs.tiny_hf import TinyModelConfig, build_model, build_tokenizer, load_tokenizer, save_model
 from stare_verl.jobs.demo.demos import FAMILIES, Demo, build_demos, split_problems
-from stare_verl.jobs.demo.model import TinyModelConfig, build_model, save_model
-from stare_verl.jobs.demo.tokenizer import build_tokenizer, load_tokenizer
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
@@ -118,7 +117,7 @@ class SFTConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    family: Literal["tooluse", "shortcot", "longcot"] = "tooluse"
+    family: Literal[FAMILIES] = "tooluse"  # the job spelling of envs.contract.JOB_FAMILIES
     data_seed: int = 0
     n_train: int = Field(4096, ge=1)
     n_heldout: int = Field(200, ge=1)
@@ -216,7 +215,7 @@ def render_demo(demo: Demo) -> str:
     training corpus)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from stare_verl.jobs.demo.tokenizer import CHAT_TEMPLATE
+    from envs.tiny_hf import CHAT_TEMPLATE
 
     rendered = render_jinja_template([demo.messages()], tools=demo.tools, chat_template=CHAT_TEMPLATE)
     return rendered[0][0] if isinstance(rendered, tuple) else rendered[0]

@@ -100,14 +100,13 @@ def engine_policy(engine: Any, top_p: float = 1.0) -> TokenPolicy:
 
 
 def build_engine(model: Any, tokenizer: Any, *, max_batch_size: int = 64, seed: int = 0) -> Any:
-    """A :class:`stare_verl.cpu.hf_server.GenerationEngine` for ``model``: stops on the tokenizer's EOS and
-    ``<|endoftext|>`` (when in the vocabulary), context ``max_position_embeddings`` (1024 when unset), at most
-    ``max_batch_size`` sequences decoded together. Call ``shutdown()`` when done."""
+    """A :class:`stare_verl.cpu.hf_server.GenerationEngine` for ``model``: stops on what ends a turn in training
+    (``envs.tool_use.episode.end_token_ids``: the tokenizer's EOS and ``envs.contract.END_OF_TURN_TOKENS`` in its
+    vocabulary), context ``max_position_embeddings`` (1024 when unset), at most ``max_batch_size`` sequences
+    decoded together. Call ``shutdown()`` when done."""
+    from envs.tool_use.episode import end_token_ids
     from stare_verl.cpu.hf_server import GenerationEngine
 
-    eos = {int(tokenizer.eos_token_id)}
-    extra = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    if isinstance(extra, int) and extra >= 0:
-        eos.add(extra)
+    eos = end_token_ids(tokenizer)
     return GenerationEngine(model, sorted(eos), max_model_len=int(getattr(model.config, "max_position_embeddings", 1024)),
                             max_batch_size=max_batch_size, seed=seed, pad_token_id=int(tokenizer.pad_token_id or 0))

@@ -59,35 +59,35 @@ def _has_weights(d: Path) -> bool:
 
 
 def find_latest_checkpoint(runs_dir: str | Path = "runs") -> Path:
-    """The newest HF checkpoint under ``runs_dir``: ``<run>/checkpoints/global_step_N/actor/huggingface``
-    (also ``<run>/global_step_N/...``), newest by modification time, then by N.
+    """The latest checkpoint of the newest run under ``runs_dir``: of the runs whose ``checkpoints/`` (or the run
+    folder itself, when it is verl's ``default_local_dir``) has a latest checkpoint, the one recorded last
+    (``stare_verl.jobs.runlog.RunFolder.newest``); its ``global_step_N/actor/huggingface``, N as verl's
+    ``latest_checkpointed_iteration.txt`` says (the step a resume would load, ``RunFolder.latest_checkpoint``).
 
     Raises:
-        LocalCheckpointError: none exists, or they hold no HF weights (saved without ``hf_model``).
+        LocalCheckpointError: no run has a latest checkpoint, or the newest one holds no HF weights (saved without
+            ``hf_model``).
     """
+    from stare_verl.jobs.runlog import RunFolder
+
     root = Path(runs_dir)
-    found = [*root.glob("*/checkpoints/global_step_*/actor/huggingface"), *root.glob("*/global_step_*/actor/huggingface")]
-    usable = [d for d in found if _has_weights(d)]
-    if not usable:
-        if found:
-            raise LocalCheckpointError(
-                f"{len(found)} checkpoint(s) under {root}/ (e.g. {found[0]}) have no HF weights: train with "
-                "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model], or give "
-                "--checkpoint DIR (a Hugging Face model folder with its tokenizer)"
-            )
+    run = RunFolder.newest(root)
+    if run is None:
         raise LocalCheckpointError(
-            f"no checkpoint found under {root.resolve()}/ (looked for <run>/checkpoints/global_step_N/actor/"
-            "huggingface): run `make train-tooluse` first, give --checkpoint DIR (e.g. a cold-start SFT checkpoint "
-            "runs/cache/sft-<hash>), or evaluate a served model with --url"
+            f"no checkpoint found under {root.resolve()}/ (looked for <run>/checkpoints/"
+            "latest_checkpointed_iteration.txt naming an existing global_step_N): run `make train-tooluse` first, "
+            "give --checkpoint DIR (e.g. a cold-start SFT checkpoint runs/cache/sft-<hash>), or evaluate a served "
+            "model with --url"
         )
-
-    def step(d: Path) -> int:
-        try:
-            return int(d.parent.parent.name.rsplit("_", 1)[1])
-        except (IndexError, ValueError):
-            return -1
-
-    return max(usable, key=lambda d: (d.stat().st_mtime, step(d)))
+    ck = run.latest_checkpoint()
+    if ck is None:
+        raise LocalCheckpointError(
+            f"the latest checkpoint of the newest run, {run.checkpoint_step_dir(run.latest_step() or 0)}, has no HF "
+            "weights in actor/huggingface: train with "
+            "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model], or give "
+            "--checkpoint DIR (a Hugging Face model folder with its tokenizer)"
+        )
+    return ck
 
 
 def find_run_data(checkpoint: str | Path) -> Path:

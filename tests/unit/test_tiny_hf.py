@@ -1,10 +1,11 @@
-"""The demo tokenizer: digits one per token, special/tool tokens whole, and a chat template verl can use."""
+"""The one tiny tokenizer/model builder (envs.tiny_hf): digits one per token, special/tool tokens whole, a chat
+template verl can use, seeded models; every builder of the project gives the same template."""
 
 import pytest
 
+from envs.tiny_hf import ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, load_tokenizer
 from stare_verl.jobs.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems
 from stare_verl.jobs.demo.sft import render_demo
-from stare_verl.jobs.demo.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, load_tokenizer
 
 TOOLS = [CODE_INTERPRETER_SCHEMA]
 
@@ -107,3 +108,41 @@ def test_too_small_vocab_and_empty_corpus_raise():
         build_tokenizer(["abc"], vocab_size=200)
     with pytest.raises(ValueError, match="empty"):
         build_tokenizer(["<|im_end|>"])
+
+
+def test_every_builder_gives_the_one_chat_template(tok, tmp_path):
+    from envs.simulators import build_tiny_model_dir, build_tiny_tokenizer
+    from envs.tiny_hf import CHAT_TEMPLATE
+    from stare_verl.jobs.tiny import build_tiny_model
+
+    smoke = load_tokenizer(build_tiny_model(tmp_path / "smoke"))
+    sim = build_tiny_tokenizer()
+    sim_dir = load_tokenizer(build_tiny_model_dir(tmp_path / "sim"))
+    for t in (tok, smoke, sim, sim_dir):
+        assert t.chat_template == CHAT_TEMPLATE
+        assert (t.eos_token, t.pad_token, t.padding_side) == ("<|im_end|>", "<|endoftext|>", "left")
+        assert [len(t.encode(x, add_special_tokens=False)) for x in SPECIAL_TOKENS + ADDED_TOKENS] == [1] * 9
+    assert (len(smoke), len(sim)) == (300, 400)
+
+
+def test_tiny_model_shapes_and_errors(tok):
+    from envs.tiny_hf import TinyModelConfig, build_model, tiny_qwen2_config
+
+    cfg = tiny_qwen2_config(tok)
+    assert (cfg.vocab_size, cfg.eos_token_id, cfg.pad_token_id, cfg.bos_token_id) == (
+        384, tok.eos_token_id, tok.pad_token_id, None)
+    assert (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.tie_word_embeddings) == ("qwen2", 128, 4, True)
+    bare = build_model(config=TinyModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1),
+                       vocab_size=48, seed=3)
+    assert bare.get_input_embeddings().weight.shape == (48, 16) and bare.config.eos_token_id is None
+    again = build_model(config=TinyModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1),
+                        vocab_size=48, seed=3)
+    assert all((a == b).all() for a, b in zip(bare.parameters(), again.parameters(), strict=True))
+    with pytest.raises(ValueError, match="exactly one"):
+        tiny_qwen2_config()
+    with pytest.raises(ValueError, match="exactly one"):
+        tiny_qwen2_config(tok, vocab_size=10)
+    with pytest.raises(ValueError, match="must divide hidden_size"):
+        tiny_qwen2_config(tok, TinyModelConfig(hidden_size=130))
+    with pytest.raises(ValueError, match="must divide num_attention_heads"):
+        tiny_qwen2_config(tok, TinyModelConfig(num_key_value_heads=3))
