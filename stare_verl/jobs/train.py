@@ -39,8 +39,8 @@ from typing import Any
 
 from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_tagged
-from stare_verl.recipe_files import recipes_dir
 from stare_verl.jobs.runlog import RunFolder
+from stare_verl.recipe_files import recipes_dir
 
 # Held-out greedy accuracy the cold-start SFT checkpoint needs before RL (default of --min-sft-accuracy).
 MIN_SFT_ACCURACY = {"tooluse": 0.5, "shortcot": 0.4, "longcot": 0.4}
