@@ -224,7 +224,9 @@ def test_pathological_latex_in_a_thread_is_bounded(pool):
     clear_verdict_cache()
     verdict, elapsed = _in_thread(lambda: answers_equal(r"(10^{6})!", "1", timeout_s=1.0, pool=pool))
     assert verdict.equal is not True and verdict.method in ("timeout", "math_verify")
-    assert elapsed < 4.0
+    # a hang guard, not a speed target: the worker's CPU budget is 1 s and the wall-clock backstop 3x + 1 s on an
+    # idle machine, but on a loaded machine wall time stretches (the budget is CPU time)
+    assert elapsed < 30.0
     # the pool still answers afterwards (a killed worker is replaced)
     assert answers_equal(r"(x+1)^2", r"x^2+2x+1", timeout_s=60.0, pool=pool).equal is True
 

@@ -234,7 +234,7 @@ def test_pathological_latex_hits_the_hard_limit_in_a_thread():
     assert not th.is_alive()
     assert out["r"]["score"] == 0.0 and out["r"]["acc"] is False
     assert out["r"]["verify_method"] in ("timeout", "math_verify")  # whichever limit fires first
-    assert out["t"] < 4.0
+    assert out["t"] < 30.0  # a hang guard: the 1 s limit is CPU time, so wall time stretches under load
 
 
 # ------------------------------------------------------------------------------------ verl call paths
