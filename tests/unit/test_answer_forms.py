@@ -76,7 +76,7 @@ def test_box_extraction_stays_linear():
     assert extract_boxed(text) == "7"
     many = r"\boxed{1}, " * 20000
     assert extract_boxed(many) == "1"
-    assert time.perf_counter() - t0 < 10.0  # linear: well under a second unloaded; quadratic would take minutes
+    assert time.perf_counter() - t0 < 60.0  # a hang guard: linear is well under a second idle, quadratic minutes
 
 
 # ------------------------------------------------------------------ item 3: never more lenient than math-verify
