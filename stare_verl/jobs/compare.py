@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)"
     )
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    p.add_argument(
+        "overrides", nargs="*", help="Hydra overrides for every run (the GRPO-ds runs keep W = M = 1)"
+    )
     args = p.parse_args(argv)
     default_out = Path("runs") / ("compare" if args.family == "tooluse" else f"compare-{args.family}")
     out = Path(args.out or default_out).resolve()

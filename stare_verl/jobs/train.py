@@ -53,6 +53,26 @@ GPU_RECIPES = {
 
 # --------------------------------------------------------------------------------------------------------------
 # processes
+# What the GRPO-ds twin pins (its recipe sets W = M = 1; an override must not undo that, nor the adaptive schedule
+# move W/M away from 1).
+TWIN_PINNED = {"algorithm.stare.reweight_w": "1.0", "algorithm.stare.reweight_m": "1.0", "algorithm.stare.adaptive": "false"}
+
+
+def method_overrides(method: str, overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """The Hydra overrides a run of ``method`` launches with: the user's, and for ``grpo`` (the GRPO-ds twin) W = M
+    = 1 and no adaptive schedule pinned last (``TWIN_PINNED``), so overrides meant for STARE (``make compare ARGS="algorithm.stare.reweight_w=3"`` applies
+    them to both methods) cannot turn the twin into a STARE run. The twin's other keys (target entropy, P, ...)
+    follow the overrides, so both methods log the same ``stare/*`` metrics. Prints a note when a pinned key was
+    overridden for ``grpo``."""
+    out = list(overrides)
+    if method != "grpo":
+        return out
+    dropped = [o for o in out if o.lstrip("+~").split("=", 1)[0] in TWIN_PINNED]
+    if dropped:
+        print(f"note: the GRPO-ds twin keeps W = M = 1; ignored for it: {' '.join(dropped)}", flush=True)
+    return out + [f"++{key}={value}" for key, value in TWIN_PINNED.items()]
+
+
 def run_env(tag: str, metrics_part: Path, platform: str = "cpu") -> dict[str, str]:
     """Environment of this run's ``main_ppo`` subprocess (tagged for clean-up): ``cpu`` sets ``VERL_PLATFORM=cpu``
     (``stare_verl.cpu``'s platform); ``cuda`` leaves verl to detect its NVIDIA platform."""
@@ -195,7 +215,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
 
             placeholders = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x",
                             "trainer.default_local_dir=x"]  # fmt: skip
-            cfg = compose_recipe(f"cpu/{recipe}", placeholders + list(args.overrides))
+            cfg = compose_recipe(f"cpu/{recipe}", placeholders + method_overrides(args.method, args.overrides))
             validate_recipe(cfg)
             tool_config = cfg.actor_rollout_ref.rollout.multi_turn.get("tool_config_path")
             backend = dataclasses.replace(backend, sandbox=sandbox_backend(tool_config))
@@ -290,7 +310,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         *(["trainer.device=cuda"] if on_gpu else []),
         # a real model's chat template makes longer prompts than the tiny tokenizer's
         *(["data.max_prompt_length=1024"] if before is None else []),
-        *args.overrides,
+        *method_overrides(args.method, args.overrides),
     ]
     cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
@@ -353,7 +373,7 @@ def train_gpu(args: argparse.Namespace) -> int:
     recipe = f"{GPU_RECIPES[args.family]}_{args.method}"
     cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
-        f"--config-path={recipes_dir()}", f"--config-name={recipe}", *args.overrides,
+        f"--config-path={recipes_dir()}", f"--config-name={recipe}", *method_overrides(args.method, args.overrides),
     ]  # fmt: skip
     backend = dataclasses.replace(
         choose_backend(probe_gpu()),
