@@ -17,10 +17,7 @@ started (found by an environment tag) must be gone afterwards.
 
 from __future__ import annotations
 
-import subprocess
-import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -31,10 +28,9 @@ from tests.support.cpu import (
     build_tool_calling_model,
     build_toy_dataset,
     cpu_env,
-    kill_processes,
+    launch_main_ppo,
     main_ppo_cmd,
     read_metrics,
-    tagged_processes,
 )
 
 RUN_TIMEOUT_S = 420
@@ -112,30 +108,14 @@ def _run(name: str, assets) -> dict:
             *RUNS[name],
         ],
     )
-    env = cpu_env({"VERL_FILE_LOGGER_PATH": str(metrics_path), RUN_TAG_ENV: tag})
-    log_path = root / f"{name}.log"
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        try:
-            proc = subprocess.run(
-                cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
-            )
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    wall = time.time() - t0
-    # Ray's own shutdown should leave nothing; give it a moment, then kill (and report) what is left.
-    deadline = time.time() + 15
-    while time.time() < deadline and tagged_processes(tag):
-        time.sleep(0.5)
-    leaked = tagged_processes(tag)
-    still_alive = kill_processes(leaked)
-    error = None
-    if rc != 0:  # remembered, so the other tests of this run fail fast instead of rerunning it
-        tail = Path(log_path).read_text()[-4000:]
-        error = f"main_ppo ({name}) exited with {rc} after {wall:.0f}s; log tail:\n{tail}"
+    env = cpu_env(
+        {"VERL_FILE_LOGGER_PATH": str(metrics_path), RUN_TAG_ENV: tag}
+    )
+    run = launch_main_ppo(cmd, env, root, root / f"{name}.log", RUN_TIMEOUT_S, ran=metrics_path.exists)
+    error = run.failure(name)  # remembered, so the other tests of this run fail fast instead of rerunning it
     by_step = {} if error else {rec["step"]: rec["data"] for rec in read_metrics(metrics_path)}
-    return {"metrics": by_step, "leaked": leaked, "still_alive": still_alive, "wall": wall, "error": error}
+    return {"metrics": by_step, "leaked": run.leaked, "still_alive": run.still_alive, "wall": run.wall,
+            "error": error}  # fmt: skip
 
 
 def test_stare_sync_two_ranks_end_to_end(assets):

@@ -14,10 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
-import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,10 +25,9 @@ from tests.support.cpu import (
     build_tiny_model,
     build_toy_dataset,
     cpu_env,
-    kill_processes,
+    launch_main_ppo,
     main_ppo_cmd,
     read_metrics,
-    tagged_processes,
 )
 
 pytestmark = pytest.mark.gpu
@@ -106,29 +102,14 @@ def _run(name: str, assets) -> dict:
             *RUNS[name],
         ],
     )
-    env = gpu_env({"VERL_FILE_LOGGER_PATH": str(metrics_path), RUN_TAG_ENV: tag})
-    log_path = root / f"{name}.log"
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        try:
-            rc = subprocess.run(
-                cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
-            ).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    wall = time.time() - t0
-    deadline = time.time() + 15
-    while time.time() < deadline and tagged_processes(tag):
-        time.sleep(0.5)
-    leaked = tagged_processes(tag)
-    still_alive = kill_processes(leaked)
-    text = Path(log_path).read_text(errors="replace")
-    error = None
-    if rc != 0:
-        error = f"main_ppo ({name}) exited with {rc} after {wall:.0f}s; log tail:\n{text[-4000:]}"
+    env = gpu_env(
+        {"VERL_FILE_LOGGER_PATH": str(metrics_path), RUN_TAG_ENV: tag}
+    )
+    run = launch_main_ppo(cmd, env, root, root / f"{name}.log", RUN_TIMEOUT_S, ran=metrics_path.exists)
+    error = run.failure(name)
     by_step = {} if error else {rec["step"]: rec["data"] for rec in read_metrics(metrics_path)}
-    return {"metrics": by_step, "log": text, "leaked": leaked, "still_alive": still_alive, "wall": wall,
-            "error": error}  # fmt: skip
+    return {"metrics": by_step, "log": run.log(), "leaked": run.leaked, "still_alive": run.still_alive,
+            "wall": run.wall, "error": error}  # fmt: skip
 
 
 def _check_stare_steps(m: dict, max_probs_diff: float) -> None:

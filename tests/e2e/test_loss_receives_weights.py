@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import time
 import uuid
 from collections import defaultdict
 
@@ -33,9 +31,8 @@ from tests.support.cpu import (
     build_tiny_model,
     build_toy_dataset,
     cpu_env,
-    kill_processes,
+    launch_main_ppo,
     main_ppo_cmd,
-    tagged_processes,
 )
 
 P = 0.25
@@ -48,8 +45,6 @@ PLAN = [
 for _p in PLAN:
     _p.update(top_p_ratio=P, target_entropy=TARGET)
 RUN_TIMEOUT_S = 1200  # start-up alone took 7 min on the 2-core machine at load 36
-RAY_START_ATTEMPTS = 3
-RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 @pytest.fixture(scope="module")
@@ -85,31 +80,14 @@ def run(tmp_path_factory):
             "STARE_PROBE_PLAN": json.dumps(PLAN),
         }
     )
-    log_path = root / "main_ppo.log"
-    for _attempt in range(RAY_START_ATTEMPTS):
-        t0 = time.time()
-        with open(log_path, "w") as log:
-            try:
-                rc = subprocess.run(
-                    cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
-                ).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-        wall = time.time() - t0
-        deadline = time.time() + 20
-        while time.time() < deadline and tagged_processes(tag):
-            time.sleep(0.5)
-        leaked = tagged_processes(tag)
-        still_alive = kill_processes(leaked)
-        # Ray waits a hard-coded 30 s for its own raylet; on an overloaded shared CPU that start can fail
-        # before anything of ours ran: only then launch again.
-        if rc == 0 or RAY_START_TIMEOUT not in log_path.read_text() or list(probe.iterdir()):
-            break
-    assert rc == 0, f"main_ppo exited with {rc} after {wall:.0f}s; log tail:\n{log_path.read_text()[-4000:]}"
-    assert leaked == [] and still_alive == [], f"processes left after main_ppo exited: {leaked}"
+    # relaunched only after Ray's own start-up timeout, while the probe has dumped nothing (nothing of ours ran)
+    launch = launch_main_ppo(cmd, env, root, root / "main_ppo.log", RUN_TIMEOUT_S, ran=lambda: any(probe.iterdir()))
+    assert launch.rc == 0, launch.failure("loss probe")
+    assert launch.leaked == [] and launch.still_alive == [], f"processes left after main_ppo exited: {launch.leaked}"
     driver = sorted((torch.load(p, weights_only=False) for p in probe.glob("driver-*.pt")), key=lambda d: d["step"])
     losses = [torch.load(p, weights_only=False) for p in sorted(probe.glob("loss-*.pt"))]
-    print(f"main_ppo with the loss probe: {wall:.0f}s, {len(driver)} steps, {len(losses)} loss calls")
+    print(f"main_ppo with the loss probe: {launch.wall:.0f}s ({launch.attempts} launch(es)), {len(driver)} steps, "
+          f"{len(losses)} loss calls")
     return driver, losses
 
 
