@@ -20,6 +20,9 @@ from typing import Any
 
 from stare_verl.jobs.runlog import RunFolder
 
+# Default RL steps of a comparison per family (shortcot: the 3-seed STARE-effect comparison, README).
+COMPARE_STEPS = {"shortcot": 100}
+
 
 def run_stats(run_dir: Path) -> dict[str, Any]:
     """Per-run figures from a finished run folder (its ``metrics.jsonl`` and ``summary.json``, see
@@ -175,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse", help="the CPU default task")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument(
+        "--steps", type=int, default=None, help="RL steps per run (default: 100 for shortcot, where the entropy "
+        "of GRPO-ds and STARE separate only after ~50 steps; 30 otherwise)"
+    )
     p.add_argument("--n-eval", type=int, default=200)
     p.add_argument(
         "--eval-samples", type=int, default=4, help="samples per held-out problem at T = 1 (pass@k)"
@@ -187,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         "overrides", nargs="*", help="Hydra overrides for every run (the GRPO-ds runs keep W = M = 1)"
     )
     args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = COMPARE_STEPS.get(args.family, 30)
     default_out = Path("runs") / ("compare" if args.family == "tooluse" else f"compare-{args.family}")
     out = Path(args.out or default_out).resolve()
     stats = []
