@@ -125,8 +125,8 @@ def parse_stare_config(algorithm_config: Any) -> StareConfig:
         else lambda k, d=None: getattr(algorithm_config, k, d)
     )
     raw = _plain(get("stare", None))
-    if raw.get("norm_adv_by_std_in_grpo") is None:
-        raw["norm_adv_by_std_in_grpo"] = bool(get("norm_adv_by_std_in_grpo", True))
+    if raw.get("norm_adv_by_std_in_grpo") is None:  # verl's key; pydantic parses "false"/"no"/0 (bool() would not)
+        raw["norm_adv_by_std_in_grpo"] = get("norm_adv_by_std_in_grpo", True)
     try:
         return StareConfig(**raw)
     except ValidationError as err:

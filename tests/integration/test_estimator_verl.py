@@ -180,6 +180,20 @@ def test_bad_config_names_key(stare, key):
         assert "allowed keys" in str(err.value) and "top_p_ratio" in str(err.value)
 
 
+@pytest.mark.parametrize("raw, expected", [(False, False), ("false", False), ("no", False), (0, False),
+                                           ("true", True), (True, True)])
+def test_verl_norm_flag_is_parsed_not_truth_tested(raw, expected):
+    # bool("false") is True: verl's algorithm.norm_adv_by_std_in_grpo given as a string must not flip
+    algo = OmegaConf.create({"adv_estimator": "stare", "norm_adv_by_std_in_grpo": raw, "stare": {}})
+    assert parse_stare_config(algo).norm_adv_by_std_in_grpo is expected
+
+
+def test_verl_norm_flag_that_is_no_boolean_is_refused():
+    algo = OmegaConf.create({"adv_estimator": "stare", "norm_adv_by_std_in_grpo": "maybe", "stare": {}})
+    with pytest.raises(StareConfigError, match="norm_adv_by_std_in_grpo"):
+        parse_stare_config(algo)
+
+
 def test_config_defaults_and_fallback():
     cfg = parse_stare_config(OmegaConf.create({"norm_adv_by_std_in_grpo": False}))
     assert (cfg.variant, cfg.top_p_ratio, cfg.reweight_w, cfg.reweight_m, cfg.target_entropy) == (

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import re
 import sys
 from pathlib import Path
@@ -107,9 +108,55 @@ async def _api(a: argparse.Namespace, settings, problems, data: Path):
         return records, out, {"model": model, "url": cfg.url}
 
 
+# (option, smallest allowed value) of the numeric options, checked before anything is read or written
+OPTION_MINIMA = (("k", 1), ("concurrency", 1), ("retries", 0), ("batch_size", 1), ("limit", 1), ("max_turns", 1),
+                 ("max_tool_response_chars", 1), ("max_tokens", 1))  # fmt: skip
+# EvalSettings / ClientConfig fields -> the option that sets them (for the one-line error)
+FIELD_OPTIONS = {"k": "--k", "temperature": "--temperature", "top_p": "--top-p", "max_tokens": "--max-tokens",
+                 "max_turns": "--max-turns", "max_tool_response_chars": "--max-tool-response-chars",
+                 "tool_timeout_s": "--tool-timeout", "max_concurrency": "--concurrency", "base_url": "--url",
+                 "timeout_s": "--request-timeout", "max_retries": "--retries"}  # fmt: skip
+
+
+def bad_option(a: argparse.Namespace) -> str | None:
+    """The first numeric option below its minimum (``OPTION_MINIMA``), or a non-finite / non-positive time or a
+    ``--pass-k`` outside 1..k, as a one-line message; None when all are fine."""
+    for name, low in OPTION_MINIMA:
+        v = getattr(a, name, None)
+        if v is not None and v < low:
+            return f"--{name.replace('_', '-')} must be >= {low}, got {v}"
+    for name in ("request_timeout", "tool_timeout", "temperature", "top_p"):
+        v = getattr(a, name, None)
+        if v is not None and not math.isfinite(v):
+            return f"--{name.replace('_', '-')} must be finite, got {v}"
+    for name in ("request_timeout", "tool_timeout"):
+        v = getattr(a, name, None)
+        if v is not None and v <= 0:
+            return f"--{name.replace('_', '-')} must be > 0 seconds, got {v}"
+    for k in a.pass_k or []:
+        if not 1 <= k <= a.k:
+            return f"--pass-k {k}: each k of pass@k must lie in 1..--k ({a.k})"
+    return None
+
+
+def _validation_line(err) -> str:
+    """A pydantic ValidationError as one line naming the command-line options."""
+    parts = []
+    for e in err.errors():
+        field = str(e["loc"][0]) if e.get("loc") else "?"
+        parts.append(f"{FIELD_OPTIONS.get(field, field)}: {e['msg']}")
+    return "; ".join(parts)
+
+
 def run(a: argparse.Namespace) -> int:
-    """Run an evaluation from parsed arguments (see :func:`add_arguments`); returns the exit status."""
+    """Run an evaluation from parsed arguments (see :func:`add_arguments`); returns the exit status (2: a bad
+    option, before anything is read or written)."""
     from pydantic import ValidationError
+
+    bad = bad_option(a)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
 
     from envs.sandbox import SandboxUnavailable
     from stare_verl.jobs.evaluation.client import EvalClientError
@@ -173,7 +220,10 @@ def run(a: argparse.Namespace) -> int:
         where = f"; answered samples are kept in {out}: run the same command again to resume" if out else ""
         print(f"interrupted{where}", file=sys.stderr)
         return 130
-    except (EvalClientError, DatasetError, ResumeMismatch, LocalCheckpointError, ValidationError,
+    except ValidationError as err:
+        print(f"error: {_validation_line(err)}", file=sys.stderr)
+        return 2
+    except (EvalClientError, DatasetError, ResumeMismatch, LocalCheckpointError,
             SandboxUnavailable, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

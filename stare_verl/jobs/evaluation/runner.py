@@ -221,7 +221,11 @@ def load_problems(path: str | Path, limit: int | None = None, tools: str = "auto
         if gt is None or (isinstance(gt, str) and not gt.strip()) or (isinstance(gt, list) and not gt):
             bad.append(f"row {i}: no reward_model.ground_truth")
             continue
-        info = dict(row.get("extra_info") or {})
+        extra = row.get("extra_info")
+        if extra is not None and not isinstance(extra, dict):
+            bad.append(f"row {i}: extra_info is a {type(extra).__name__}, not a mapping")
+            continue
+        info = dict(extra or {})
         src = str(row.get("data_source") or "")
         if info.get("index") is not None:
             pid = f"{src}/{info.get('split', '')}/{info['index']}"

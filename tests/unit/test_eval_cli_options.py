@@ -1,0 +1,46 @@
+"""The evaluation CLI refuses bad options in one line before reading or writing anything (exit 2), names the
+option in validation errors, and refuses data rows whose extra_info is not a mapping. No server, no model."""
+
+import json
+
+import pytest
+
+from stare_verl.jobs.evaluation import cli
+from stare_verl.jobs.evaluation.runner import DatasetError, load_problems
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),  # used to hang
+        (["--k", "0"], "--k must be >= 1, got 0"),
+        (["--concurrency", "0"], "--concurrency must be >= 1, got 0"),
+        (["--limit", "0"], "--limit must be >= 1, got 0"),
+        (["--max-tokens", "-5"], "--max-tokens must be >= 1, got -5"),
+        (["--request-timeout", "0"], "--request-timeout must be > 0 seconds, got 0.0"),
+        (["--temperature", "nan"], "--temperature must be finite, got nan"),
+        (["--k", "2", "--pass-k", "64"], "--pass-k 64: each k of pass@k must lie in 1..--k (2)"),
+    ],
+)
+def test_bad_options_are_one_line_before_anything_runs(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--runs-dir", str(tmp_path / "none"), *argv]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {message}"
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_validation_errors_name_the_option(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--url", "http://127.0.0.1:9/v1", "--data", "x.jsonl", "--top-p", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --top-p: ") and "\n" not in err
+
+
+@pytest.mark.parametrize("extra", [[1, 2], "split=test", 3])
+def test_rows_with_a_non_mapping_extra_info_are_named(extra, tmp_path):
+    row = {"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "x",
+           "reward_model": {"ground_truth": "2"}, "extra_info": extra}  # fmt: skip
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DatasetError, match=f"row 0: extra_info is a {type(extra).__name__}, not a mapping"):
+        load_problems(path)
