@@ -402,6 +402,9 @@ def bad_option(args: argparse.Namespace) -> str | None:
     acc = getattr(args, "min_sft_accuracy", None)
     if acc is not None and not 0.0 <= acc <= 1.0:
         return f"--min-sft-accuracy must be in [0, 1] (got {acc})"
+    run_dir = getattr(args, "run_dir", None) or os.environ.get("RUN_DIR")
+    if run_dir and Path(run_dir).exists() and not Path(run_dir).is_dir():
+        return f"the run folder {run_dir} is a file, not a folder (--run-dir / RUN_DIR)"
     return None
 
 

@@ -149,6 +149,20 @@ def test_out_of_range_options_fail_before_anything_runs(argv, message):
     assert bad_option(build_parser().parse_args([])) is None
 
 
+def test_a_run_folder_that_is_a_file_fails_before_anything_runs(tmp_path, monkeypatch):
+    from stare_verl.jobs.train import bad_option, build_parser
+
+    monkeypatch.delenv("RUN_DIR", raising=False)
+    f = tmp_path / "notes.txt"
+    f.write_text("x")
+    assert bad_option(build_parser().parse_args(["--run-dir", str(f)])) == (
+        f"the run folder {f} is a file, not a folder (--run-dir / RUN_DIR)"
+    )
+    monkeypatch.setenv("RUN_DIR", str(f))
+    assert "is a file, not a folder" in bad_option(build_parser().parse_args([]))
+    assert bad_option(build_parser().parse_args(["--run-dir", str(tmp_path / "new")])) is None
+
+
 def test_a_run_at_its_latest_checkpoint_is_not_trained_again(tmp_path, capsys, monkeypatch):
     """The latest checkpoint is verl's (the tracker's step, its folder present): at --steps or beyond, with the run's
     summary.json written, nothing runs; a tracker naming a deleted step is no checkpoint (verl would start over)."""
