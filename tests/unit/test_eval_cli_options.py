@@ -44,3 +44,31 @@ def test_rows_with_a_non_mapping_extra_info_are_named(extra, tmp_path):
     path.write_text(json.dumps(row) + "\n")
     with pytest.raises(DatasetError, match=f"row 0: extra_info is a {type(extra).__name__}, not a mapping"):
         load_problems(path)
+
+
+def _record(pid, j, **kw):
+    from stare_verl.jobs.evaluation.episode import RECORD_KEYS
+
+    rec = dict.fromkeys(RECORD_KEYS, 0)
+    rec.update(problem_id=pid, sample_index=j, **kw)
+    return rec
+
+
+def test_resume_skips_damaged_lines_and_refuses_a_damaged_settings_file(tmp_path):
+    from stare_verl.jobs.evaluation.runner import EvalSettings, ResultsFile, ResumeMismatch
+
+    out = tmp_path / "r.jsonl"
+    fp = EvalSettings(k=2, max_tokens=8).fingerprint("m", "d")
+    good = [_record("p0", 0), _record("p0", 1)]
+    lines = [json.dumps(good[0]), json.dumps({"problem_id": "p1", "sample_index": 0}), "[1, 2]", "not json",
+             json.dumps(good[1])]  # fmt: skip
+    out.write_text("\n".join(lines) + "\n")
+    rf = ResultsFile(out, fp)
+    try:
+        assert rf.load() == good  # the incomplete record (no 'correct', ...) is evaluated again, not a KeyError
+    finally:
+        rf.close()
+    for meta in ("[1, 2]", "{torn"):
+        (tmp_path / "r.jsonl.meta.json").write_text(meta)
+        with pytest.raises(ResumeMismatch, match=r"r.jsonl.meta.json .* is not a JSON object"):
+            ResultsFile(out, fp)

@@ -277,7 +277,16 @@ class ResultsFile:
         if overwrite:
             self.path.unlink(missing_ok=True)
         elif self.path.exists() and self.meta_path.exists():
-            old = json.loads(self.meta_path.read_text())
+            try:
+                old = json.loads(self.meta_path.read_text())
+            except ValueError as err:
+                old = err
+            if not isinstance(old, dict):
+                self.close()
+                raise ResumeMismatch(
+                    f"{self.meta_path} (the settings of the samples in {self.path}) is not a JSON object: "
+                    "use another --out, or --overwrite to start over."
+                )
             if old != fp:
                 self.close()
                 diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
@@ -289,19 +298,25 @@ class ResultsFile:
         self.meta_path.write_text(json.dumps(fp, indent=1, sort_keys=True))
 
     def load(self) -> list[dict[str, Any]]:
-        """The records already in the file; a torn (unterminated or unreadable) last line is cut off."""
+        """The records already in the file (lines holding every key of :data:`RECORD_KEYS`; other lines are
+        skipped with a warning, so their samples run again); a torn (unterminated) last line is cut off."""
         if not self.path.exists():
             return []
         data = self.path.read_bytes()
         keep = data[: data.rfind(b"\n") + 1]
-        out = []
+        out, dropped = [], 0
         for line in keep.splitlines():
             try:
                 rec = json.loads(line)
-                if isinstance(rec, dict) and "problem_id" in rec and "sample_index" in rec:
-                    out.append(rec)
             except ValueError:
-                continue
+                rec = None
+            if isinstance(rec, dict) and all(k in rec for k in RECORD_KEYS):
+                out.append(rec)
+            else:  # a foreign or damaged line: its sample (if any) is evaluated again
+                dropped += 1
+        if dropped:
+            logger.warning("%s: %d line(s) that are no complete record were skipped; their samples run again",
+                           self.path, dropped)
         if len(keep) != len(data):
             logger.warning("%s: dropped an unfinished last line (interrupted run)", self.path)
             with self.path.open("r+b") as f:
