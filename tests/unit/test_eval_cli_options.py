@@ -72,3 +72,18 @@ def test_resume_skips_damaged_lines_and_refuses_a_damaged_settings_file(tmp_path
         (tmp_path / "r.jsonl.meta.json").write_text(meta)
         with pytest.raises(ResumeMismatch, match=r"r.jsonl.meta.json .* is not a JSON object"):
             ResultsFile(out, fp)
+
+
+@pytest.mark.parametrize("url, why", [("http://127.0.0.1:99999/v1", "port 99999 is not in 1..65535"),
+                                      ("http://:80", "names no host")])  # fmt: skip
+def test_a_bad_server_url_is_one_line(url, why, tmp_path, capsys, monkeypatch):
+    from stare_verl.jobs.evaluation.client import api_base
+
+    with pytest.raises(ValueError, match=why):
+        api_base(url)
+    row = {"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "x", "reward_model": {"ground_truth": "2"}}
+    (tmp_path / "d.jsonl").write_text(json.dumps(row) + "\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--url", url, "--data", "d.jsonl", "--model", "m", "--max-tokens", "8", "--no-progress"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and why in err[-1]  # no traceback (was an OverflowError group)

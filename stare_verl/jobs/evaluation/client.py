@@ -59,11 +59,19 @@ def api_base(url: str) -> str:
     all give ``http://h:30000/v1``.
 
     Raises:
-        ValueError: not an http(s) URL.
+        ValueError: not an http(s) URL, no host, or a port outside 1..65535.
     """
     u = (url or "").strip().rstrip("/")
     if not u.startswith(("http://", "https://")):
         raise ValueError(f"server URL must start with http:// or https://, got {url!r}")
+    try:
+        parsed = httpx.URL(u)
+    except (httpx.InvalidURL, ValueError) as err:
+        raise ValueError(f"server URL {url!r} is not a valid URL: {err}") from None
+    if not parsed.host:
+        raise ValueError(f"server URL {url!r} names no host")
+    if parsed.port is not None and not 0 < parsed.port < 65536:  # httpx accepts 99999 and fails on connect
+        raise ValueError(f"server URL {url!r}: port {parsed.port} is not in 1..65535")
     for suffix in ("/chat/completions", "/completions"):
         if u.endswith(suffix):
             u = u[: -len(suffix)]
