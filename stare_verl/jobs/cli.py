@@ -7,9 +7,11 @@ import sys
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
-    from stare_verl.jobs.recipes import recipe_names
+    from stare_verl.jobs.recipes import recipe_names, recipes_dir
 
-    print("\n".join(recipe_names()))
+    cpu = recipes_dir() / "cpu"  # the CPU defaults of the make targets (launchable: they compose ppo_trainer)
+    names = recipe_names() + [f"cpu/{n}" for n in recipe_names(cpu) if "ppo_trainer" in (cpu / f"{n}.yaml").read_text()]
+    print("\n".join(names))
     return 0
 
 

@@ -60,3 +60,12 @@ def test_the_resolver_resolves_in_a_config_from_any_working_directory(tmp_path, 
     register_resolver()  # idempotent
     cfg = OmegaConf.create({"tool": "${" + RESOLVER + ":tool_use/tool_config.yaml}"})
     assert cfg.tool == str(recipes_dir() / "tool_use" / "tool_config.yaml")
+
+
+def test_the_recipes_command_lists_the_cpu_defaults_too(capsys):
+    from stare_verl.jobs import cli
+
+    assert cli.main(["recipes"]) == 0
+    names = capsys.readouterr().out.split()
+    assert {"cpu/shortcot_tiny_stare", "cpu/tooluse_tiny_grpo", "shortcot_qwen2.5-math-7b_stare"} <= set(names)
+    assert "cpu/noop_tool" not in names  # a tool config, not a recipe

@@ -68,8 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The standalone parser of ``python -m stare_verl.jobs.evaluation``."""
-    p = argparse.ArgumentParser(prog="python -m stare_verl.jobs.evaluation", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m stare_verl.jobs.evaluation", description=__doc__.split("\n")[0])
     return add_arguments(p)
 
 
