@@ -171,9 +171,9 @@ def run_local_eval(
     """
     import json
 
+    from envs.tiny_hf import load_tokenizer
     from stare_verl.cpu.hf_server import load_model
     from stare_verl.jobs.demo.evaluate import sandbox_tool
-    from stare_verl.jobs.demo.tokenizer import load_tokenizer
     from stare_verl.jobs.evaluation.engine import EngineGenerate, build_engine, engine_policy
 
     ck = Path(checkpoint)
