@@ -24,6 +24,7 @@ backend ran; verl's import-time warnings go to ``train.log`` only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -71,6 +72,16 @@ def method_overrides(method: str, overrides: list[str] | tuple[str, ...]) -> lis
     if dropped:
         print(f"note: the GRPO-ds twin keeps W = M = 1; ignored for it: {' '.join(dropped)}", flush=True)
     return out + [f"++{key}={value}" for key, value in TWIN_PINNED.items()]
+
+
+@contextlib.contextmanager
+def _timed(phases: dict[str, float], name: str):
+    """Record the wall seconds of the ``with`` block in ``phases[name]`` (rounded to 0.1 s)."""
+    t0 = time.time()
+    try:
+        yield
+    finally:
+        phases[name] = round(time.time() - t0, 1)
 
 
 def run_env(tag: str, metrics_part: Path, platform: str = "cpu") -> dict[str, str]:
@@ -253,9 +264,8 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         print(f"[{name}] MODEL={model}: RL from it (no cold-start SFT, no held-out evaluation)", flush=True)
         return _train_tiny_recipe(args, backend, sft_cfg, Path(model), run, recipe, name, t0, None)
     phases: dict[str, float] = {}  # wall seconds per phase of the run (bench/main_job.py prints them)
-    t_phase = time.time()
-    sft_dir = ensure_sft_checkpoint(sft_cfg)
-    phases["sft"] = round(time.time() - t_phase, 1)
+    with _timed(phases, "sft"):
+        sft_dir = ensure_sft_checkpoint(sft_cfg)
     sft_acc = read_report(sft_dir)["heldout"]["T=0.0"]["accuracy"]
     min_acc = MIN_SFT_ACCURACY[family] if args.min_sft_accuracy is None else args.min_sft_accuracy
     if sft_acc < min_acc:
@@ -267,13 +277,12 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         )
         return 1
     eval_before = run.eval_before
-    t_phase = time.time()
-    if not eval_before.exists():
-        eval_before.write_text(
-            json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns, args.eval_samples), indent=1)
-        )
-    before = json.loads(eval_before.read_text())
-    phases["eval_before"] = round(time.time() - t_phase, 1)
+    with _timed(phases, "eval_before"):
+        if not eval_before.exists():
+            eval_before.write_text(
+                json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns, args.eval_samples), indent=1)
+            )
+        before = json.loads(eval_before.read_text())
     print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
     return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run, recipe, name, t0, before, phases)
 
@@ -320,9 +329,8 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part, backend.platform)
     print(f"[{name}] verl main_ppo ({args.steps} steps); log: {run.train_log}", flush=True)
     phases = dict(phases or {})
-    t_phase = time.time()
-    rc = run_main_ppo(cmd, env, run.train_log, part, args.steps)
-    phases["rl"] = round(time.time() - t_phase, 1)
+    with _timed(phases, "rl"):
+        rc = run_main_ppo(cmd, env, run.train_log, part, args.steps)
 
     rows = read_verl_jsonl(run.verl_metric_parts())
     write_metrics_jsonl(rows, run.metrics)
@@ -336,14 +344,13 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         return rc if rc > 0 else 1
 
     ckpt = run.latest_checkpoint()
-    t_phase = time.time()
-    after = (
-        _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns, args.eval_samples)
-        if ckpt and before is not None
-        else {}
-    )
-    run.eval_after.write_text(json.dumps(after, indent=1))
-    phases["eval_after"] = round(time.time() - t_phase, 1)
+    with _timed(phases, "eval_after"):
+        after = (
+            _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns, args.eval_samples)
+            if ckpt and before is not None
+            else {}
+        )
+        run.eval_after.write_text(json.dumps(after, indent=1))
     summary = {
         "family": family,
         "method": args.method,
