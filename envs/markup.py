@@ -9,11 +9,16 @@ Rules (the *extent* of each piece of markup):
   decoded with the standard raw decoder; the call is *well-formed in shape* when ``</tool_call>`` follows it
   (after optional whitespace). Tags written inside the JSON's strings (code that prints ``</tool_call>``,
   ``<tool_call>``, ``<think>`` or ``</think>``) are string content: they end, open or close nothing.
-- **A broken call** (the JSON does not decode, or something other than ``</tool_call>`` follows it) ends at
-  the first ``</tool_call>`` at or after the point where its JSON broke; a ``<think>`` or ``</think>`` before
-  that point's ``</tool_call>`` ends it there instead (unclosed), and without either it runs to the end of the
-  text (unclosed). Up to the break point the text was valid JSON, where ``<`` can only stand inside a string,
-  so tags there are string content as above.
+- **A broken call whose JSON started** (a JSON value begins after the tag but does not decode, or something
+  other than ``</tool_call>`` follows it) ends at the *last* ``</tool_call>`` of the text, when that lies at or
+  after the point where its JSON broke; otherwise it runs to the end of the text (unclosed). After the break
+  the scan cannot tell string content from markup (a raw newline or an unclosed quote in the code), so
+  everything up to the last end tag counts as the call's text: tags, a ``\\boxed{}`` printed by the code and
+  any later call in between never reach the reward or the think-span scan (a well-formed call after a broken
+  one in the same text is swallowed with it: the model sees one malformed call).
+- **A bare tag** (no JSON value after ``<tool_call>``) ends at the first ``</tool_call>`` after it; a
+  ``<think>`` or ``</think>`` before that ends it there instead (unclosed, so reasoning that mentions the tag
+  keeps its structure), and without either it runs to the end of the text (unclosed).
 - **Reasoning blocks nest** (an inner ``</think>`` does not end the outer block). A ``</think>`` that closes no
   open block ends reasoning opened by the chat template (R1-distill), so everything before it, calls included,
   is reasoning. Text after a ``<think>`` left open is reasoning.
@@ -147,6 +152,12 @@ def _decode(text: str, body: int) -> tuple[bool, Any, int, str | None]:
         return True, value, j + stop, None
 
 
+def _json_started(text: str, body: int) -> bool:
+    """True when a JSON value begins at ``body`` (after blanks)."""
+    j = _WS_RE.match(text, body).end()
+    return j < len(text) and text[j] in _VALUE_START
+
+
 def scan_markup(text: str) -> Markup:
     """Find the reasoning blocks and tool calls of ``text`` (module docstring), in one linear pass.
 
@@ -160,6 +171,7 @@ def scan_markup(text: str) -> Markup:
     calls: list[CallSpan] = []
     reasoning_calls = 0  # calls[:reasoning_calls] stand before a prompt-opened block's </think>
     depth, vis_start, i = 0, 0, 0
+    last_close = text.rfind(TOOL_CALL_END)  # where a broken call whose JSON started ends (module docstring)
     while i < n:
         m = _TAG_RE.search(text, i)
         if m is None:
@@ -193,6 +205,12 @@ def scan_markup(text: str) -> Markup:
             stop = k
         if depth > 0:  # a broken call inside reasoning is prose; its valid JSON prefix stays string content
             i = max(stop, body)
+            continue
+        if _json_started(text, body):
+            end, closed = (last_close + len(TOOL_CALL_END), True) if last_close >= stop else (n, False)
+            calls.append(CallSpan(s, end, body, end - len(TOOL_CALL_END) if closed else end, closed, False, None,
+                                  err, False))
+            i = end
             continue
         t = _BROKEN_END_RE.search(text, stop)
         if t is not None and t.group() == TOOL_CALL_END:

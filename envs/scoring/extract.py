@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from envs.scoring.normalize import normalize_answer
+
 __all__ = [
     "BOX_COMMANDS",
     "ThinkSplit",
@@ -115,7 +117,8 @@ def extract_boxed(text: str) -> str | None:
     An incomplete box (no closing brace, e.g. a response cut by the length limit) is skipped; the last
     complete one wins. Nested boxes: the outer box is the answer (its content keeps the inner box,
     which normalisation unwraps). Several boxes give their stripped contents joined by ``", "`` in order,
-    a content repeated in the run kept once (``\\boxed{1}, \\boxed{2}`` -> ``"1, 2"``). Linear in
+    a value repeated in the run kept once, however it is written (``\\boxed{1}, \\boxed{2}`` -> ``"1, 2"``;
+    ``\\boxed{1000}, \\boxed{1{,}000}`` -> ``"1000"``: compared after ``normalize_answer``). Linear in
     ``len(text)``.
     """
     if not text or "\\" not in text:
@@ -130,9 +133,12 @@ def extract_boxed(text: str) -> str | None:
             break
         run.append(box)
     parts: list[str] = []
+    seen: set[str] = set()
     for _, _, content in reversed(run):
         c = content.strip()
-        if c not in parts:
+        key = normalize_answer(c) if len(run) > 1 else c  # the same value written twice is one value
+        if key not in seen:
+            seen.add(key)
             parts.append(c)
     if len(parts) > 1:
         parts = [p for p in parts if p]  # an empty box among filled ones adds nothing
@@ -219,12 +225,31 @@ def think_visible_spans(text: str) -> tuple[list[tuple[int, int]], int]:
     return mk.visible, mk.depth
 
 
+def _last_think_close(text: str) -> int:
+    """Offset of the last ``</think>`` outside every tool call (``envs.markup`` extents: a tag printed by a call's
+    code closes nothing), or -1. Linear: each backward search starts before the call that held the last hit."""
+    close = text.rfind(THINK_CLOSE)
+    if close < 0 or "<tool_call>" not in text:
+        return close
+    from envs.markup import scan_markup
+
+    calls = scan_markup(text).calls
+    k = len(calls) - 1
+    while close >= 0:
+        while k >= 0 and calls[k].start > close:
+            k -= 1
+        if k < 0 or close >= calls[k].end:
+            return close
+        close = text.rfind(THINK_CLOSE, 0, calls[k].start)
+    return close
+
+
 def split_think(text: str, mode: ThinkMode = "auto") -> ThinkSplit:
     """Split a long-CoT response into reasoning and answer.
 
     Handles Qwen3 (``<think>...</think>answer``, including an empty think block in non-thinking mode)
     and R1-distill (the chat template already opened ``<think>``, so the response holds only the
-    closing tag). The last ``</think>`` wins, provided no block is left open after it: a reopened or nested
+    closing tag). The last ``</think>`` outside tool calls wins, provided no block is left open after it: a reopened or nested
     ``<think>`` still open at the end of the text means the answer was never given (no answer).
 
     Args:
@@ -237,7 +262,7 @@ def split_think(text: str, mode: ThinkMode = "auto") -> ThinkSplit:
     """
     if mode == "off":
         return ThinkSplit(reasoning="", answer=text, closed=False, opened=False)
-    close = text.rfind(THINK_CLOSE)
+    close = _last_think_close(text)
     opened = THINK_OPEN in text
     if close >= 0 and think_visible_spans(text)[1] > 0:  # a block (re)opened or nested is still open at the end
         o = text.find(THINK_OPEN)

@@ -202,11 +202,13 @@ def strip_tool_turns(solution_str: str) -> str:
     """Best-effort removal of tool output and tool calls from a whole decoded response (hermes tags).
 
     Only a fallback for when the agent loop's model text is missing: a template that does not wrap tool
-    output in ``<tool_response>`` tags cannot be cleaned this way.
+    output in ``<tool_response>`` tags cannot be cleaned this way, and tool output that itself prints
+    ``</tool_response>`` ends its block early (the loop's model text has neither problem).
     """
     from envs.tool_use.parser import remove_tool_calls
 
-    return remove_tool_calls(_TOOL_RESPONSE.sub("", solution_str or ""))
+    # calls first: their extents come from their JSON, so code that prints "<tool_response>" wipes nothing
+    return _TOOL_RESPONSE.sub("", remove_tool_calls(solution_str or ""))
 
 
 def compute_score(

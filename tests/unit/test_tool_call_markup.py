@@ -82,12 +82,66 @@ def test_broken_call_ends_before_a_think_tag_after_its_break():
     text = f"I could use <tool_call> here</think>answer {good}"
     content, calls = parse_tool_calls(text, TOOLS)
     assert [c.arguments for c in calls] == [{"code": "print(2)"}] and content == "answer"
-    # an unclosed call before an opened block: one "not closed" call, the block still hides its text
+    # a broken call whose JSON started, with no end tag after its break: it runs to the end of the text (its
+    # tags are not trusted: they may stand inside a string the break made unreadable)
     content, calls = parse_tool_calls("x <tool_call>{bad <think>secret</think> y", TOOLS)
+    assert len(calls) == 1 and "not closed" in calls[0].error and content == "x"
+    # a bare tag (no JSON after it) still ends at a think tag: reasoning that mentions it keeps its structure
+    content, calls = parse_tool_calls("x <tool_call> maybe <think>secret</think> y", TOOLS)
     assert len(calls) == 1 and "not closed" in calls[0].error and content == "x  y"
     # text after a well-formed JSON object before the end tag: malformed, and its end is the end tag
     content, calls = parse_tool_calls('<tool_call>{"name": "clock"}} oops</tool_call> z', TOOLS)
     assert "not valid JSON (Extra data" in calls[0].error and content == "z"
+
+
+# Broken JSON (a raw newline or tab in a string, a string never closed, Python quotes, a truncated call) that
+# holds markup and a \boxed{} after the markup: nothing of the call reaches the content or the reward text.
+_NAME = '{"name": "code_interpreter", "arguments": {"code": '
+BROKEN_CALLS = [
+    _NAME + '"x = 1\nprint(\'</tool_call>\')\nprint(\'\\\\boxed{42}\')"}}</tool_call>',
+    _NAME + '"x = 1\tprint(\'</tool_call>\')\\n\\\\boxed{42}"}}</tool_call>',
+    _NAME + '"print(\'</tool_call>\') \\\\boxed{42}}}</tool_call>',
+    "{'name': 'code_interpreter', 'arguments': {'code': \"print('</tool_call>') \\\\boxed{42}\"}}</tool_call>",
+    _NAME + '"x\nprint(\'</think> \\\\boxed{42}\')"}}</tool_call>',
+    _NAME + '"x\nprint(\'<think>\')\nprint(\'</tool_call>\\\\boxed{42}\')"}}</tool_call>',
+    _NAME + '"x\nprint(\'</think> \\\\boxed{42}',
+]
+
+
+@pytest.mark.parametrize("body", BROKEN_CALLS)
+def test_a_broken_call_never_leaks_its_code_into_the_reward(body):
+    from envs.tool_use import task
+    from envs.tool_use.parser import turn_reward_text
+
+    text = f"Let me compute. <tool_call>{body}"
+    content, calls = parse_tool_calls(text, TOOLS)
+    assert len(calls) == 1 and not calls[0].ok and content == "Let me compute."
+    assert "42" not in remove_tool_calls(text) and "42" not in turn_reward_text(text)
+    score = task.compute_score("x", text, "42", {"model_response_text": turn_reward_text(text)})
+    assert score["acc"] is False and score["pred"] == ""
+    assert "42" not in task.strip_tool_turns(text)
+    # text after the call's last end tag is the model's own again
+    if body.endswith("</tool_call>"):
+        after = text + " so \\boxed{7}"
+        assert turn_reward_text(after).endswith("so \\boxed{7}")
+        assert task.compute_score("x", after, "7", {"model_response_text": turn_reward_text(after)})["acc"] is True
+
+
+def test_a_tag_printed_by_a_call_does_not_split_reasoning_or_wipe_the_fallback_text():
+    from envs.reward import compute_score
+    from envs.scoring.extract import split_think
+    from envs.tool_use import task
+
+    call = tool_call_text("print('</think> \\boxed{42}')")
+    text = f"<think>r</think> \\boxed{{7}} {call}"
+    assert split_think(text).reasoning == "r"
+    for family in ("long_cot", "short_cot"):  # a call's \boxed{} is never the answer, whatever the family
+        r = compute_score(family, text, "7")
+        assert r["acc"] is True and r["pred"] == "7", family
+    # the fallback strip (no loop text): a call that prints <tool_response> wipes nothing after it
+    call2 = tool_call_text("print('<tool_response>')")
+    text2 = f"{call2}<|im_end|>\n<tool_response>\n<tool_response>\n</tool_response> \\boxed{{7}}"
+    assert task.strip_tool_turns(text2).strip().endswith("\\boxed{7}")
 
 
 @pytest.mark.parametrize("args", ['""', '"   "', '" \\n\\t "', "null"])
