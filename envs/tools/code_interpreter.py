@@ -109,8 +109,10 @@ def format_observation(result: ExecResult, stderr_tail_lines: int = 8, max_chars
     A non-zero exit that is not an uncaught exception (``sys.exit(1)``, ``sys.exit("message")``,
     ``os._exit(3)``, a native library exiting) ends with ``The program exited with status N.``; a death by
     signal (a status of 128 + a signal number, as the shell reports it) with ``The program was killed by
-    SIGNAME (exit status 128+N).`` An uncaught exception's
-    traceback speaks for itself (no status line).
+    SIGNAME (exit status 128+N).`` An uncaught exception's traceback speaks for itself: the status line is
+    left out only when the status is 1 (Python's for an uncaught exception) and the shown tail holds the
+    exception report; a traceback printed earlier and handled, or one scrolled out of the tail, does not hide
+    the status.
     """
     if result.sandbox_error:
         return _cut(f"Sandbox error: {result.sandbox_error}", max_chars)
@@ -134,7 +136,7 @@ def format_observation(result: ExecResult, stderr_tail_lines: int = 8, max_chars
         if name is not None:
             notes = {"SIGSEGV": ", segmentation fault", "SIGXCPU": ", CPU time limit"}
             parts.append(f"The program was killed by {name} (exit status {status}{notes.get(name, '')}).")
-        elif status is not None and not _EXCEPTION_REPORT_RE.search(result.stderr):
+        elif status is not None and not (status == 1 and _EXCEPTION_REPORT_RE.search(err_tail)):
             parts.append(f"The program exited with status {status}.")
     elif err_tail:  # success with warnings: a short tail only
         parts.append(_tail_lines(result.stderr, min(3, stderr_tail_lines)))

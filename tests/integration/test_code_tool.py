@@ -191,6 +191,13 @@ _EXITS = [
     ("import ctypes\nctypes.CDLL(None).exit(2)", "The program exited with status 2."),  # a native library exits
     ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", "The program was killed by SIGTERM (exit status 143)."),
     ("import os\nos.abort()", "The program was killed by SIGABRT (exit status 134)."),
+    # a traceback printed and handled does not hide a later exit's status (in the tail or scrolled out of it)
+    ("import sys, traceback\ntry:\n    1/0\nexcept Exception:\n    traceback.print_exc()\nsys.exit(2)",
+     "ZeroDivisionError: division by zero\nThe program exited with status 2."),
+    ("import sys, traceback\ntry:\n    1/0\nexcept Exception:\n    traceback.print_exc()\n"
+     "for i in range(12):\n    print('warn', i, file=sys.stderr)\nsys.exit(4)", "warn 11\nThe program exited with status 4."),
+    ("import sys\nprint('Traceback (most recent call last):', file=sys.stderr)\nfor i in range(9):\n"
+     "    print('w', i, file=sys.stderr)\nsys.exit(1)", "w 8\nThe program exited with status 1."),
 ]
 
 
