@@ -64,6 +64,29 @@ class CpuTimer:
         signal.setitimer(signal.ITIMER_PROF, 0)
 
 
+TINY = 1e-4  # below this magnitude math-verify's absolute tolerance makes any two values equal
+TINY_REL_TOL = 1e-2  # how far apart (relative) two tiny values may be and still be one answer (rounding)
+
+
+def tiny_values_differ(gold, pred) -> bool:
+    """True when ``gold`` and ``pred`` (math-verify's parsed sympy values) are numbers below ``TINY`` in magnitude
+    that differ by more than ``TINY_REL_TOL`` relative to the larger: math-verify compares numbers within an
+    absolute tolerance, so ``1/1001!`` and ``1/1002!``, ``10^{-3333}`` and ``10^{-3334}`` or ``pi/200!`` and
+    ``2pi/200!`` would all be equal. Evaluated with sympy at 30 significant digits (arbitrary exponent range);
+    False for anything that is not a pair of numbers (sets, intervals, equations, symbols)."""
+    import sympy
+
+    if not (isinstance(gold, sympy.Expr) and isinstance(pred, sympy.Expr) and gold.is_number and pred.is_number):
+        return False
+    a, b = sympy.N(gold, 30), sympy.N(pred, 30)
+    if not (a.is_finite and b.is_finite):
+        return False
+    scale = sympy.Max(abs(a), abs(b))
+    if scale == 0 or bool(scale >= TINY):
+        return False
+    return bool(abs(a - b) > TINY_REL_TOL * scale)
+
+
 def make_checker():
     """``check(pairs) -> bool``: math-verify's verdict over candidate ``(gold, pred)`` pairs, with a parse
     cache that only ever holds finished parses. Raises ``OutOfBudget`` (from the timer) and anything
@@ -93,7 +116,7 @@ def make_checker():
         for g, p in pairs:
             gp = parsed(str(g))
             pp = parsed(str(p)) if gp else None
-            if gp and pp and verify(gp, pp, timeout_seconds=None):
+            if gp and pp and verify(gp, pp, timeout_seconds=None) and not tiny_values_differ(gp[0], pp[0]):
                 return True
         return False
 

@@ -54,8 +54,9 @@ _DEGREE_RE = re.compile(r"(?<=[\d}.])\s*\^\s*\{?\s*\\circ\s*\}?|(?<=[\d}.])\s*\\
 _WS_RE = re.compile(r"(\\[A-Za-z]+)?\s+(?=(.?))", re.S)
 _WRAPPER_RE = re.compile(r"^\\(?:boxed|fbox)\s*\{(.*)\}$", re.S)
 _FLOAT_LITERAL_RE = re.compile(r"(?<![\w.\\])(?P<m>\d+\.\d*|\.\d+|\d+)[eE](?P<e>[-+]?\d+)(?![\w.])")
-_DIGIT_RUN_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+)?(?:[ \t]+\d+(?:\.\d+)?)+(?![\d.])")
-_THOUSANDS_SPACED_RE = re.compile(r"\d{1,3}(?:[ \t]+\d{3})+(?:\.\d+)?")
+# any whitespace between digits (newlines, no-break and thin spaces included) is a digit-group gap
+_DIGIT_RUN_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+)?(?:\s+\d+(?:\.\d+)?)+(?![\d.])")
+_THOUSANDS_SPACED_RE = re.compile(r"\d{1,3}(?:\s+\d{3})+(?:\.\d+)?")
 _KEPT_SPACE = "\ue000"  # a space between digits that whitespace removal must keep (restored at the end)
 _SPACED_LIST_RE = re.compile("[-+]?\\d+(?:" + _KEPT_SPACE + "\\d+)+")
 
@@ -110,8 +111,8 @@ def _float_literal(m: re.Match) -> str:
 def _digit_run(m: re.Match) -> str:
     run = m.group(0)
     if _THOUSANDS_SPACED_RE.fullmatch(run):
-        return re.sub(r"[ \t]+", "", run)
-    return re.sub(r"[ \t]+", _KEPT_SPACE, run)
+        return re.sub(r"\s+", "", run)
+    return re.sub(r"\s+", _KEPT_SPACE, run)
 
 
 def _drop_space(m: re.Match) -> str:

@@ -43,6 +43,10 @@ def _close_workers():
         (r"\boxed{1},\quad\boxed{2}", "1, 2"),
         ("\\boxed{1}\n\n\\boxed{2}", "1, 2"),
         (r"\boxed{5} \boxed{5}", "5"),  # repeated content counts once
+        (r"\boxed{1000}, \boxed{1{,}000}", "1000"),  # ... however it is written (compared normalised)
+        (r"\boxed{(1,2)}, \boxed{(1, 2)}", "(1,2)"),
+        (r"\boxed{5\text{ cm}}, \boxed{5}", r"5\text{ cm}"),
+        (r"\boxed{\frac12} and \boxed{\dfrac{1}{2}}", r"\frac12"),
         (r"\boxed{} \boxed{3}", "3"),
         # self-correction: prose between boxes ends the run, the later box replaces the earlier ones
         (r"\boxed{1}. Wait, that is wrong: \boxed{2}", "2"),
@@ -117,6 +121,40 @@ def test_equal_tiny_or_huge_exact_values_are_equal(pred, gold):
     assert (v.equal, v.method) == (True, "numeric")
 
 
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        (r"\frac{1}{1001!}", r"\frac{1}{1002!}"),
+        ("10^{-3333}", "10^{-3334}"),
+        ("2^{-20000}", "2^{-20001}"),
+        ("0.5^{20000}", "0.5^{20001}"),
+        (r"\binom{2000}{1000}^{-1}", r"\binom{2001}{1000}^{-1}"),
+        (r"\frac{\pi}{200!}", r"\frac{2\pi}{200!}"),
+        (r"\sqrt{2}\cdot10^{-250}", r"\sqrt{3}\cdot10^{-250}"),
+        ("10^{-3333}", "0"),
+    ],
+)
+def test_tiny_values_beyond_the_fast_path_differ_too(pred, gold):
+    # beyond the fast path's digit bound math-verify decides; it compares within an absolute tolerance, so the
+    # worker vetoes its "equal" for two tiny numbers more than 1% apart (envs.scoring._mv_worker.tiny_values_differ)
+    assert answers_equal(pred, gold, timeout_s=20).equal is False, (pred, gold)
+    assert answers_equal(gold, pred, timeout_s=20).equal is False, (gold, pred)
+
+
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        (r"\frac{1}{1001!}", r"\frac{1}{1001\cdot1000!}"),
+        ("10^{-3333}", r"\frac{1}{10^{3333}}"),
+        (r"\sqrt{2}\cdot10^{-250}", r"\sqrt{2}\times10^{-250}"),
+        (r"\frac{\pi}{10^{6}}", r"\pi\cdot10^{-6}"),
+        (r"\frac{1}{3}\cdot10^{-7}", r"\frac{10^{-7}}{3}"),
+    ],
+)
+def test_equal_tiny_values_beyond_the_fast_path_still_score(pred, gold):
+    assert answers_equal(pred, gold, timeout_s=20).equal is True, (pred, gold)
+
+
 def test_exact_values_are_bounded_by_digits_not_exponent():
     assert evaluate("10^{-1000}").value == Fraction(1, 10**1000)  # 1,000 digits: fine
     assert evaluate("1^{100000}").value == 1 and evaluate("(-1)^{100001}").value == -1
@@ -185,6 +223,11 @@ def test_spaced_digits_that_are_not_thousands_do_not_score_as_the_joined_number(
     assert answers_equal("12 34", "46", timeout_s=10).equal is False
     assert answers_equal("1 2 3", r"\{1,2,3\}", timeout_s=10).equal is True
     assert answers_equal("1 000 000", "1000000") == Verdict(True, "exact")
+    # any whitespace between digits follows the same rule: newlines, \r, no-break, thin and narrow spaces
+    for gap in ("\n", "\r", "\u00a0", "\u2009", "\u202f", "\n\t "):
+        assert answers_equal(f"3{gap}4", "34", timeout_s=10).equal is False, repr(gap)
+        assert answers_equal(f"1{gap}000", "1000") == Verdict(True, "exact"), repr(gap)
+        assert answers_equal(f"12{gap}34", "1234", timeout_s=10).equal is False, repr(gap)
 
 
 @pytest.mark.parametrize(
