@@ -120,7 +120,8 @@ def _parse_value(raw: str, obj: Any, tools: dict[str, Any]) -> ParsedCall:
     if name not in tools:
         avail = ", ".join(sorted(tools)) or "none"
         return ParsedCall(raw, name=name, error=f"Error: unknown tool '{name}'. Available tools: {avail}.")
-    args = obj.get("arguments")
+    # Llama-style calls name the object "parameters": the same thing when "arguments" is absent
+    args = obj.get("arguments") if "arguments" in obj or "parameters" not in obj else obj.get("parameters")
     if isinstance(args, str):  # some models write the arguments as a JSON string; "" or blanks: no arguments
         if not args.strip():
             args = None

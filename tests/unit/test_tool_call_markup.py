@@ -152,6 +152,18 @@ def test_empty_arguments_of_an_all_optional_tool_are_an_empty_object(args):
     assert calls[0].ok and calls[0].arguments == {}
 
 
+def test_parameters_is_the_arguments_object_when_arguments_is_absent():
+    _, calls = parse_tool_calls('<tool_call>{"name": "clock", "parameters": {"tz": "UTC"}}</tool_call>', TOOLS)
+    assert calls[0].ok and calls[0].arguments == {"tz": "UTC"}  # was run with {} (the object silently dropped)
+    _, calls = parse_tool_calls('<tool_call>{"name": "code_interpreter", "parameters": {"code": "1"}}</tool_call>',
+                                TOOLS)
+    assert calls[0].ok and calls[0].arguments == {"code": "1"}
+    _, calls = parse_tool_calls('<tool_call>{"name": "clock", "parameters": 3}</tool_call>', TOOLS)
+    assert calls[0].error.startswith("Error: \"arguments\" of tool 'clock' must be a JSON object")
+    both = '<tool_call>{"name": "clock", "arguments": {"tz": "A"}, "parameters": {"tz": "B"}}</tool_call>'
+    assert parse_tool_calls(both, TOOLS)[1][0].arguments == {"tz": "A"}  # "arguments" wins
+
+
 @pytest.mark.parametrize("args", ['""', '"   "', "null", "{}"])
 def test_empty_arguments_of_a_tool_with_required_ones_stay_a_clear_error(args):
     _, calls = parse_tool_calls(f'<tool_call>{{"name": "code_interpreter", "arguments": {args}}}</tool_call>', TOOLS)
