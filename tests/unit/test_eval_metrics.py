@@ -86,7 +86,11 @@ def test_summary_per_source_and_uneven_samples():
     g = summarize(recs, ks=[1, 4])["groups"]
     assert g["x"]["pass@k"] == {"1": 0.5}  # 2 samples: no pass@4
     assert g["y"]["pass@k"]["4"] == 1.0
-    assert g["all"]["pass@k"]["4"] == 1.0 and g["all"]["pass@k"]["4_problems"] == 1
+    assert g["all"]["pass@k"]["4"] == 1.0 and g["all"]["pass@k_problems"]["4"] == 1
+    assert all(k.isdigit() for gr in g.values() for k in gr["pass@k"])  # rates only: every key is a k
+    # a k asked for that no problem of a group reaches has no value, a count of 0 and a warning
+    assert g["x"]["pass@k_problems"] == {"1": 1, "4": 0}
+    assert "pass@4 of x has no value: no problem of its 1 has 4 samples" in partial_pass_at(summarize(recs, ks=[1, 4]))
     assert g["all"]["avg@k"] == pytest.approx((0.5 + 0.75) / 2)
 
 
@@ -95,7 +99,7 @@ def test_pass_at_k_is_marked_where_it_covers_only_some_problems():
     recs = _recs({"a": [1, 0, 0, 0, 0, 0, 0, 0], "b": [1, 1]}, "aime")
     s = summarize(recs)
     g = s["groups"]["aime"]
-    assert g["pass@k"]["8"] == 1.0 and g["pass@k"]["8_problems"] == 1  # the value over the covered problem
+    assert g["pass@k"]["8"] == 1.0 and g["pass@k_problems"]["8"] == 1  # the value over the covered problem
     assert g["pass@k_problems"] == {"1": 2, "2": 2, "4": 1, "8": 1}
     assert partial_pass_at(s) == [
         "pass@4 of aime covers 1 of 2 problems (1 has fewer than 4 samples)",

@@ -231,7 +231,8 @@ def run(a: argparse.Namespace) -> int:
     path = Path(a.summary) if a.summary else out.with_name(out.name.removesuffix(".jsonl") + ".summary.json")
     write_summary(summary, path)
     for note in partial_pass_at(summary):
-        print(f"warning: {note}: that pass@k is over those problems only (marked * in the table)", file=sys.stderr)
+        why = ": that pass@k is over those problems only (marked * in the table)" if " covers " in note else ""
+        print(f"warning: {note}{why}", file=sys.stderr)
     print(format_table(summary))
     print(f"samples: {out}\nsummary: {path}")
     return 0

@@ -5,10 +5,11 @@ over all rows ("all"). Per group:
 
     problems, samples           counts; ``k`` is the most samples any problem has
     avg@k                       mean over problems of the share of correct samples (metrics.avg_at_k)
-    pass@k                      {k: mean unbiased pass@k over problems with >= k samples} (metrics.pass_at_k);
-                                when some problems have fewer than k samples (failed or resumed requests) the
-                                mean covers only the others, and "<k>_problems" says how many it covers
-    pass@k_problems             {k: problems with >= k samples}, for every k of pass@k
+    pass@k                      {k: mean unbiased pass@k over problems with >= k samples} (metrics.pass_at_k),
+                                rates only; when some problems have fewer than k samples (failed or resumed
+                                requests) the mean covers only the others (see pass@k_problems)
+    pass@k_problems             {k: problems with >= k samples}, for every k asked for (0: no problem has k
+                                samples, so pass@k has no value for that k)
     mean_tokens                 model-generated tokens per sample (usage.completion_tokens; None if unknown)
     mean_chars                  characters of the scored response per sample
     truncated_rate, answer_rate share of samples cut by the length limit / with an extracted answer
@@ -38,11 +39,9 @@ def _group(records: Sequence[Mapping[str, Any]], ks: Sequence[int] | None) -> di
     pass_at, pass_at_problems = {}, {}
     for k in ks:
         val, n_prob = mean_pass_at_k(problems, k)
+        pass_at_problems[str(k)] = n_prob  # 0 when no problem has k samples (no value, and a warning)
         if val is not None:
             pass_at[str(k)] = val
-            pass_at_problems[str(k)] = n_prob
-            if n_prob < len(problems):
-                pass_at[f"{k}_problems"] = n_prob
     toks = [r.get("tokens") for r in records]
     refl_keys = sorted({k for r in records for k in (r.get("reflections") or {})})
     calls = sum(int(r.get("tool_calls") or 0) for r in records)
@@ -106,21 +105,24 @@ def _fmt(v: Any, pct: bool = True) -> str:
 
 def _partial(g: Mapping[str, Any], k: int) -> int | None:
     """Problems that pass@k of group ``g`` covers, when that is fewer than all of them; else None."""
-    n = g.get("pass@k_problems", {}).get(str(k), g["pass@k"].get(f"{k}_problems"))
-    return int(n) if n is not None and str(k) in g["pass@k"] and int(n) < int(g["problems"]) else None
+    n = g.get("pass@k_problems", {}).get(str(k))
+    return int(n) if n is not None and int(n) < int(g["problems"]) else None
 
 
 def partial_pass_at(summary: Mapping[str, Any]) -> list[str]:
     """One warning per (group, k) whose pass@k covers only some problems (the others have fewer than k
-    samples), with the counts, e.g. ``"pass@8 of aime24 covers 1 of 2 problems (1 has fewer than 8 samples)"``.
-    Empty when every pass@k covers every problem of its group."""
+    samples), with the counts, e.g. ``"pass@8 of aime24 covers 1 of 2 problems (1 has fewer than 8
+    samples)"``, and one per k asked for that no problem of the group reaches (no value). Empty when every
+    pass@k covers every problem of its group."""
     out = []
     for name, g in summary["groups"].items():
         if name == "all" and len(summary["groups"]) == 2:
             continue  # "all" is the single source itself
-        for k in sorted(int(k) for k in g["pass@k"] if k.isdigit()):
+        for k in sorted(int(k) for k in g.get("pass@k_problems", {})):
             n = _partial(g, k)
-            if n is not None:
+            if n == 0:
+                out.append(f"pass@{k} of {name} has no value: no problem of its {g['problems']} has {k} samples")
+            elif n is not None:
                 short = int(g["problems"]) - n
                 out.append(f"pass@{k} of {name} covers {n} of {g['problems']} problems ({short} "
                            f"{'has' if short == 1 else 'have'} fewer than {k} samples)")
