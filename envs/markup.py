@@ -10,21 +10,23 @@ Rules (the *extent* of each piece of markup):
   (after optional whitespace). Tags written inside the JSON's strings (code that prints ``</tool_call>``,
   ``<tool_call>``, ``<think>`` or ``</think>``) are string content: they end, open or close nothing.
 - **A broken call whose JSON started** (a JSON value begins after the tag but does not decode, or something
-  other than ``</tool_call>`` follows it) ends at the *last* ``</tool_call>`` of the text, when that lies at or
-  after the point where its JSON broke; otherwise it runs to the end of the text (unclosed). After the break
-  the scan cannot tell string content from markup (a raw newline or an unclosed quote in the code), so
-  everything up to the last end tag counts as the call's text: tags, a ``\\boxed{}`` printed by the code and
-  any later call in between never reach the reward or the think-span scan (a well-formed call after a broken
-  one in the same text is swallowed with it: the model sees one malformed call).
+  other than ``</tool_call>`` follows it) is still a call, in visible text and inside reasoning alike, and its
+  extent is found without trusting any tag its code may print:
+  - a raw newline or tab inside a string (invalid JSON, but common in model output) is decoded leniently to
+    find where the JSON ends; the call stays malformed for the parser;
+  - an unterminated string runs to the end of the text (everything after its quote is inside it);
+  - after any other break (single quotes, a trailing comma, a bad escape, extra data) the first
+    ``</tool_call>`` outside quoted strings (double or single, escapes honoured; an invalid escape's string is
+    skipped first) ends it; a ``<think>`` or ``</think>`` outside quotes before that ends it there (unclosed);
+    without either it runs to the end of the text (unclosed).
 - **A bare tag** (no JSON value after ``<tool_call>``) ends at the first ``</tool_call>`` after it; a
-  ``<think>`` or ``</think>`` before that ends it there instead (unclosed, so reasoning that mentions the tag
-  keeps its structure), and without either it runs to the end of the text (unclosed).
+  ``<think>`` or ``</think>`` before that ends it there instead (unclosed), and without either it runs to the
+  end of the text (unclosed). Inside reasoning a bare tag is prose.
 - **Reasoning blocks nest** (an inner ``</think>`` does not end the outer block). A ``</think>`` that closes no
   open block ends reasoning opened by the chat template (R1-distill), so everything before it, calls included,
   is reasoning. Text after a ``<think>`` left open is reasoning.
-- **Inside reasoning** a well-formed call is skipped whole (its strings stay string content) and counted as a
-  call inside reasoning; a broken ``<tool_call>`` there is prose (its tag is text; the valid JSON before its
-  break point is still skipped).
+- **Inside reasoning** a call (well-formed or broken, by the rules above) is skipped whole (its strings stay
+  string content) and counted as a call inside reasoning; it never runs.
 
 Every scan is linear in ``len(text)``: a decode starts only after the previous call's end and reads the call's
 JSON plus at most a few windows of ``_FIRST_WINDOW`` characters (the next start is after the break point or the
@@ -59,6 +61,14 @@ _TAG_RE = re.compile(r"<think>|</think>|<tool_call>")
 _BROKEN_END_RE = re.compile(r"</tool_call>|<think>|</think>")
 _WS_RE = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
+_LENIENT = json.JSONDecoder(strict=False)  # raw newlines and tabs inside strings: only to find a call's extent
+# after a structural break: the next quoted string (double or single, escapes honoured, unterminated = to the end)
+# or tag; a tag inside quotes is string content
+_QUOTED_SCAN_RE = re.compile(
+    r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\Z)' r"|'[^'\\]*(?:\\.[^'\\]*)*(?:'|\Z)" r"|</tool_call>|<think>|</think>", re.S
+)
+_CTRL_RE = re.compile(r"[\x00-\x1f]")
+_IN_STRING_RE = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # the rest of a double-quoted string
 
 
 @dataclass(frozen=True)
@@ -115,7 +125,7 @@ _EDGE = 32
 _VALUE_START = frozenset('{["-0123456789tfnNI')  # a decode that stops this close to the window's end may have been cut by it: try a larger window
 
 
-def _decode(text: str, body: int) -> tuple[bool, Any, int, str | None]:
+def _decode(text: str, body: int, decoder: json.JSONDecoder | None = None) -> tuple[bool, Any, int, str | None]:
     """Decode one JSON value at ``body`` (after blanks): ``(ok, value, stop, error)`` with ``stop`` the offset
     after the value, or where the JSON broke.
 
@@ -133,12 +143,12 @@ def _decode(text: str, body: int) -> tuple[bool, Any, int, str | None]:
         window = text[j:end]
         cut = end < n
         try:
-            value, stop = _DECODER.raw_decode(window)
+            value, stop = (decoder or _DECODER).raw_decode(window)
         except json.JSONDecodeError as err:
             if cut and (err.pos >= len(window) - _EDGE or err.msg.startswith("Unterminated string")):
                 size *= 4
                 continue
-            return False, None, j + err.pos, f"{err.msg} at char {err.pos}"
+            return False, None, j + err.pos, f"{err.msg.removesuffix(' at')} at char {err.pos}"
         except RecursionError:  # thousands of nested brackets: the decoder recurses per level
             return False, None, j, "too deep"
         except ValueError as err:  # e.g. an integer beyond Python's digit limit
@@ -158,6 +168,34 @@ def _json_started(text: str, body: int) -> bool:
     return j < len(text) and text[j] in _VALUE_START
 
 
+def _broken_extent(text: str, stop: int, err: str) -> tuple[int, bool, int]:
+    """``(end, closed, body_end)`` of a call whose JSON started but broke at ``stop`` (module docstring): an
+    unterminated string runs to the end of the text; a break inside a string (a bad escape) first skips the rest
+    of that string; then the first ``</tool_call>`` outside quoted strings ends the call (closed), a think tag
+    outside them ends it there (unclosed), and without either it runs to the end. Linear in what it reads."""
+    n = len(text)
+    if err.startswith("Unterminated string"):
+        return n, False, n
+    pos = stop
+    if err.startswith("Invalid \\"):  # an invalid escape: the break is inside a double-quoted string
+        rest = _IN_STRING_RE.match(text, stop)
+        if rest is None:
+            return n, False, n
+        pos = rest.end()
+    while True:
+        t = _QUOTED_SCAN_RE.search(text, pos)
+        if t is None:
+            return n, False, n
+        tok = t.group()
+        if tok == TOOL_CALL_END:
+            return t.end(), True, t.start()
+        if tok in (THINK_OPEN, THINK_CLOSE):
+            return t.start(), False, t.start()
+        if t.end() >= n and tok[-1] != tok[0] or len(tok) == 1:  # a string left open runs to the end
+            return n, False, n
+        pos = t.end()
+
+
 def scan_markup(text: str) -> Markup:
     """Find the reasoning blocks and tool calls of ``text`` (module docstring), in one linear pass.
 
@@ -171,7 +209,6 @@ def scan_markup(text: str) -> Markup:
     calls: list[CallSpan] = []
     reasoning_calls = 0  # calls[:reasoning_calls] stand before a prompt-opened block's </think>
     depth, vis_start, i = 0, 0, 0
-    last_close = text.rfind(TOOL_CALL_END)  # where a broken call whose JSON started ends (module docstring)
     while i < n:
         m = _TAG_RE.search(text, i)
         if m is None:
@@ -194,23 +231,31 @@ def scan_markup(text: str) -> Markup:
             i = m.end()
             continue
         body = m.end()
-        ok, value, stop, err = _decode(text, body)
+        # decoded leniently (raw newlines and tabs inside strings allowed) to find where the JSON ends; a value
+        # that holds a raw control character is then checked strictly: if that fails the call is malformed,
+        # with its extent still exact
+        ok, value, stop, err = _decode(text, body, _LENIENT)
         if ok:
+            j = _WS_RE.match(text, body).end()
+            if _CTRL_RE.search(text[j:stop]) is not None:
+                try:
+                    _DECODER.raw_decode(text[j:stop])
+                except json.JSONDecodeError as e:
+                    ok, value, err = False, None, f"{e.msg.removesuffix(' at')} at char {e.pos}"
             k = _WS_RE.match(text, stop).end()
             if text.startswith(TOOL_CALL_END, k):
-                calls.append(CallSpan(s, k + len(TOOL_CALL_END), body, k, True, True, value, None, depth > 0))
+                calls.append(CallSpan(s, k + len(TOOL_CALL_END), body, k, True, ok, value, err, depth > 0))
                 i = k + len(TOOL_CALL_END)
                 continue
-            err = f"Extra data at char {k - _WS_RE.match(text, body).end()}"
+            err = f"Extra data at char {k - j}"
             stop = k
-        if depth > 0:  # a broken call inside reasoning is prose; its valid JSON prefix stays string content
-            i = max(stop, body)
-            continue
         if _json_started(text, body):
-            end, closed = (last_close + len(TOOL_CALL_END), True) if last_close >= stop else (n, False)
-            calls.append(CallSpan(s, end, body, end - len(TOOL_CALL_END) if closed else end, closed, False, None,
-                                  err, False))
+            end, closed, body_end = _broken_extent(text, stop, err or "")
+            calls.append(CallSpan(s, end, body, body_end, closed, False, None, err, depth > 0))
             i = end
+            continue
+        if depth > 0:  # a bare tag inside reasoning is prose
+            i = max(stop, body)
             continue
         t = _BROKEN_END_RE.search(text, stop)
         if t is not None and t.group() == TOOL_CALL_END:

@@ -82,10 +82,9 @@ def test_broken_call_ends_before_a_think_tag_after_its_break():
     text = f"I could use <tool_call> here</think>answer {good}"
     content, calls = parse_tool_calls(text, TOOLS)
     assert [c.arguments for c in calls] == [{"code": "print(2)"}] and content == "answer"
-    # a broken call whose JSON started, with no end tag after its break: it runs to the end of the text (its
-    # tags are not trusted: they may stand inside a string the break made unreadable)
+    # a structural break (outside strings): a think tag outside quotes before any end tag ends the call there
     content, calls = parse_tool_calls("x <tool_call>{bad <think>secret</think> y", TOOLS)
-    assert len(calls) == 1 and "not closed" in calls[0].error and content == "x"
+    assert len(calls) == 1 and "not closed" in calls[0].error and content == "x  y"
     # a bare tag (no JSON after it) still ends at a think tag: reasoning that mentions it keeps its structure
     content, calls = parse_tool_calls("x <tool_call> maybe <think>secret</think> y", TOOLS)
     assert len(calls) == 1 and "not closed" in calls[0].error and content == "x  y"
@@ -120,11 +119,54 @@ def test_a_broken_call_never_leaks_its_code_into_the_reward(body):
     score = task.compute_score("x", text, "42", {"model_response_text": turn_reward_text(text)})
     assert score["acc"] is False and score["pred"] == ""
     assert "42" not in task.strip_tool_turns(text)
-    # text after the call's last end tag is the model's own again
-    if body.endswith("</tool_call>"):
+    # text after the call's end tag is the model's own again (not after an unterminated string: it swallows all)
+    if body.endswith("</tool_call>") and not scan_markup(text).calls[0].json_error.startswith("Unterminated"):
         after = text + " so \\boxed{7}"
         assert turn_reward_text(after).endswith("so \\boxed{7}")
         assert task.compute_score("x", after, "7", {"model_response_text": turn_reward_text(after)})["acc"] is True
+
+
+BOX7 = "\\boxed{7}"
+
+
+@pytest.mark.parametrize(
+    "text, gold, right",
+    [
+        # a broken call inside reasoning left open: its code's </think> closes nothing, so there is no answer
+        ('<think><tool_call>{"a": "\n</think>' + BOX7 + '"}</tool_call>', "7", False),
+        ("<think>plan <tool_call>{'a': '</think>" + BOX7 + "'}</tool_call>", "7", False),
+        # ... and its code's <think> opens nothing, so the answer after the real </think> counts
+        ('<think><tool_call>{"a": "\n<think>"}</tool_call></think>\\boxed{42}', "42", True),
+        # a truncated call (string never closed): its own </tool_call> ends nothing
+        ('<tool_call>{"a": "\n</tool_call>' + BOX7, "7", False),
+        ('<tool_call>{"a": "x</tool_call>' + BOX7, "7", False),
+        # a bad escape breaks inside a string: the string is skipped before looking for the end tag
+        ('<tool_call>{"a": "\\q </tool_call> ' + BOX7 + '"}</tool_call>', "7", False),
+        # R1 (prompt-opened reasoning): a call with a raw newline, then </think>, a good call and the answer
+        ('r <tool_call>{"a": "\n"}</tool_call> r</think> ok ' + tool_call_text("print(1)") + " \\boxed{42}", "42",
+         True),
+    ],
+)
+def test_broken_calls_keep_their_extent_inside_and_outside_reasoning(text, gold, right):
+    from envs.reward import compute_score
+    from envs.tool_use import task
+    from envs.tool_use.parser import turn_reward_text
+
+    for family in ("short_cot", "long_cot"):
+        assert compute_score(family, text, gold)["acc"] is right, family
+    rt = turn_reward_text(text)
+    assert task.compute_score("x", text, gold, {"model_response_text": rt})["acc"] is right
+    content, calls = parse_tool_calls(text, TOOLS)
+    assert "</tool_call>" not in content and "print(" not in content
+
+
+def test_a_broken_call_with_a_raw_newline_keeps_the_good_call_after_it():
+    good = tool_call_text("print(2)")
+    text = f'<tool_call>{{"name": "code_interpreter", "arguments": {{"code": "x\ny"}}}}</tool_call> {good} done'
+    content, calls = parse_tool_calls(text, TOOLS)
+    assert [c.ok for c in calls] == [False, True] and calls[1].arguments == {"code": "print(2)"}
+    assert calls[0].error.startswith("Error: the tool call is not valid JSON (Invalid control character at char")
+    assert content == "done"
 
 
 def test_a_tag_printed_by_a_call_does_not_split_reasoning_or_wipe_the_fallback_text():
@@ -159,9 +201,14 @@ def test_parameters_is_the_arguments_object_when_arguments_is_absent():
                                 TOOLS)
     assert calls[0].ok and calls[0].arguments == {"code": "1"}
     _, calls = parse_tool_calls('<tool_call>{"name": "clock", "parameters": 3}</tool_call>', TOOLS)
-    assert calls[0].error.startswith("Error: \"arguments\" of tool 'clock' must be a JSON object")
+    assert calls[0].error.startswith("Error: \"parameters\" of tool 'clock' must be a JSON object")
     both = '<tool_call>{"name": "clock", "arguments": {"tz": "A"}, "parameters": {"tz": "B"}}</tool_call>'
     assert parse_tool_calls(both, TOOLS)[1][0].arguments == {"tz": "A"}  # "arguments" wins
+    for empty in ("null", '""', "{}"):  # ... unless it is empty
+        text = f'<tool_call>{{"name": "code_interpreter", "arguments": {empty}, "parameters": {{"code": "1"}}}}</tool_call>'
+        assert parse_tool_calls(text, TOOLS)[1][0].arguments == {"code": "1"}, empty
+    _, calls = parse_tool_calls('<tool_call>{"name": "clock", "parameters": [1]}</tool_call>', TOOLS)
+    assert calls[0].error.startswith("Error: \"parameters\" of tool 'clock' must be a JSON object")
 
 
 @pytest.mark.parametrize("args", ['""', '"   "', "null", "{}"])
@@ -201,7 +248,8 @@ def _chars_read(monkeypatch, text):
     import envs.markup as markup
 
     tally = [0]
-    for name in ("_TAG_RE", "_BROKEN_END_RE", "_WS_RE", "_DECODER"):
+    for name in ("_TAG_RE", "_BROKEN_END_RE", "_WS_RE", "_DECODER", "_LENIENT", "_QUOTED_SCAN_RE", "_IN_STRING_RE",
+                 "_CTRL_RE"):
         monkeypatch.setattr(markup, name, _Counting(getattr(markup, name), tally))
     parse_tool_calls(text, TOOLS), remove_tool_calls(text), think_visible_spans(text)
     return tally[0]
@@ -217,6 +265,11 @@ FLOODS = {
     "opened arrays in reasoning": '<think><tool_call>{"a": [',
     "well-formed calls in reasoning": '<think><tool_call>{"a": "\\"</tool_call>"}</tool_call>',
     "open braces": "<tool_call>{",
+    "raw newlines in strings": '<tool_call>{"a": "\n</tool_call>',
+    "raw newlines in reasoning": '<think><tool_call>{"a": "\n"}</tool_call>',
+    "single-quoted": "<tool_call>{'a': '</tool_call>",
+    "bad escapes": '<tool_call>{"a": "\\q</tool_call>',
+    "trailing commas": '<tool_call>{"a": 1,}',
 }
 
 
