@@ -120,8 +120,11 @@ def _parse_value(raw: str, obj: Any, tools: dict[str, Any]) -> ParsedCall:
     if name not in tools:
         avail = ", ".join(sorted(tools)) or "none"
         return ParsedCall(raw, name=name, error=f"Error: unknown tool '{name}'. Available tools: {avail}.")
-    # Llama-style calls name the object "parameters": the same thing when "arguments" is absent
-    args = obj.get("arguments") if "arguments" in obj or "parameters" not in obj else obj.get("parameters")
+    # Llama-style calls name the object "parameters": used when "arguments" is absent or empty (null, "", {})
+    key = "arguments"
+    if "parameters" in obj and obj.get("arguments") in (None, "", {}) and obj["parameters"] not in (None, "", {}):
+        key = "parameters"
+    args = obj.get(key)
     if isinstance(args, str):  # some models write the arguments as a JSON string; "" or blanks: no arguments
         if not args.strip():
             args = None
@@ -134,7 +137,7 @@ def _parse_value(raw: str, obj: Any, tools: dict[str, Any]) -> ParsedCall:
         args = {}
     if not isinstance(args, dict):
         return ParsedCall(
-            raw, name=name, error=f"Error: \"arguments\" of tool '{name}' must be a JSON object; nothing was run."
+            raw, name=name, error=f"Error: \"{key}\" of tool '{name}' must be a JSON object; nothing was run."
         )
     err = _check_arguments(name, args, tools[name])
     return ParsedCall(raw, name=name, arguments=args if err is None else None, error=err)
