@@ -10,7 +10,8 @@
   words (cm, meters, dollars, degrees, ...) after a number
 - ``\\%``, ``%``, degrees (``^\\circ``, ``°``), currency (``\\$``) removed
 - thousands separators: ``1,000``, ``1{,}000``, ``12,345.5`` -> digits only (only when the whole answer
-  is such a number, so tuples such as ``(1,2)`` are untouched); digit groups separated by spaces
+  is such a number, so tuples such as ``(1,2)`` are untouched; a comma followed by whitespace separates list
+  items, so ``12, 345`` (two adjacent boxes) stays a list); digit groups separated by spaces
   (``1 000 000``, ``1\\,000``) are joined only when they are thousands groups (first group 1-3 digits,
   the others 3); a whole answer of other space-separated integers is a list (``1 2`` -> ``1,2``: never 12,
   and not 3 as math-verify would read it); other digits separated by a space (``x^2 3``) keep one space
@@ -45,6 +46,7 @@ _SHORT = 200  # unit-stripping regexes backtrack; only run them on short answers
 _CHOICE_RE = re.compile(r"^\(([A-Za-z])\)$")
 _WHOLE_TEXT_RE = re.compile(r"^\\text\{([^{}]*)\}$")
 _THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_COMMA_SPACE_RE = re.compile(r"(?<=\d),\s+(?=\d)")  # a comma then whitespace between digits separates items
 _ASSIGN_RE = re.compile(r"^(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*=\s*(?P<rhs>[^=<>]+)$")
 _FRAC_SHORT_RE = re.compile(r"\\frac(?![A-Za-z])\s*([0-9A-Za-z])\s*([0-9A-Za-z])")
 _FRAC_HALF_SHORT_RE = re.compile(r"\\frac(?![A-Za-z])\s*\{([^{}]*)\}\s*(\d)")
@@ -184,9 +186,12 @@ def _normalize(s: str) -> str:
     s = _FRAC_HALF_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
     s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
     s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s)
+    listed = _COMMA_SPACE_RE.search(s) is not None
     s = _WS_RE.sub(_drop_space, s).replace(_KEPT_SPACE, " ")
     if _THOUSANDS_RE.match(s):
-        s = s.replace(",", "")
+        # "12, 345" (two adjacent boxes) is a list, never 12345: keep ", " so math-verify reads a set too (it
+        # reads "12,345" as 12345)
+        s = s.replace(",", ", ") if listed else s.replace(",", "")
     s = s.rstrip(".")
     m = _CHOICE_RE.match(s)
     if m:

@@ -122,6 +122,19 @@ def test_equal_tiny_or_huge_exact_values_are_equal(pred, gold):
 
 
 @pytest.mark.parametrize(
+    "text, gold",
+    [(r"\boxed{12}, \boxed{345}", "12345"), ("\\boxed{1}\n\\boxed{000}", "1000"), (r"\boxed{5}, \boxed{000}", "5000"),
+     (r"\boxed{-1}, \boxed{234}", "-1234")],
+)
+def test_adjacent_boxes_never_merge_into_one_thousands_number(text, gold):
+    from envs.reward import compute_score
+
+    assert compute_score("x", text, gold)["acc"] is False, text
+    items = "\\{" + extract_boxed(text).replace(" ", "") + "\\}"  # the list itself still scores as a set
+    assert compute_score("x", text, items)["acc"] is True, (text, items)
+
+
+@pytest.mark.parametrize(
     "pred, gold",
     [
         (r"\frac{1}{1001!}", r"\frac{1}{1002!}"),
