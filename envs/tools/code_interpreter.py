@@ -88,7 +88,9 @@ def _tail_lines(text: str, n: int) -> str:
 
 # An uncaught exception's report (the sandbox driver prints it with the model's frames named "<code>"; a
 # SyntaxError has no "Traceback" header but names the line).
-_EXCEPTION_REPORT_RE = re.compile(r'^Traceback \(most recent call last\):$|^\s*File "<code>", line \d+', re.M)
+_EXCEPTION_REPORT_RE = re.compile(
+    r'^[\s|+-]*(?:Exception Group )?Traceback \(most recent call last\):$|^[\s|]*File "<code>", line \d+', re.M
+)  # an ExceptionGroup's report indents its parts with "|" and "+-
 
 
 def _signal_name(number: int) -> str | None:

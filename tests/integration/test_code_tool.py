@@ -225,6 +225,14 @@ def test_exit_status_formatting_without_a_sandbox():
     )
     tb = 'Traceback (most recent call last):\n  File "<code>", line 1, in <module>\nKeyError: 3\n'
     assert format_observation(ExecResult(stderr=tb, exit_code=1)).endswith("KeyError: 3")
+    # an uncaught ExceptionGroup's report (parts indented with "|" and "+-") speaks for itself too
+    eg = ("  + Exception Group Traceback (most recent call last):\n  |   File \"<code>\", line 1, in <module>\n"
+          "  | ExceptionGroup: eg (1 sub-exception)\n  +-+---------------- 1 ----------------\n"
+          "    | ValueError: x\n    +------------------------------------\n")
+    assert "status" not in format_observation(ExecResult(stderr=eg, exit_code=1))
+    # ... but a report scrolled out of the shown tail, or a status other than 1, does not hide the exit
+    assert format_observation(ExecResult(stderr=tb + "w\n" * 9, exit_code=1)).endswith("exited with status 1.")
+    assert format_observation(ExecResult(stderr=tb, exit_code=3)).endswith("exited with status 3.")
     assert format_observation(ExecResult(exit_code=128 + 9)) == "The program was killed by SIGKILL (exit status 137)."
     assert format_observation(ExecResult(exit_code=200)) == "The program exited with status 200."  # no signal 72
     assert format_observation(ExecResult(exit_code=0)) == "(no output)"
