@@ -239,8 +239,21 @@ def _ground_truths(gt: Any) -> list[str]:
             return [s for x in items for s in _ground_truths(x)]
         return _ground_truths(items)
     if isinstance(gt, float) and gt.is_integer():
-        return [str(int(gt))]
+        return [_int_text(int(gt))]
+    if isinstance(gt, int) and not isinstance(gt, bool):
+        return [_int_text(gt)]
     return [str(gt)]
+
+
+def _int_text(n: int) -> str:
+    """The decimal digits of ``n``, also beyond Python's int-to-str digit limit (4,300 by default), which would
+    raise ValueError for a huge integer ground truth."""
+    try:
+        return str(n)
+    except ValueError:
+        import decimal
+
+        return format(decimal.Decimal(n), "f")
 
 
 def _gt_answer(gt: str) -> str:

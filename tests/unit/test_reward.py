@@ -204,6 +204,11 @@ def test_ground_truth_forms():
     assert compute_score("x", r"\boxed{72}", r"so \boxed{72}")["score"] == 1.0
     r = compute_score("x", r"\boxed{7}", "")
     assert r["score"] == 0.0 and r["verify_method"] == "no_ground_truth"
+    # integers beyond Python's int-to-str digit limit (4,300) are ground truths too, never a ValueError
+    for big in (10**5000, -(7**6000), float(10**300)):
+        assert compute_score("x", r"\boxed{5}", big)["acc"] is False
+    huge = 10**5000
+    assert compute_score("x", "\\boxed{1" + "0" * 5000 + "}", huge, timeout_s=10)["acc"] is True
 
 
 def test_never_raises_on_garbage():
