@@ -156,18 +156,20 @@ def _parse_span(text: str, span: CallSpan, tools: dict[str, Any]) -> ParsedCall:
     return _parse_value(raw, span.value, tools)
 
 
-def parse_tool_calls(text: str, tools: dict[str, Any]) -> tuple[str, list[ParsedCall]]:
+def parse_tool_calls(text: str, tools: dict[str, Any] | None) -> tuple[str, list[ParsedCall]]:
     """Parse the hermes tool calls of one assistant turn, ignoring those inside ``<think>...</think>``.
 
     Args:
         text: the decoded turn (special tokens kept).
-        tools: the available tools, name -> OpenAI function schema (None: no argument checks).
+        tools: the available tools, name -> OpenAI function schema (None: no argument checks); None or ``{}``
+            for no tools at all (every call is an unknown-tool error).
 
     Returns:
         ``(content, calls)``: the turn's text without thinking and tool calls (stripped), and the calls in order
         (well-formed ones and malformed ones with their error message). An unclosed ``<tool_call>`` is one
         malformed call. Never raises for any text.
     """
+    tools = tools or {}
     mk = scan_markup(text)
     calls = [c for c in mk.calls if not c.in_think]
     parts: list[str] = []

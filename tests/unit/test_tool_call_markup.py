@@ -194,6 +194,12 @@ def test_empty_arguments_of_an_all_optional_tool_are_an_empty_object(args):
     assert calls[0].ok and calls[0].arguments == {}
 
 
+def test_no_tools_at_all_makes_every_call_an_unknown_tool():
+    for tools in (None, {}):
+        content, calls = parse_tool_calls('hi <tool_call>{"name": "clock"}</tool_call>', tools)
+        assert content == "hi" and calls[0].error == "Error: unknown tool 'clock'. Available tools: none."
+
+
 def test_parameters_is_the_arguments_object_when_arguments_is_absent():
     _, calls = parse_tool_calls('<tool_call>{"name": "clock", "parameters": {"tz": "UTC"}}</tool_call>', TOOLS)
     assert calls[0].ok and calls[0].arguments == {"tz": "UTC"}  # was run with {} (the object silently dropped)
