@@ -15,11 +15,15 @@ Rules (the *extent* of each piece of markup):
   - a raw newline or tab inside a string (invalid JSON, but common in model output) is decoded leniently to
     find where the JSON ends; the call stays malformed for the parser;
   - an unterminated string runs to the end of the text (everything after its quote is inside it);
-  - after any other break (single quotes, a trailing comma, a bad escape, extra data) the first
-    ``</tool_call>`` outside quoted strings (double or single, escapes honoured; an invalid escape's string is
-    skipped first) ends it; a ``<think>`` or ``</think>`` outside quotes before that ends it there (unclosed);
-    without either it runs to the end of the text (unclosed).
-- **A bare tag** (no JSON value after ``<tool_call>``) ends at the first ``</tool_call>`` after it; a
+  - after any other break (single quotes, a quote the code did not escape, a trailing comma, a bad escape,
+    extra data, an integer over Python's digit limit) it ends at the text's *last* ``</tool_call>`` when that
+    lies after the break, else at the end of the text (unclosed): once the JSON broke nothing tells string
+    content from markup, so no tag in between is trusted (a well-formed call after it in the same text is
+    swallowed with it, and R1 reasoning's ``</think>`` after it too: safe, not generous).
+- **A fence or a tool name before the object** (``<tool_call>```json {...} ```</tool_call>``,
+  ``<tool_call>code_interpreter {...}</tool_call>``) is a broken call whose extent is its object's (then the end
+  tag, after an optional closing fence); if that object breaks, the rules above apply.
+- **A bare tag** (no JSON value or object after ``<tool_call>``, e.g. prose mentioning the tag) ends at the first ``</tool_call>`` after it; a
   ``<think>`` or ``</think>`` before that ends it there instead (unclosed), and without either it runs to the
   end of the text (unclosed). Inside reasoning a bare tag is prose.
 - **Reasoning blocks nest** (an inner ``</think>`` does not end the outer block). A ``</think>`` that closes no
@@ -62,12 +66,9 @@ _BROKEN_END_RE = re.compile(r"</tool_call>|<think>|</think>")
 _WS_RE = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 _LENIENT = json.JSONDecoder(strict=False)  # raw newlines and tabs inside strings: only to find a call's extent
-# after a structural break: the next quoted string (double or single, escapes honoured, unterminated = to the end)
-# or tag; a tag inside quotes is string content
-_QUOTED_SCAN_RE = re.compile(
-    r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\Z)' r"|'[^'\\]*(?:\\.[^'\\]*)*(?:'|\Z)" r"|</tool_call>|<think>|</think>", re.S
-)
 _CTRL_RE = re.compile(r"[\x00-\x1f]")
+_LOOSE_START_RE = re.compile(r"[ \t\n\r]*(?:```[A-Za-z]*[ \t\n\r]*)?(?:[A-Za-z_][\w.-]{0,63}[ \t\n\r]*)?(?=\{)")
+_LOOSE_END_RE = re.compile(r"[ \t\n\r]*(?:```[ \t\n\r]*)?")
 _IN_STRING_RE = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # the rest of a double-quoted string
 
 
@@ -151,15 +152,20 @@ def _decode(text: str, body: int, decoder: json.JSONDecoder | None = None) -> tu
             return False, None, j + err.pos, f"{err.msg.removesuffix(' at')} at char {err.pos}"
         except RecursionError:  # thousands of nested brackets: the decoder recurses per level
             return False, None, j, "too deep"
-        except ValueError as err:  # e.g. an integer beyond Python's digit limit
-            if cut:
-                size *= 4
-                continue
+        except ValueError as err:  # an integer beyond Python's digit limit: a larger window cannot help
             return False, None, j, f"{err} at char 0"
         if cut and stop >= len(window) - _EDGE:
             size *= 4
             continue
         return True, value, j + stop, None
+
+
+def _loose_json_start(text: str, body: int) -> int | None:
+    """Where a JSON object starts after a code fence (`````json``) and/or a bare tool name right after the tag, or
+    None (``<tool_call>```json {...}``` `` and ``<tool_call>code_interpreter {...}`` are broken calls whose
+    extent is their object's)."""
+    m = _LOOSE_START_RE.match(text, body)
+    return m.end() if m is not None else None
 
 
 def _json_started(text: str, body: int) -> bool:
@@ -168,32 +174,19 @@ def _json_started(text: str, body: int) -> bool:
     return j < len(text) and text[j] in _VALUE_START
 
 
-def _broken_extent(text: str, stop: int, err: str) -> tuple[int, bool, int]:
+def _broken_extent(text: str, stop: int, err: str, last_close: int | None = None) -> tuple[int, bool, int]:
     """``(end, closed, body_end)`` of a call whose JSON started but broke at ``stop`` (module docstring): an
-    unterminated string runs to the end of the text; a break inside a string (a bad escape) first skips the rest
-    of that string; then the first ``</tool_call>`` outside quoted strings ends the call (closed), a think tag
-    outside them ends it there (unclosed), and without either it runs to the end. Linear in what it reads."""
+    unterminated string runs to the end of the text; after any other break the call ends at the text's last
+    ``</tool_call>`` (``last_close``, found once per scan) when that lies at or after the break, else at the
+    end of the text. After a break nothing tells string content from markup (a quote the code did not escape
+    shifts every pairing), so no tag in between is trusted."""
     n = len(text)
     if err.startswith("Unterminated string"):
         return n, False, n
-    pos = stop
-    if err.startswith("Invalid \\"):  # an invalid escape: the break is inside a double-quoted string
-        rest = _IN_STRING_RE.match(text, stop)
-        if rest is None:
-            return n, False, n
-        pos = rest.end()
-    while True:
-        t = _QUOTED_SCAN_RE.search(text, pos)
-        if t is None:
-            return n, False, n
-        tok = t.group()
-        if tok == TOOL_CALL_END:
-            return t.end(), True, t.start()
-        if tok in (THINK_OPEN, THINK_CLOSE):
-            return t.start(), False, t.start()
-        if t.end() >= n and tok[-1] != tok[0] or len(tok) == 1:  # a string left open runs to the end
-            return n, False, n
-        pos = t.end()
+    last = last_close if last_close is not None else text.rfind(TOOL_CALL_END)
+    if last >= stop:
+        return last + len(TOOL_CALL_END), True, last
+    return n, False, n
 
 
 def scan_markup(text: str) -> Markup:
@@ -209,6 +202,7 @@ def scan_markup(text: str) -> Markup:
     calls: list[CallSpan] = []
     reasoning_calls = 0  # calls[:reasoning_calls] stand before a prompt-opened block's </think>
     depth, vis_start, i = 0, 0, 0
+    last_close: int | None = None  # the text's last </tool_call>, found at the first broken call
     while i < n:
         m = _TAG_RE.search(text, i)
         if m is None:
@@ -249,8 +243,21 @@ def scan_markup(text: str) -> Markup:
                 continue
             err = f"Extra data at char {k - j}"
             stop = k
-        if _json_started(text, body):
-            end, closed, body_end = _broken_extent(text, stop, err or "")
+        if last_close is None:
+            last_close = text.rfind(TOOL_CALL_END)
+        json_at = body if _json_started(text, body) else _loose_json_start(text, body)
+        if json_at is not None and json_at != body:  # a fence (```json) or a tool name before the object
+            ok, value, stop, err = _decode(text, json_at, _LENIENT)
+            k = _LOOSE_END_RE.match(text, stop).end() if ok else stop
+            if ok and text.startswith(TOOL_CALL_END, k):
+                err = f"the JSON object does not follow the tag directly (at char {json_at - body})"
+                calls.append(CallSpan(s, k + len(TOOL_CALL_END), body, k, True, False, None, err, depth > 0))
+                i = k + len(TOOL_CALL_END)
+                continue
+            err = err or f"Extra data at char {k - json_at}"
+            stop = max(stop, k)
+        if json_at is not None:
+            end, closed, body_end = _broken_extent(text, stop, err or "", last_close)
             calls.append(CallSpan(s, end, body, body_end, closed, False, None, err, depth > 0))
             i = end
             continue

@@ -225,6 +225,14 @@ def think_visible_spans(text: str) -> tuple[list[tuple[int, int]], int]:
     return mk.visible, mk.depth
 
 
+def _without_calls(text: str) -> str:
+    if "<tool_call>" not in text:
+        return text
+    from envs.markup import remove_calls
+
+    return remove_calls(text)
+
+
 def _last_think_close(text: str) -> int:
     """Offset of the last ``</think>`` outside every tool call (``envs.markup`` extents: a tag printed by a call's
     code closes nothing), or -1. Linear: each backward search starts before the call that held the last hit."""
@@ -263,7 +271,7 @@ def split_think(text: str, mode: ThinkMode = "auto") -> ThinkSplit:
     if mode == "off":
         return ThinkSplit(reasoning="", answer=text, closed=False, opened=False)
     close = _last_think_close(text)
-    opened = THINK_OPEN in text
+    opened = THINK_OPEN in _without_calls(text)  # a <think> printed by a call's code opens nothing
     if close >= 0 and think_visible_spans(text)[1] > 0:  # a block (re)opened or nested is still open at the end
         o = text.find(THINK_OPEN)
         return ThinkSplit(reasoning=text[o + len(THINK_OPEN) :] if o >= 0 else text, answer="", closed=False,

@@ -82,9 +82,9 @@ def test_broken_call_ends_before_a_think_tag_after_its_break():
     text = f"I could use <tool_call> here</think>answer {good}"
     content, calls = parse_tool_calls(text, TOOLS)
     assert [c.arguments for c in calls] == [{"code": "print(2)"}] and content == "answer"
-    # a structural break (outside strings): a think tag outside quotes before any end tag ends the call there
+    # a structural break with no end tag after it: the call runs to the end (its tags are not trusted)
     content, calls = parse_tool_calls("x <tool_call>{bad <think>secret</think> y", TOOLS)
-    assert len(calls) == 1 and "not closed" in calls[0].error and content == "x  y"
+    assert len(calls) == 1 and "not closed" in calls[0].error and content == "x"
     # a bare tag (no JSON after it) still ends at a think tag: reasoning that mentions it keeps its structure
     content, calls = parse_tool_calls("x <tool_call> maybe <think>secret</think> y", TOOLS)
     assert len(calls) == 1 and "not closed" in calls[0].error and content == "x  y"
@@ -153,11 +153,64 @@ def test_broken_calls_keep_their_extent_inside_and_outside_reasoning(text, gold,
     from envs.tool_use.parser import turn_reward_text
 
     for family in ("short_cot", "long_cot"):
-        assert compute_score(family, text, gold)["acc"] is right, family
+        assert compute_score("x", text, gold, family=family)["acc"] is right, family
     rt = turn_reward_text(text)
     assert task.compute_score("x", text, gold, {"model_response_text": rt})["acc"] is right
     content, calls = parse_tool_calls(text, TOOLS)
     assert "</tool_call>" not in content and "print(" not in content
+
+
+_CI = '{"name": "code_interpreter", "arguments": {"code": '
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a quote the code did not escape: JSON-style quote pairing after the break would put the tag outside
+        "Let me compute. <tool_call>" + _CI + '"print("</tool_call>"); print("\\\\boxed{42}")"}}</tool_call>',
+        "plan <tool_call>" + _CI + '"print("</think>"); print("\\\\boxed{42}")"}}</tool_call>',
+        "<think>plan <tool_call>" + _CI + '"print("</think>"); print("\\\\boxed{42}")"}}</tool_call>',
+        # a fence or a tool name before the object
+        "<tool_call>```json\n" + _CI + '"print(\'</tool_call>\'); print(\'\\\\boxed{42}\')"}}\n```</tool_call>',
+        '<tool_call>code_interpreter\n{"code": "print(\'</tool_call> \\\\boxed{42}\')"}</tool_call>',
+        'reasoning <tool_call>```json\n{"code": "print(\'</think>\')\\nprint(\'\\\\boxed{42}\')"}\n```</tool_call>',
+        # prose whose first letter could start a JSON literal (I for Infinity), then an apostrophe
+        "<tool_call>I'll run " + _CI + '"print(\'</tool_call>\'); print(\'\\\\boxed{42}\')"}}</tool_call> done',
+    ],
+)
+def test_no_quote_pairing_or_prefix_lets_a_calls_code_reach_the_reward(text):
+    from envs.reward import compute_score
+    from envs.tool_use import task
+    from envs.tool_use.parser import turn_reward_text
+
+    for family in ("short_cot", "long_cot"):
+        assert compute_score("x", text, "42", family=family)["acc"] is False, family
+    rt = turn_reward_text(text)
+    assert "42" not in rt and task.compute_score("x", text, "42", {"model_response_text": rt})["acc"] is False
+    assert "42" not in parse_tool_calls(text, TOOLS)[0]
+
+
+def test_a_fenced_call_has_its_objects_extent_and_stays_malformed():
+    text = "<tool_call>```json\n" + tool_call_text("print(1)")[len("<tool_call>"):-len("</tool_call>")]
+    text += "\n```</tool_call> then \\boxed{7}"
+    content, calls = parse_tool_calls(text, TOOLS)
+    assert len(calls) == 1 and not calls[0].ok and content == "then \\boxed{7}"
+    assert "does not follow the tag directly" in calls[0].error
+
+
+def test_a_think_tag_printed_by_a_call_opens_nothing_for_the_answer():
+    from envs.reward import compute_score
+
+    text = tool_call_text("print('<think>')") + " so \\boxed{7}"
+    assert compute_score("x", text, "7", family="short_cot")["acc"] is True
+
+
+def test_huge_integers_in_calls_stay_linear(monkeypatch):
+    unit = '<tool_call>{"a": ' + "1" * 4400 + "}</tool_call>"  # beyond Python's int digit limit
+    small, big = (_chars_read(monkeypatch, unit * k) for k in (20, 160))
+    assert big <= 8.5 * small, (small, big)  # 8x the text: 8x the work (the window grew to the text's end: 64x)
+    content, calls = parse_tool_calls(unit * 3 + " ok", TOOLS)
+    assert content == "ok" and len(calls) == 1 and "digit" in calls[0].error  # the last end tag closes it
 
 
 def test_a_broken_call_with_a_raw_newline_keeps_the_good_call_after_it():
@@ -178,7 +231,7 @@ def test_a_tag_printed_by_a_call_does_not_split_reasoning_or_wipe_the_fallback_t
     text = f"<think>r</think> \\boxed{{7}} {call}"
     assert split_think(text).reasoning == "r"
     for family in ("long_cot", "short_cot"):  # a call's \boxed{} is never the answer, whatever the family
-        r = compute_score(family, text, "7")
+        r = compute_score("x", text, "7", family=family)
         assert r["acc"] is True and r["pred"] == "7", family
     # the fallback strip (no loop text): a call that prints <tool_response> wipes nothing after it
     call2 = tool_call_text("print('<tool_response>')")
@@ -254,8 +307,8 @@ def _chars_read(monkeypatch, text):
     import envs.markup as markup
 
     tally = [0]
-    for name in ("_TAG_RE", "_BROKEN_END_RE", "_WS_RE", "_DECODER", "_LENIENT", "_QUOTED_SCAN_RE", "_IN_STRING_RE",
-                 "_CTRL_RE"):
+    for name in ("_TAG_RE", "_BROKEN_END_RE", "_WS_RE", "_DECODER", "_LENIENT", "_CTRL_RE", "_LOOSE_START_RE",
+                 "_LOOSE_END_RE"):
         monkeypatch.setattr(markup, name, _Counting(getattr(markup, name), tally))
     parse_tool_calls(text, TOOLS), remove_tool_calls(text), think_visible_spans(text)
     return tally[0]
