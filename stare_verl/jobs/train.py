@@ -214,6 +214,8 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
+    # the launch overrides (the twin's pins added, its note printed) once, for the check and the launch below
+    args = argparse.Namespace(**{**vars(args), "overrides": method_overrides(args.method, args.overrides)})
     t0 = time.time()
     what = "CPU default" if backend.path == "cpu" else f"GPU ({backend.path}: no SGLang installed)"
     print(f"[{name}] {what}, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
@@ -226,7 +228,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
 
             placeholders = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x",
                             "trainer.default_local_dir=x"]  # fmt: skip
-            cfg = compose_recipe(f"cpu/{recipe}", placeholders + method_overrides(args.method, args.overrides))
+            cfg = compose_recipe(f"cpu/{recipe}", placeholders + list(args.overrides))
             validate_recipe(cfg)
             tool_config = cfg.actor_rollout_ref.rollout.multi_turn.get("tool_config_path")
             backend = dataclasses.replace(backend, sandbox=sandbox_backend(tool_config))
@@ -319,7 +321,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         *(["trainer.device=cuda"] if on_gpu else []),
         # a real model's chat template makes longer prompts than the tiny tokenizer's
         *(["data.max_prompt_length=1024"] if before is None else []),
-        *method_overrides(args.method, args.overrides),
+        *args.overrides,  # train_cpu's launch overrides (method_overrides applied)
     ]
     cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
