@@ -69,7 +69,6 @@ _LENIENT = json.JSONDecoder(strict=False)  # raw newlines and tabs inside string
 _CTRL_RE = re.compile(r"[\x00-\x1f]")
 _LOOSE_START_RE = re.compile(r"[ \t\n\r]*(?:```[A-Za-z]*[ \t\n\r]*)?(?:[A-Za-z_][\w.-]{0,63}[ \t\n\r]*)?(?=\{)")
 _LOOSE_END_RE = re.compile(r"[ \t\n\r]*(?:```[ \t\n\r]*)?")
-_IN_STRING_RE = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # the rest of a double-quoted string
 
 
 @dataclass(frozen=True)
@@ -174,7 +173,7 @@ def _json_started(text: str, body: int) -> bool:
     return j < len(text) and text[j] in _VALUE_START
 
 
-def _broken_extent(text: str, stop: int, err: str, last_close: int | None = None) -> tuple[int, bool, int]:
+def _broken_extent(text: str, stop: int, err: str, last_close: int) -> tuple[int, bool, int]:
     """``(end, closed, body_end)`` of a call whose JSON started but broke at ``stop`` (module docstring): an
     unterminated string runs to the end of the text; after any other break the call ends at the text's last
     ``</tool_call>`` (``last_close``, found once per scan) when that lies at or after the break, else at the
@@ -183,9 +182,8 @@ def _broken_extent(text: str, stop: int, err: str, last_close: int | None = None
     n = len(text)
     if err.startswith("Unterminated string"):
         return n, False, n
-    last = last_close if last_close is not None else text.rfind(TOOL_CALL_END)
-    if last >= stop:
-        return last + len(TOOL_CALL_END), True, last
+    if last_close >= stop:
+        return last_close + len(TOOL_CALL_END), True, last_close
     return n, False, n
 
 
@@ -286,6 +284,8 @@ def _in_think(c: CallSpan) -> CallSpan:
 def remove_calls(text: str, markup: Markup | None = None) -> str:
     """``text`` without any tool call (visible ones and those inside reasoning, well-formed or broken), by the
     extents of :func:`scan_markup`; everything else (reasoning included) is kept. Linear."""
+    if markup is None and TOOL_CALL_START not in text:  # no call can start: nothing to scan for
+        return text
     mk = markup if markup is not None else scan_markup(text)
     out, pos = [], 0
     for c in mk.calls:

@@ -71,6 +71,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from envs.contract import FAMILIES, LONG_COT, SHORT_COT
+from envs.markup import remove_calls
 from envs.scoring.extract import extract_final_answer, split_think
 from envs.scoring.normalize import normalize_answer
 from envs.scoring.reflection import REFLECTION_PATTERNS, count_reflections
@@ -265,16 +266,6 @@ def _gt_answer(gt: str) -> str:
     return gt
 
 
-def _without_calls(answer: str) -> str:
-    """``answer`` without tool calls (``envs.markup`` extents): a ``\\boxed{}`` printed by a call's code is not an
-    answer, whichever family the text comes from."""
-    if "<tool_call>" not in answer:
-        return answer
-    from envs.markup import remove_calls
-
-    return remove_calls(answer)
-
-
 def compute_score(
     data_source: str | None = None,
     solution_str: str | None = None,
@@ -313,7 +304,7 @@ def compute_score(
     penalty = overlong_penalty(length, opts.max_response_length, opts.overlong_buffer_len, opts.overlong_penalty_factor)
 
     split = split_think(text, opts.think_mode)  # type: ignore[arg-type]
-    pred_raw, _how = extract_final_answer(_without_calls(split.answer), strict_box=opts.strict_box)
+    pred_raw, _how = extract_final_answer(remove_calls(split.answer), strict_box=opts.strict_box)  # a call's \\boxed{} is no answer
     has_answer = pred_raw is not None and not truncated
     gts = _ground_truths(ground_truth)
 

@@ -225,23 +225,11 @@ def think_visible_spans(text: str) -> tuple[list[tuple[int, int]], int]:
     return mk.visible, mk.depth
 
 
-def _without_calls(text: str) -> str:
-    if "<tool_call>" not in text:
-        return text
-    from envs.markup import remove_calls
-
-    return remove_calls(text)
-
-
-def _last_think_close(text: str) -> int:
-    """Offset of the last ``</think>`` outside every tool call (``envs.markup`` extents: a tag printed by a call's
-    code closes nothing), or -1. Linear: each backward search starts before the call that held the last hit."""
+def _last_think_close(text: str, calls: list) -> int:
+    """Offset of the last ``</think>`` outside every tool call of ``calls`` (``envs.markup`` extents, in order: a
+    tag printed by a call's code closes nothing), or -1. Linear: each backward search starts before the call that
+    held the last hit."""
     close = text.rfind(THINK_CLOSE)
-    if close < 0 or "<tool_call>" not in text:
-        return close
-    from envs.markup import scan_markup
-
-    calls = scan_markup(text).calls
     k = len(calls) - 1
     while close >= 0:
         while k >= 0 and calls[k].start > close:
@@ -270,9 +258,13 @@ def split_think(text: str, mode: ThinkMode = "auto") -> ThinkSplit:
     """
     if mode == "off":
         return ThinkSplit(reasoning="", answer=text, closed=False, opened=False)
-    close = _last_think_close(text)
-    opened = THINK_OPEN in _without_calls(text)  # a <think> printed by a call's code opens nothing
-    if close >= 0 and think_visible_spans(text)[1] > 0:  # a block (re)opened or nested is still open at the end
+    from envs.markup import TOOL_CALL_START, remove_calls, scan_markup
+
+    # one scan serves all three questions; a tag printed by a call's code opens or closes nothing
+    mk = scan_markup(text) if THINK_CLOSE in text or TOOL_CALL_START in text else None
+    close = _last_think_close(text, mk.calls) if mk is not None else -1
+    opened = THINK_OPEN in (remove_calls(text, mk) if mk is not None else text)
+    if close >= 0 and mk.depth > 0:  # a block (re)opened or nested is still open at the end
         o = text.find(THINK_OPEN)
         return ThinkSplit(reasoning=text[o + len(THINK_OPEN) :] if o >= 0 else text, answer="", closed=False,
                           opened=opened)
