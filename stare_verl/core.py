@@ -57,6 +57,13 @@ def select_top_surprisal(
         return candidates.copy(), -float(values.max())
     values.partition(k - 1)  # in place: `values` is already a copy
     thr = values[k - 1]  # k-th smallest log-prob = k-th highest surprisal
+    # after the partition values[:k] <= thr <= values[k:]: when no candidate beyond the k-th equals thr, the
+    # set is exactly the candidates <= thr (one compare over [R, T], no tie pass); counted on the 1-D values
+    if not np.any(values[k:] == thr):
+        with np.errstate(invalid="ignore"):
+            selected = np.less_equal(log_probs, thr)
+        selected &= candidates
+        return selected, -float(thr)
     with np.errstate(invalid="ignore"):  # NaN off the candidates compares False
         selected = np.less(log_probs, thr)
         selected &= candidates
@@ -301,7 +308,9 @@ def select_token_set(
     return Selection(rows=rows, selected=sel, count=int(np.count_nonzero(sel)), threshold=thr)
 
 
-def reweight_advantages(advantages: np.ndarray, sets: list[tuple[Selection, float]]) -> np.ndarray:
+def reweight_advantages(
+    advantages: np.ndarray, sets: list[tuple[Selection, float]], inplace: bool = False
+) -> np.ndarray:
     """Effective advantage ``A_eff = omega * A``: omega = the set's weight on its tokens, 1 elsewhere.
 
     Source: STARE steps 5-6. Positions outside the sets keep their advantage bit for bit, so masked
@@ -310,11 +319,12 @@ def reweight_advantages(advantages: np.ndarray, sets: list[tuple[Selection, floa
     Args:
         advantages: ``[B, T]`` float.
         sets: ``(selection, weight)`` pairs, e.g. ``[(L+, W), (L-, M)]``; their rows are disjoint.
+        inplace: write into ``advantages`` (the caller owns it) instead of a copy: saves a ``[B, T]`` copy.
 
     Returns:
-        A new ``[B, T]`` array of the dtype of ``advantages``.
+        ``[B, T]`` array of the dtype of ``advantages``: a new one, or ``advantages`` itself with ``inplace``.
     """
-    out = advantages.copy()
+    out = advantages if inplace else advantages.copy()
     flat_out, flat_in = out.reshape(-1), advantages.reshape(-1)
     for sel, weight in sets:
         if sel.count == 0:
@@ -434,8 +444,17 @@ def reweighted_covariance_sums(
             continue
         rows = sel.positions // log_probs.shape[1]
         lp = np.ascontiguousarray(log_probs).reshape(-1)[sel.positions].astype(np.float64)
-        delta = (float(weight) - 1.0) * row_advantages[rows].astype(np.float64)
-        cls = np.where(row_advantages[rows] > 0, 0, 2) + (lp >= thr)
-        adv += np.bincount(cls, weights=delta, minlength=5)
-        lp_adv += np.bincount(cls, weights=delta * lp, minlength=5)
+        a = row_advantages[rows].astype(np.float64)
+        high = (lp < thr).astype(np.float64)
+        # a set's rows share the advantage's sign (L+: A > 0, L-: A < 0): one part, dot products, no bincount
+        for q, part in ((0, a > 0), (2, a < 0)):
+            if not part.any():
+                continue
+            delta = (float(weight) - 1.0) * (a if part.all() else a * part)
+            delta_lp = delta * lp
+            d_hi, dl_hi = float(delta @ high), float(delta_lp @ high)
+            adv[q] += d_hi
+            adv[q + 1] += float(delta.sum()) - d_hi
+            lp_adv[q] += dl_hi
+            lp_adv[q + 1] += float(delta_lp.sum()) - dl_hi
     return CovarianceSums(n=base.n, lp=base.lp, adv=adv, lp_adv=lp_adv)

@@ -84,7 +84,9 @@ def compute_stare_advantage(
         controller = StareController(parse_stare_config(config))
     cfg = controller.config
     advantages, n_bad, zero_var_share = _group_advantage(token_level_rewards, response_mask, index, cfg)
-    advantages, step_metrics = stare_reweight(advantages, response_mask, old_log_probs, entropys, controller)
+    advantages, step_metrics = stare_reweight(
+        advantages, response_mask, old_log_probs, entropys, controller, inplace=True  # ours: no copy needed
+    )
     step_metrics["stare/nonfinite_rewards"] = float(n_bad)
     step_metrics["stare/zero_variance_groups"] = zero_var_share
     if metrics is not None:

@@ -40,6 +40,7 @@ def stare_reweight(
     entropys: torch.Tensor,
     controller: StareController,
     impl: str = "auto",
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Apply STARE's surprisal-guided reweighting to GRPO advantages, where the batch lives.
 
@@ -55,6 +56,9 @@ def stare_reweight(
         entropys: ``[B, T]`` float, per-token policy entropy (nats) from the same forward pass.
         controller: gate/schedule state; advanced by one step.
         impl: ``"auto"`` (by device, as above), ``"numpy"`` or ``"torch"`` (either path on any device; tests).
+        inplace: the NumPy path may write the reweighted values into ``advantages`` (a CPU float32/float64
+            tensor the caller owns, as :func:`stare_verl.estimator.compute_stare_advantage`'s): saves a
+            ``[B, T]`` copy. The returned tensor is then ``advantages`` itself when the gate is on.
 
     Returns:
         ``(advantages_eff, metrics)``: ``[B, T]`` tensor ``omega * advantages`` (exactly 0 where the mask is 0),
@@ -111,7 +115,10 @@ def stare_reweight(
         if l_minus is not None:
             m_eff = decision.m
             sets.append((l_minus, m_eff))
-        out = torch.from_numpy(reweight_advantages(adv_np, sets)).to(advantages.device)
+        # adv_np is a view of `advantages` for CPU tensors that NumPy holds as they are, else a copy of ours
+        copied = advantages.device.type != "cpu" or advantages.dtype in (torch.bfloat16, torch.float16)
+        own = inplace or copied
+        out = torch.from_numpy(reweight_advantages(adv_np, sets, inplace=own)).to(advantages.device)
         cov_eff = reweighted_covariance_sums(cov_base, row_adv, lp_np, sets, decision.batch_entropy)
     return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff, cov_base, cov_eff)
 

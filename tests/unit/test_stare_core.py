@@ -309,3 +309,21 @@ def test_a_corrupt_controller_state_is_refused(bad):
     with pytest.raises(ValueError):
         ctrl.load_state_dict(state)
     assert (ctrl.w, ctrl.m, ctrl.steps) == (1.1, 0.9, 0)  # untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_inplace_reweights_our_copy_only_when_allowed(path, dtype):
+    """``inplace=False`` (the default) never writes into the caller's advantages; ``inplace=True`` (the estimator's
+    own tensor) gives the same values, in ``advantages`` itself where the NumPy path holds a view of it."""
+    adv, mask, logp = _batch(b=4, t=25)
+    adv = adv.to(dtype)
+    ent = torch.full_like(logp, 0.01)  # below the default target: gate on
+    cfg = StareConfig(variant="C2", reweight_w=3.0, reweight_m=0.5)
+    before = adv.clone()
+    ref, ref_met = stare_reweight(adv, mask, logp, ent, StareController(cfg))
+    assert torch.equal(adv, before)
+    assert ref_met["stare/gate_on"] == 1.0 and not torch.equal(ref.to(dtype), before)
+    out, met = stare_reweight(adv, mask, logp, ent, StareController(cfg), inplace=True)
+    assert torch.equal(out, ref) and met == ref_met
+    view = path == "numpy" and dtype != torch.bfloat16  # bf16 is widened into a copy
+    assert torch.equal(adv, out.to(dtype) if view else before)
