@@ -452,7 +452,8 @@ def reweighted_covariance_sums(
                 continue
             delta = (float(weight) - 1.0) * (a if part.all() else a * part)
             delta_lp = delta * lp
-            d_hi, dl_hi = float(delta @ high), float(delta_lp @ high)
+            # einsum, not `@`: BLAS threads stall on a loaded CPU (see _row_sum)
+            d_hi, dl_hi = float(np.einsum("i,i->", delta, high)), float(np.einsum("i,i->", delta_lp, high))
             adv[q] += d_hi
             adv[q + 1] += float(delta.sum()) - d_hi
             lp_adv[q] += dl_hi
