@@ -36,11 +36,24 @@ class GpuProbe:
         gpu: an NVIDIA GPU is listed by ``nvidia-smi -L`` and torch was built with CUDA.
         name: the first GPU's name (e.g. ``"NVIDIA H200"``), None without one.
         sglang: SGLang is importable (the ``gpu`` extra).
+        listed: the first GPU ``nvidia-smi -L`` lists, whether or not torch can use it (a CPU-only torch build
+            on a GPU machine: ``gpu`` is False and ``listed`` names the GPU the run leaves idle).
     """
 
     gpu: bool
     name: str | None
     sglang: bool
+    listed: str | None = None
+
+    def idle_gpu_warning(self) -> str | None:
+        """The console warning for a GPU that this torch cannot use (None when there is none such)."""
+        if self.gpu or self.listed is None:
+            return None
+        return (
+            f"warning: nvidia-smi lists {self.listed}, but this torch ({torch.__version__}) was built without "
+            "CUDA, so the run trains on the CPU and leaves the GPU idle. Install a CUDA build "
+            "(pip install -e '.[gpu]', or make install on this machine in a new venv) to train on it."
+        )
 
 
 def probe_gpu() -> GpuProbe:
@@ -57,7 +70,7 @@ def probe_gpu() -> GpuProbe:
                 name = first.split(":", 1)[1].split("(UUID")[0].strip() or "NVIDIA GPU"
     gpu = name is not None and torch.backends.cuda.is_built()
     return GpuProbe(
-        gpu=gpu, name=name if gpu else None, sglang=importlib.util.find_spec("sglang") is not None
+        gpu=gpu, name=name if gpu else None, sglang=importlib.util.find_spec("sglang") is not None, listed=name
     )
 
 

@@ -458,7 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point (``python -m stare_verl.jobs.train``); returns the exit status."""
     args = build_parser().parse_args(argv)
-    backend = choose_backend(probe_gpu(), force_cpu=args.cpu)
+    probe = probe_gpu()
+    backend = choose_backend(probe, force_cpu=args.cpu)
+    if backend.path == "cpu" and not args.cpu and probe.idle_gpu_warning():
+        print(probe.idle_gpu_warning(), file=sys.stderr)  # never a silent CPU fallback on a GPU machine
     if backend.path == "gpu-sglang":
         return train_gpu(args)
     if backend.path == "cpu" and os.environ.get("MODEL"):

@@ -36,10 +36,14 @@ def test_probe_reads_nvidia_smi(monkeypatch):
     monkeypatch.setattr(backend.torch.backends.cuda, "is_built", lambda: True)
     probe = probe_gpu()
     assert (probe.gpu, probe.name) == (True, "NVIDIA H200")
+    assert probe.listed == "NVIDIA H200" and probe.idle_gpu_warning() is None
     monkeypatch.setattr(backend.torch.backends.cuda, "is_built", lambda: False)  # a CPU-only torch build
-    assert probe_gpu().gpu is False
+    cpu_torch = probe_gpu()
+    assert (cpu_torch.gpu, cpu_torch.name, cpu_torch.listed) == (False, None, "NVIDIA H200")
+    assert "nvidia-smi lists NVIDIA H200" in cpu_torch.idle_gpu_warning()
     monkeypatch.setattr(backend.shutil, "which", lambda name: None)
     assert probe_gpu() == GpuProbe(gpu=False, name=None, sglang=probe.sglang)
+    assert probe_gpu().idle_gpu_warning() is None
 
 
 def test_stderr_to_keeps_verl_noise_off_the_console(capfd):
@@ -76,9 +80,11 @@ def test_sandbox_backend_of_the_tool_config():
         (H200, [], "gpu-hf"),
         (H200, ["--cpu"], "cpu"),
         (GpuProbe(False, None, True), [], "cpu"),
+        (GpuProbe(False, None, False, listed="NVIDIA H200"), [], "cpu"),  # CPU-only torch: said on stderr
+        (GpuProbe(False, None, False, listed="NVIDIA H200"), ["--cpu"], "cpu"),  # asked for: no warning
     ],
 )
-def test_main_takes_the_gpu_when_there_is_one(monkeypatch, probe, argv, expected):
+def test_main_takes_the_gpu_when_there_is_one(monkeypatch, capsys, probe, argv, expected):
     taken = {}
     monkeypatch.setattr(train, "probe_gpu", lambda: probe)
     monkeypatch.setattr(train, "train_gpu", lambda args: taken.setdefault("path", "gpu-sglang") and 0)
@@ -86,6 +92,8 @@ def test_main_takes_the_gpu_when_there_is_one(monkeypatch, probe, argv, expected
     monkeypatch.delenv("MODEL", raising=False)
     assert train.main(["--family", "shortcot", *argv]) == 0
     assert taken["path"] == expected
+    warned = "leaves the GPU idle" in capsys.readouterr().err
+    assert warned == (probe.listed is not None and not probe.gpu and "--cpu" not in argv)
 
 
 def test_gpu_hf_run_with_model_says_where_it_runs(monkeypatch, tmp_path, capsys):
