@@ -7,14 +7,17 @@ verl 0.9.1 has no CPU path for its V1 trainer. The CPU backend needs:
    ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` (in-worker adapter) and the public
    ``RolloutReplicaRegistry`` (server replica), on any platform; its replica reads verl's platform
    (``get_platform()``: device name, visible-devices and Ray "noset" variables) to share a GPU;
-3. three patches of verl internals that assume an accelerator:
+3. four patches of verl internals that assume an accelerator:
    - ``verl.utils.distributed.initialize_global_process_group_ray`` (Ray workers) and
      ``initialize_global_process_group`` (torchrun: ``verl.trainer.sft_trainer``) build the backend string
      ``"cpu:gloo,cpu:gloo"`` (invalid) when the device is ``cpu``: plain ``"gloo"`` is used instead;
    - the FSDP engines are registered only for the ``cuda``/``npu`` device keys of
      ``verl.workers.engine.EngineRegistry``: they are registered for ``cpu`` as well;
    - ``verl.trainer.ppo.v1.replay_buffer.ReplayBuffer`` polls every 2 s (hard-coded default), which
-     dominates a tiny CPU step: the default becomes ``STARE_VERL_CPU_POLL_INTERVAL`` (0.05 s).
+     dominates a tiny CPU step: the default becomes ``STARE_VERL_CPU_POLL_INTERVAL`` (0.05 s);
+   - ``verl.utils.torch_functional.logprobs_from_logits_v2`` (the log-prob path without flash-attn, i.e. every
+     CPU run) computes one ``logsumexp`` per token in a Python loop (a GPU memory saving), forward and
+     backward: on the CPU it works on blocks of rows instead (:func:`blockwise_logprobs`, same values).
 
 These move between verl releases, so this module checks the installed verl version at import (the one gate
 of ``stare_verl.verl_compat``) and raises :class:`VerlVersionError` on anything but
@@ -51,6 +54,7 @@ _ROLLOUT_BASE_MODULE = "verl.workers.rollout.base"
 _ROLLOUT_REPLICA_MODULE = "verl.workers.rollout.replica"
 _FSDP_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
 _REPLAY_BUFFER_MODULE = "verl.trainer.ppo.v1.replay_buffer"
+_TORCH_FUNCTIONAL_MODULE = "verl.utils.torch_functional"
 
 
 def platform_is_cpu() -> bool:
@@ -225,6 +229,49 @@ def _patch_replay_buffer(module) -> None:
     cls.__init__ = __init__
 
 
+LOGPROB_BLOCK_ELEMENTS = 1 << 24
+"""Logit entries per block of :func:`blockwise_logprobs` (64 MiB of float32 temporaries at most)."""
+
+
+def blockwise_logprobs(logits, labels):
+    """Log-probabilities of ``labels`` under ``logits``: verl's ``logprobs_from_logits_v2`` on blocks of rows.
+
+    Args:
+        logits: ``[..., V]`` float tensor (float32/float64: ``x_y - logsumexp(x)``; bf16/fp16: ``log_softmax``
+            then gather, as verl does for them).
+        labels: ``[...]`` int64 token ids.
+
+    Returns:
+        ``[...]`` tensor of the logits' dtype (nats). verl loops over the first dimension, which for its
+        padding-free batches (``[tokens, V]``) is one ``logsumexp`` per token; blocks of
+        :data:`LOGPROB_BLOCK_ELEMENTS` logits bound the temporaries as well, with a few calls per batch.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if logits.dim() == 1:
+        logits, labels, squeeze = logits.unsqueeze(0), labels.unsqueeze(0), True
+    else:
+        squeeze = False
+    rows = max(1, LOGPROB_BLOCK_ELEMENTS // max(1, logits[0].numel()))
+    out = []
+    for x, y in zip(logits.split(rows), labels.split(rows), strict=True):
+        if x.dtype in (torch.float32, torch.float64):
+            out.append(x.gather(-1, y.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1))
+        else:
+            out.append(F.log_softmax(x, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1))
+    result = torch.cat(out)
+    return result.squeeze(0) if squeeze else result
+
+
+def _patch_logprobs(module) -> None:
+    if getattr(module.logprobs_from_logits_v2, "_stare_cpu_patched", False):
+        return
+    patched = blockwise_logprobs
+    patched._stare_cpu_patched = True
+    module.logprobs_from_logits_v2 = patched  # logprobs_from_logits looks it up in the module at each call
+
+
 def poll_interval_s() -> float:
     """Replay-buffer poll interval on CPU, from ``STARE_VERL_CPU_POLL_INTERVAL`` (seconds, > 0)."""
     raw = os.environ.get(POLL_INTERVAL_ENV, "")
@@ -244,6 +291,7 @@ def install_cpu_patches() -> None:
     when_imported(_DISTRIBUTED_MODULE, _patch_process_group)
     when_imported(_FSDP_ENGINE_MODULE, _patch_engine_registry)
     when_imported(_REPLAY_BUFFER_MODULE, _patch_replay_buffer)
+    when_imported(_TORCH_FUNCTIONAL_MODULE, _patch_logprobs)
 
 
 # --------------------------------------------------------------------------------------------------

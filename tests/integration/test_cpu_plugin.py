@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import stare_verl.cpu.verl_compat as verl_compat
 from tests.support.cpu import cpu_env
@@ -21,6 +22,7 @@ from verl.workers.rollout.replica import get_rollout_replica_class
 from verl.workers.engine import EngineRegistry
 import verl.utils.distributed as dist
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+import verl.utils.torch_functional as tf
 import inspect
 p = get_platform()
 print(json.dumps({
@@ -32,6 +34,7 @@ print(json.dumps({
     "engine": EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__,
     "pg_patched": bool(getattr(dist.initialize_global_process_group_ray, "_stare_cpu_patched", False)),
     "rb_patched": bool(getattr(ReplayBuffer.__init__, "_stare_cpu_patched", False)),
+    "logprobs_patched": bool(getattr(tf.logprobs_from_logits_v2, "_stare_cpu_patched", False)),
 }))
 """
 
@@ -55,6 +58,7 @@ def test_plain_import_verl_registers_cpu_backend():
         "engine": "FSDPEngineWithLMHead",
         "pg_patched": True,
         "rb_patched": True,
+        "logprobs_patched": True,
     }
 
 
@@ -88,3 +92,33 @@ def test_register_is_a_no_op_without_cpu_platform(monkeypatch):
         pytest.skip("this process registered the CPU backend already")
     assert cpu.register() is False
     assert PlatformRegistry.get("cpu") is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(300, 50), (3, 40, 50), (1, 50)])
+def test_blockwise_logprobs_equal_verl_v2(monkeypatch, dtype, shape):
+    """The CPU patch of ``logprobs_from_logits_v2`` gives verl's values and gradients (here bit for bit), also
+    when the rows are split into several blocks."""
+    from verl.utils import torch_functional as tf
+
+    original = tf.logprobs_from_logits_v2
+    if getattr(original, "_stare_cpu_patched", False):  # pragma: no cover - a process with the CPU platform
+        pytest.skip("verl's function is patched in this process")
+    monkeypatch.setattr(verl_compat, "LOGPROB_BLOCK_ELEMENTS", 7 * shape[-1])  # blocks of 7 rows
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(*shape, generator=g) * 4).to(dtype).requires_grad_(True)
+    y = torch.randint(0, shape[-1], shape[:-1], generator=g)
+    want, got = original(x, y), verl_compat.blockwise_logprobs(x, y)
+    assert got.shape == want.shape == y.shape and got.dtype == want.dtype
+    assert torch.equal(got, want)
+    (gw,) = torch.autograd.grad(want.sum(), x)
+    (gg,) = torch.autograd.grad(got.sum(), x)
+    assert torch.equal(gg, gw)
+    assert torch.all(got <= 0) and float(got.float().exp().sum()) > 0
+
+
+def test_blockwise_logprobs_of_one_distribution():
+    """One ``[V]`` row and a scalar label (verl's v2 iterates over the vocabulary there): log_softmax's value."""
+    x, y = torch.randn(50, dtype=torch.float64), torch.tensor(7)
+    got = verl_compat.blockwise_logprobs(x, y)
+    assert got.shape == () and torch.allclose(got, torch.log_softmax(x, -1)[7], rtol=0, atol=1e-12)
