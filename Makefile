@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stare-installed
 # On a machine without an NVIDIA GPU pin the CPU torch wheel before anything can pull a CUDA build.
-HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && timeout 10 nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install system-deps sandbox-python test test-gpu bench bench-main-job lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean

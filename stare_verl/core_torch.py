@@ -83,7 +83,7 @@ def token_masks(
 ) -> TokenMasks:
     """:func:`stare_verl.core.token_masks` on tensors (one host round trip for the three scalars).
 
-    The entropy sum accumulates in float64 on the device (NumPy's float32 dot may differ in the last bits).
+    The entropy sum accumulates in float64 on the device (NumPy's float32 row sums may differ in the last bits).
 
     Raises:
         ValueError: the three tensors are not 2-D of one shape.

@@ -46,7 +46,9 @@ def stare_reweight(
 
     CPU tensors go through NumPy (:mod:`stare_verl.core`), tensors on an accelerator through torch on that device
     (:mod:`stare_verl.core_torch`: selection on the device, only scalars copied to the host). Both give the same
-    advantages bit for bit, ties at the threshold included; the entropy sum may differ in its last bits.
+    advantages bit for bit, ties at the threshold included, with one exception: the entropy sums (row sums then a
+    float64 total here, a float64 sum there) may differ in their last bits (~1e-8 relative), so a batch entropy
+    within that distance of the target can open the gate on one path and not the other.
 
     Args:
         advantages: ``[B, T]`` float, GRPO advantages (0 where ``response_mask`` is 0).

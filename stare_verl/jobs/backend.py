@@ -36,41 +36,71 @@ class GpuProbe:
         gpu: an NVIDIA GPU is listed by ``nvidia-smi -L`` and torch was built with CUDA.
         name: the first GPU's name (e.g. ``"NVIDIA H200"``), None without one.
         sglang: SGLang is importable (the ``gpu`` extra).
-        listed: the first GPU ``nvidia-smi -L`` lists, whether or not torch can use it (a CPU-only torch build
-            on a GPU machine: ``gpu`` is False and ``listed`` names the GPU the run leaves idle).
+        listed: the first GPU ``nvidia-smi -L`` lists, whether or not torch can use it.
+        problem: why a GPU that seems to be there is not used (torch built without CUDA, CUDA not available to
+            this torch, ``nvidia-smi`` failing or hanging); None when there is a usable GPU or plainly none.
     """
 
     gpu: bool
     name: str | None
     sglang: bool
     listed: str | None = None
+    problem: str | None = None
 
     def idle_gpu_warning(self) -> str | None:
-        """The console warning for a GPU that this torch cannot use (None when there is none such)."""
-        if self.gpu or self.listed is None:
+        """The console warning for a GPU this run cannot use (None when there is none such)."""
+        if self.gpu or self.problem is None:
             return None
+        what = f"nvidia-smi lists {self.listed}, but {self.problem}" if self.listed else self.problem
         return (
-            f"warning: nvidia-smi lists {self.listed}, but this torch ({torch.__version__}) was built without "
-            "CUDA, so the run trains on the CPU and leaves the GPU idle. Install a CUDA build "
-            "(pip install -e '.[gpu]', or make install on this machine in a new venv) to train on it."
+            f"warning: {what}, so the run trains on the CPU and leaves any GPU idle. For the GPU path install a "
+            "CUDA build of torch that matches the driver (pip install -e '.[gpu]', or make install in a new venv "
+            "on this machine) and check CUDA_VISIBLE_DEVICES; --cpu asks for the CPU and silences this."
         )
 
 
+NVIDIA_SMI_TIMEOUT_S = 30
+NVIDIA_SMI_NO_DEVICES = 6
+"""``nvidia-smi``'s exit status for "No devices were found": a machine without a GPU, not a problem."""
+
+
 def probe_gpu() -> GpuProbe:
-    """Probe once: ``nvidia-smi -L`` (no CUDA context is created here) and whether SGLang can be imported."""
-    name = None
+    """Probe once: ``nvidia-smi -L`` (bounded by :data:`NVIDIA_SMI_TIMEOUT_S`), whether this torch can use the GPU
+    it lists (built with CUDA and ``torch.cuda.is_available()``), and whether SGLang can be imported."""
+    name = problem = None
     if shutil.which("nvidia-smi") is not None:
         try:
-            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            out = None
+            out = subprocess.run(
+                ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            out, problem = None, f"nvidia-smi -L did not answer within {NVIDIA_SMI_TIMEOUT_S} s"
+        except OSError as err:
+            out, problem = None, f"nvidia-smi could not run ({err})"
         if out is not None and out.returncode == 0:
             first = next((line for line in out.stdout.splitlines() if line.startswith("GPU ")), None)
             if first is not None:
                 name = first.split(":", 1)[1].split("(UUID")[0].strip() or "NVIDIA GPU"
-    gpu = name is not None and torch.backends.cuda.is_built()
+        elif out is not None and out.returncode != NVIDIA_SMI_NO_DEVICES:
+            said = next((ln.strip() for ln in (out.stderr + out.stdout).splitlines() if ln.strip()), "")
+            problem = f"nvidia-smi -L failed (exit {out.returncode}{': ' + said if said else ''})"
+    gpu = False
+    if name is not None:
+        if not torch.backends.cuda.is_built():
+            problem = f"this torch ({torch.__version__}) was built without CUDA"
+        elif not torch.cuda.is_available():
+            problem = (
+                f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) cannot use it (torch.cuda.is_available() "
+                f"is False; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})"
+            )
+        else:
+            gpu = True
     return GpuProbe(
-        gpu=gpu, name=name if gpu else None, sglang=importlib.util.find_spec("sglang") is not None, listed=name
+        gpu=gpu,
+        name=name if gpu else None,
+        sglang=importlib.util.find_spec("sglang") is not None,
+        listed=name,
+        problem=problem,
     )
 
 

@@ -377,21 +377,78 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     return 0
 
 
+GPU_RECIPE_OPTIONS = {"steps": "trainer.total_training_steps", "seed": "data.seed", "save_freq": "trainer.save_freq"}
+"""Options of ``stare-verl train`` that the GPU recipe takes, as the Hydra key each one sets (when given)."""
+CPU_ONLY_OPTIONS = ("n_train", "n_eval", "eval_samples", "max_turns", "min_sft_accuracy", "sft_threads", "sft_steps",
+                    "sft_cache")  # fmt: skip
+"""Options of the tiny-model CPU pipeline (its data, SFT and held-out evaluation) that a GPU recipe has no use for."""
+
+
+def gpu_recipe_overrides(args: argparse.Namespace) -> tuple[list[str], str | None]:
+    """The Hydra overrides the options given to ``stare-verl train`` mean for a GPU recipe, or an error line for an
+    option that only the CPU pipeline has (never silently dropped). Options left at their default are not passed,
+    so the recipe's own values (steps, seed, save frequency) stand."""
+    defaults = build_parser().parse_args([])
+    given = [o for o in CPU_ONLY_OPTIONS if getattr(args, o, None) != getattr(defaults, o)]
+    if given:
+        flags = ", ".join("--" + o.replace("_", "-") for o in given)
+        return [], (
+            f"{flags} only apply to the CPU tiny-model pipeline (its data, cold-start SFT and held-out evaluation); "
+            "the GPU recipe takes Hydra overrides instead (e.g. data.train_batch_size=..., or --cpu for the CPU run)"
+        )
+    out = [f"{key}={getattr(args, o)}" for o, key in GPU_RECIPE_OPTIONS.items() if getattr(args, o) != getattr(defaults, o)]
+    return out, None
+
+
 def train_gpu(args: argparse.Namespace) -> int:
-    """Launch ``main_ppo`` with the family's GPU recipe (``MODEL`` env var and overrides pass through)."""
+    """Launch ``main_ppo`` with the family's GPU recipe (``MODEL`` env var and overrides pass through).
+
+    The run folder (``--run-dir``, ``RUN_DIR`` or ``runs/<family>-<method>-seed<seed>-sglang``) holds the checkpoints
+    (``trainer.default_local_dir``), ``train.log`` (first line: rollout backend, platform, device, sandbox; then
+    main_ppo's output, which the console shows too) and, when main_ppo ends, ``summary.json`` (backend, recipe,
+    command, exit status).
+    """
+    bad = bad_option(args)
+    mapped, err = gpu_recipe_overrides(args)
+    if bad or err:
+        print(f"error: {bad or err}", file=sys.stderr)
+        return 2
     recipe = f"{GPU_RECIPES[args.family]}_{args.method}"
+    run = RunFolder(Path(
+        args.run_dir or os.environ.get("RUN_DIR") or Path("runs") / f"{args.family}-{args.method}-seed{args.seed}-sglang"
+    ).resolve())  # fmt: skip
     cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
-        f"--config-path={recipes_dir()}", f"--config-name={recipe}", *method_overrides(args.method, args.overrides),
+        f"--config-path={recipes_dir()}", f"--config-name={recipe}",
+        f"trainer.default_local_dir={run.path / 'checkpoints'}", *mapped, *method_overrides(args.method, args.overrides),
     ]  # fmt: skip
     backend = dataclasses.replace(
         choose_backend(probe_gpu()),
         sandbox=sandbox_backend(recipes_dir() / "tool_use" / "tool_config.yaml") if args.family == "tooluse"
         else "none",
     )  # fmt: skip
-    print(f"[train-{args.family}] GPU recipe {recipe}: {backend.line()}", flush=True)
-    print(f"[train-{args.family}] {' '.join(cmd)}", flush=True)
-    return subprocess.call(cmd)
+    name = f"train-{args.family}"
+    print(f"[{name}] GPU recipe {recipe}: {backend.line()}; run folder {run.path}", flush=True)
+    print(f"[{name}] {' '.join(cmd)}", flush=True)
+    run.logs.mkdir(parents=True, exist_ok=True)
+    summary = {"family": args.family, "method": args.method, "seed": args.seed, "recipe": recipe,
+               "backend": backend.to_dict(), "model": os.environ.get("MODEL"), "command": cmd}  # fmt: skip
+    t0 = time.time()
+    with open(run.train_log, "ab") as log:
+        log.write(f"[{name}] {time.strftime('%Y-%m-%d %H:%M:%S')} {backend.line()}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            for line in proc.stdout:  # to the console and the log
+                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.flush()
+                log.write(line)
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait()
+    run.write_summary({**summary, "exit_status": rc, "wall_s": round(time.time() - t0, 1)})
+    return rc
 
 
 # (option, smallest allowed value) of the numeric options, checked before anything runs or is written
@@ -470,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
             + (
                 "--cpu was given"
                 if args.cpu
-                else "this machine has no NVIDIA GPU (with a CUDA build of torch)"
+                else "this machine has no GPU that this torch can use"
             )
             + ". The CPU default trains its own tiny model: run without MODEL "
             f"(unset MODEL; make train-{args.family}).",

@@ -217,7 +217,9 @@ def test_hf_server_on_cuda_matches_cpu(assets):
         name, weight = next(iter(server.engine.model.state_dict().items()))
         await server.load_weights([(name, torch.zeros_like(weight, device="cpu"))])
         assert float(server.engine.model.state_dict()[name].abs().sum()) == 0.0
-        sampled = await server.generate(prompts[0], {"temperature": 1.0, "max_tokens": 8, "seed": 3}, "s")
+        # uniform over the vocabulary (embeddings zeroed): ignore_eos, or an early EOS would end it before 8
+        sampled_params = {"temperature": 1.0, "max_tokens": 8, "seed": 3, "ignore_eos": True}
+        sampled = await server.generate(prompts[0], sampled_params, "s")
         stats = await server.get_stats()
         await server.shutdown()
         return outs, stats, sampled

@@ -1,6 +1,6 @@
 """Where the ``hf`` rollout runs: device and dtype choice, GPU sharing with the trainer ranks, registration on
 any platform. The CUDA probe is faked, so all of this runs on a CPU-only machine (the real GPU run is in
-``tests/test_gpu.py``)."""
+``tests/e2e/test_gpu.py``)."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def test_server_launches_on_cpu_without_cuda(model_path, monkeypatch):
     """The real CUDA probe on this machine: the model is loaded on the CPU in float32, and says so."""
     import asyncio
 
-    if torch.cuda.is_available():  # pragma: no cover - GPU machines run tests/test_gpu.py
+    if torch.cuda.is_available():  # pragma: no cover - GPU machines run tests/e2e/test_gpu.py
         pytest.skip("CUDA is available")
     server = _server(model_path, monkeypatch, "cuda", None)
 

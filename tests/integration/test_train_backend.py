@@ -25,25 +25,60 @@ def test_choose_backend():
     assert line == "rollout backend hf, platform cuda, device cuda (NVIDIA H200), sandbox bwrap"
 
 
-def test_probe_reads_nvidia_smi(monkeypatch):
+def _fake_nvidia_smi(monkeypatch, returncode=0, stdout="", stderr="", raises=None):
     monkeypatch.setattr(backend.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+
+    def run(*a, **k):
+        assert k.get("timeout") == backend.NVIDIA_SMI_TIMEOUT_S  # never an unbounded wait
+        if raises is not None:
+            raise raises
+        return subprocess.CompletedProcess(a, returncode, stdout=stdout, stderr=stderr)
+
+    monkeypatch.setattr(backend.subprocess, "run", run)
+
+
+def test_probe_reads_nvidia_smi(monkeypatch):
     listing = "GPU 0: NVIDIA H200 (UUID: GPU-0d1c)\nGPU 1: NVIDIA H200 (UUID: GPU-77aa)\n"
-    monkeypatch.setattr(
-        backend.subprocess,
-        "run",
-        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=listing, stderr=""),
-    )
+    _fake_nvidia_smi(monkeypatch, stdout=listing)
     monkeypatch.setattr(backend.torch.backends.cuda, "is_built", lambda: True)
+    monkeypatch.setattr(backend.torch.cuda, "is_available", lambda: True)
     probe = probe_gpu()
     assert (probe.gpu, probe.name) == (True, "NVIDIA H200")
-    assert probe.listed == "NVIDIA H200" and probe.idle_gpu_warning() is None
+    assert probe.listed == "NVIDIA H200" and probe.problem is None and probe.idle_gpu_warning() is None
+    # a CUDA build that cannot reach the GPU (CUDA_VISIBLE_DEVICES='', a driver older than the build)
+    monkeypatch.setattr(backend.torch.cuda, "is_available", lambda: False)
+    unusable = probe_gpu()
+    assert (unusable.gpu, unusable.name, unusable.listed) == (False, None, "NVIDIA H200")
+    assert "torch.cuda.is_available() is False" in unusable.idle_gpu_warning()
     monkeypatch.setattr(backend.torch.backends.cuda, "is_built", lambda: False)  # a CPU-only torch build
     cpu_torch = probe_gpu()
     assert (cpu_torch.gpu, cpu_torch.name, cpu_torch.listed) == (False, None, "NVIDIA H200")
     assert "nvidia-smi lists NVIDIA H200" in cpu_torch.idle_gpu_warning()
+    assert "built without CUDA" in cpu_torch.idle_gpu_warning()
     monkeypatch.setattr(backend.shutil, "which", lambda name: None)
     assert probe_gpu() == GpuProbe(gpu=False, name=None, sglang=probe.sglang)
     assert probe_gpu().idle_gpu_warning() is None
+
+
+@pytest.mark.parametrize(
+    ("fake", "warned"),
+    [
+        ({"returncode": 6, "stdout": "No devices were found"}, None),  # a machine without a GPU: no warning
+        ({"returncode": 9, "stderr": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+          "driver.\n"}, "failed (exit 9: NVIDIA-SMI has failed"),  # fmt: skip
+        ({"raises": subprocess.TimeoutExpired("nvidia-smi", 30)}, "did not answer within 30 s"),
+        ({"raises": PermissionError(13, "Permission denied")}, "could not run"),
+    ],
+)
+def test_a_failing_nvidia_smi_is_said_not_silent(monkeypatch, fake, warned):
+    _fake_nvidia_smi(monkeypatch, **fake)
+    probe = probe_gpu()
+    assert probe.gpu is False and probe.listed is None
+    assert choose_backend(probe).path == "cpu"
+    if warned is None:
+        assert probe.idle_gpu_warning() is None
+    else:
+        assert warned in probe.idle_gpu_warning()
 
 
 def test_stderr_to_keeps_verl_noise_off_the_console(capfd):
@@ -80,8 +115,8 @@ def test_sandbox_backend_of_the_tool_config():
         (H200, [], "gpu-hf"),
         (H200, ["--cpu"], "cpu"),
         (GpuProbe(False, None, True), [], "cpu"),
-        (GpuProbe(False, None, False, listed="NVIDIA H200"), [], "cpu"),  # CPU-only torch: said on stderr
-        (GpuProbe(False, None, False, listed="NVIDIA H200"), ["--cpu"], "cpu"),  # asked for: no warning
+        (GpuProbe(False, None, False, "NVIDIA H200", "torch without CUDA"), [], "cpu"),  # said on stderr
+        (GpuProbe(False, None, False, "NVIDIA H200", "torch without CUDA"), ["--cpu"], "cpu"),  # asked for
     ],
 )
 def test_main_takes_the_gpu_when_there_is_one(monkeypatch, capsys, probe, argv, expected):
@@ -92,8 +127,8 @@ def test_main_takes_the_gpu_when_there_is_one(monkeypatch, capsys, probe, argv, 
     monkeypatch.delenv("MODEL", raising=False)
     assert train.main(["--family", "shortcot", *argv]) == 0
     assert taken["path"] == expected
-    warned = "leaves the GPU idle" in capsys.readouterr().err
-    assert warned == (probe.listed is not None and not probe.gpu and "--cpu" not in argv)
+    warned = "leaves any GPU idle" in capsys.readouterr().err
+    assert warned == (probe.problem is not None and "--cpu" not in argv)
 
 
 def test_gpu_hf_run_with_model_says_where_it_runs(monkeypatch, tmp_path, capsys):
@@ -191,3 +226,54 @@ def test_a_run_at_its_latest_checkpoint_is_not_trained_again(tmp_path, capsys, m
     (run / "checkpoints" / "global_step_3").rmdir()
     with pytest.raises(RuntimeError, match="the SFT of tooluse would start"):
         train.main(["--cpu", "--run-dir", str(run), "--steps", "3"])
+
+
+class _FakeMainPPO:
+    """subprocess.Popen stand-in for main_ppo: records the command, prints two lines, exits 0."""
+
+    launched: list = []
+
+    def __init__(self, cmd, **kwargs):
+        import io
+
+        _FakeMainPPO.launched.append(cmd)
+        self.stdout = io.BytesIO(b"step:1 - actor/entropy:0.3\nstep:2 - actor/entropy:0.29\n")
+
+    def wait(self):
+        return 0
+
+
+def test_gpu_sglang_run_folder_log_summary_and_options(monkeypatch, tmp_path, capsys):
+    """The SGLang path keeps a run folder: checkpoints, train.log (backend line first, then main_ppo's output, also on
+    the console) and summary.json; --steps / --seed / --save-freq become Hydra keys, left out when not given."""
+    sg = GpuProbe(True, "NVIDIA H200", True)
+    monkeypatch.setattr(train, "probe_gpu", lambda: sg)
+    monkeypatch.setattr(train.subprocess, "Popen", _FakeMainPPO)
+    _FakeMainPPO.launched.clear()
+    run = tmp_path / "run"
+    assert train.main(["--family", "shortcot", "--run-dir", str(run), "--steps", "40", "--seed", "1",
+                       "algorithm.stare.reweight_w=1.2"]) == 0  # fmt: skip
+    cmd = _FakeMainPPO.launched[-1]
+    assert "trainer.total_training_steps=40" in cmd and "data.seed=1" in cmd
+    assert f"trainer.default_local_dir={run / 'checkpoints'}" in cmd and "algorithm.stare.reweight_w=1.2" in cmd
+    assert not any(c.startswith("trainer.save_freq=") for c in cmd)  # not given: the recipe's value stands
+    log = (run / "train.log").read_text().splitlines()
+    assert log[0].endswith("rollout backend sglang, platform cuda, device cuda (NVIDIA H200), sandbox none")
+    assert log[1:] == ["step:1 - actor/entropy:0.3", "step:2 - actor/entropy:0.29"]
+    assert "step:2 - actor/entropy:0.29" in capsys.readouterr().out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["backend"]["rollout"] == "sglang" and summary["exit_status"] == 0
+    assert summary["recipe"].startswith("shortcot_") and summary["command"] == cmd
+    train.main(["--family", "shortcot", "--run-dir", str(tmp_path / "r2")])
+    assert not any(c.startswith(("trainer.total_training_steps=", "data.seed=")) for c in _FakeMainPPO.launched[-1])
+
+
+@pytest.mark.parametrize("argv", [["--n-eval", "16"], ["--eval-samples", "4"], ["--sft-steps", "10"],
+                                  ["--max-turns", "2"], ["--steps", "0"]])  # fmt: skip
+def test_gpu_sglang_run_refuses_cpu_pipeline_options(monkeypatch, tmp_path, capsys, argv):
+    """Options of the tiny-model pipeline are refused on the GPU recipe (never silently dropped), before a launch."""
+    monkeypatch.setattr(train, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
+    monkeypatch.setattr(train.subprocess, "Popen", _FakeMainPPO)
+    _FakeMainPPO.launched.clear()
+    assert train.main(["--family", "tooluse", "--run-dir", str(tmp_path / "r"), *argv]) == 2
+    assert argv[0] in capsys.readouterr().err and not _FakeMainPPO.launched
