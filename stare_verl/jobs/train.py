@@ -206,11 +206,13 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     model = os.environ.get("MODEL") if backend.path == "gpu-hf" else None
     family = getattr(args, "family", "tooluse")
     name = f"train-{family}"
+    # a GPU run (and each MODEL) gets a folder of its own: never resumed from, or answered by, the CPU run's
+    where = "" if backend.path == "cpu" else "-gpu" + (f"-{Path(model).name}" if model else "")
     run_dir = Path(
-        args.run_dir or os.environ.get("RUN_DIR") or Path("runs") / f"{family}-{args.method}-seed{args.seed}"
+        args.run_dir or os.environ.get("RUN_DIR") or Path("runs") / f"{family}-{args.method}-seed{args.seed}{where}"
     )
     run_dir = run_dir.resolve()
-    bad = bad_option(args)
+    bad = bad_option(args) or (model_problem(model) if model else None)
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
@@ -400,6 +402,32 @@ def gpu_recipe_overrides(args: argparse.Namespace) -> tuple[list[str], str | Non
     return out, None
 
 
+def model_problem(model: str, offline: bool = True) -> str | None:
+    """Why ``MODEL`` cannot be loaded (None when it can): a folder needs ``config.json``; a path that does not exist
+    is an error; any other value is a Hugging Face hub id, which an ``offline`` run (the tiny recipe's environment
+    sets ``HF_HUB_OFFLINE=1``) finds only in the local cache. Checked before anything starts, instead of minutes
+    later in verl's workers."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return None if (path / "config.json").is_file() else f"MODEL={model} has no config.json (not a model folder)"
+    if model.startswith(("/", ".", "~")):
+        return f"MODEL={model}: no such folder"
+    if not offline:
+        return None  # a hub id: the recipe's run downloads it
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except Exception:  # not a valid repo id either  # noqa: BLE001
+        cached = None
+    if isinstance(cached, str):
+        return None
+    return (
+        f"MODEL={model} is neither a model folder nor in the Hugging Face cache, and runs are offline "
+        f"(HF_HUB_OFFLINE=1): download it first (huggingface-cli download {model}) or give a local folder"
+    )
+
+
 def train_gpu(args: argparse.Namespace) -> int:
     """Launch ``main_ppo`` with the family's GPU recipe (``MODEL`` env var and overrides pass through).
 
@@ -408,7 +436,8 @@ def train_gpu(args: argparse.Namespace) -> int:
     main_ppo's output, which the console shows too) and, when main_ppo ends, ``summary.json`` (backend, recipe,
     command, exit status).
     """
-    bad = bad_option(args)
+    model = os.environ.get("MODEL")
+    bad = bad_option(args) or (model_problem(model, offline=False) if model else None)
     mapped, err = gpu_recipe_overrides(args)
     if bad or err:
         print(f"error: {bad or err}", file=sys.stderr)

@@ -143,6 +143,8 @@ def test_gpu_hf_run_with_model_says_where_it_runs(monkeypatch, tmp_path, capsys)
 
     monkeypatch.setattr(train, "probe_gpu", lambda: H200)
     monkeypatch.setattr(train, "run_main_ppo", fake_main_ppo)
+    (tmp_path / "my-model").mkdir()
+    (tmp_path / "my-model" / "config.json").write_text("{}")
     monkeypatch.setenv("MODEL", str(tmp_path / "my-model"))
     monkeypatch.setenv("VERL_PLATFORM", "cpu")  # even when the caller's environment says cpu
     run = tmp_path / "run"
@@ -277,3 +279,52 @@ def test_gpu_sglang_run_refuses_cpu_pipeline_options(monkeypatch, tmp_path, caps
     _FakeMainPPO.launched.clear()
     assert train.main(["--family", "tooluse", "--run-dir", str(tmp_path / "r"), *argv]) == 2
     assert argv[0] in capsys.readouterr().err and not _FakeMainPPO.launched
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [("/nonexistent/model-dir", "no such folder"), ("no-such-org/no-such-model-xyz", "nor in the Hugging Face cache"),
+     ("EMPTY", "has no config.json")],
+)  # fmt: skip
+def test_gpu_hf_refuses_a_model_it_cannot_load_before_anything_starts(monkeypatch, tmp_path, capsys, model, said):
+    """MODEL is checked up front on the gpu-hf path (its runs are offline), not minutes later in verl's workers."""
+    if model == "EMPTY":
+        model = str(tmp_path / "empty")
+        (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(train, "probe_gpu", lambda: H200)
+    monkeypatch.setattr(train, "run_main_ppo", lambda *a, **k: pytest.fail("main_ppo launched"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # an empty cache
+    monkeypatch.setenv("MODEL", model)
+    assert train.main(["--family", "shortcot", "--run-dir", str(tmp_path / "run")]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_model_problem_accepts_folders_and_cached_hub_ids(tmp_path, monkeypatch):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert train.model_problem(str(tmp_path / "m")) is None
+    snap = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--tiny" / "refs" / "main").write_text("abc")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert train.model_problem("org/tiny") is None  # in the local cache
+    assert "nor in the Hugging Face cache" in train.model_problem("org/other")
+    assert train.model_problem("org/other", offline=False) is None  # the SGLang recipe's run may download it
+
+
+def test_gpu_runs_get_their_own_default_folder(monkeypatch, tmp_path):
+    """A finished CPU run's folder never answers (or is resumed by) a GPU run: the default folder names the path and
+    the model."""
+    seen = {}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "probe_gpu", lambda: H200)
+    monkeypatch.setattr(train, "run_main_ppo", lambda cmd, env, log, part, steps: seen.setdefault("cmd", cmd) and 1)
+    (tmp_path / "llm").mkdir()
+    (tmp_path / "llm" / "config.json").write_text("{}")
+    monkeypatch.setenv("MODEL", str(tmp_path / "llm"))
+    monkeypatch.delenv("RUN_DIR", raising=False)
+    train.main(["--family", "shortcot", "--steps", "2"])
+    assert any(c == f"trainer.default_local_dir={tmp_path / 'runs' / 'shortcot-stare-seed0-gpu-llm' / 'checkpoints'}"
+               for c in seen["cmd"])  # fmt: skip
