@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.keep or tmp)
         root.mkdir(parents=True, exist_ok=True)
         cache = Path(args.sft_cache) if args.sft_cache else root / "cache"
+        cache.mkdir(parents=True, exist_ok=True)  # train's --sft-cache names an existing folder
         env_note = f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
         print(f"main job benchmark: family {args.family}, {args.steps} steps, {env_note}", flush=True)
         for label in ("cached",) if args.sft_cache else ("first", "cached"):

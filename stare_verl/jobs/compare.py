@@ -172,8 +172,11 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status."""
+    from stare_verl.jobs.procs import interrupt_on_termination
     from stare_verl.jobs.train import GPU_RECIPES, train_cpu
     from stare_verl.jobs.train import build_parser as train_parser
+
+    interrupt_on_termination()  # kill / timeout / a closed terminal stop the current run as Ctrl-C does
 
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse", help="the CPU default task")

@@ -112,3 +112,20 @@ def leftover_processes(tag: str, prefix: bool = False, grace_s: float = 0.0) -> 
     while (pids := tagged_processes(tag, prefix)) and time.time() < deadline:
         time.sleep(0.5)
     return describe(pids)
+
+
+TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals a driver treats as Ctrl-C: ``kill``, ``timeout``, a job scheduler, a closed terminal or ssh session."""
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def interrupt_on_termination() -> None:
+    """Make SIGTERM and SIGHUP raise ``KeyboardInterrupt`` in this (main-thread) driver, so that they run the same
+    clean-up as Ctrl-C: ``main_ppo``'s process group and every process tagged with the run's tag are stopped.
+    Without this the driver dies at once and the run's Ray cluster keeps training, detached (``main_ppo`` runs in
+    its own session)."""
+    for sig in TERMINATION_SIGNALS:
+        signal.signal(sig, _raise_interrupt)

@@ -304,6 +304,10 @@ def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str
             print(f"error: no GPU: {' '.join(gpu_only)} is for verl's SFT trainer (GPU, or --cpu-verl); the CPU "
                   "default SFT trains the tiny model (python -m stare_verl.jobs.demo.sft --help)", file=sys.stderr)
             return 2
+        cmd = [sys.executable, "-m", "stare_verl.jobs.demo.sft", *passthrough]
+        if args.dry_run:  # never trains: what would run, and where its checkpoint would go
+            print("no GPU: would run the CPU default SFT of the tiny model: " + " ".join(cmd), flush=True)
+            return 0
         print("no GPU: running the CPU default SFT of the tiny model (python -m stare_verl.jobs.demo.sft)", flush=True)
         from stare_verl.jobs.demo.sft import main as cpu_sft_main
 

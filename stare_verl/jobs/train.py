@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
-from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_tagged
+from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, interrupt_on_termination, kill_tagged
 from stare_verl.jobs.runlog import RunFolder
 from stare_verl.recipe_files import recipes_dir
 
@@ -93,6 +93,10 @@ def run_env(tag: str, metrics_part: Path, platform: str = "cpu") -> dict[str, st
     return env
 
 
+INTERRUPTED = 130
+"""Exit status of a run stopped by Ctrl-C, SIGTERM or SIGHUP (128 + SIGINT, as a shell reports it)."""
+
+
 def run_main_ppo(
     cmd: list[str], env: dict[str, str], log_path: Path, metrics_part: Path, total_steps: int
 ) -> int:
@@ -119,7 +123,7 @@ def run_main_ppo(
                 seen = max(seen, len(rows))
             rc = proc.returncode
         except KeyboardInterrupt:
-            rc = 130
+            rc = INTERRUPTED
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -339,6 +343,13 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     rows = read_verl_jsonl(run.verl_metric_parts())
     write_metrics_jsonl(rows, run.metrics)
     plots = plot_run(rows, run.plots)
+    if rc == INTERRUPTED:
+        print(
+            f"[{name}] interrupted: main_ppo and its Ray processes were stopped. The same command resumes from the "
+            f"last checkpoint in {run.path / 'checkpoints'} (every --save-freq steps; none before the end if 0).",
+            file=sys.stderr,
+        )
+        return rc
     if rc != 0:
         tail = run.train_log.read_text(errors="replace")[-3000:]
         print(
@@ -498,8 +509,27 @@ def bad_option(args: argparse.Namespace) -> str | None:
     if acc is not None and not 0.0 <= acc <= 1.0:
         return f"--min-sft-accuracy must be in [0, 1] (got {acc})"
     run_dir = getattr(args, "run_dir", None) or os.environ.get("RUN_DIR")
-    if run_dir and Path(run_dir).exists() and not Path(run_dir).is_dir():
-        return f"the run folder {run_dir} is a file, not a folder (--run-dir / RUN_DIR)"
+    if run_dir:
+        blocker = _file_on_path(Path(run_dir))
+        if blocker is not None:
+            return f"the run folder {run_dir} cannot be made: {blocker} is a file (--run-dir / RUN_DIR)"
+    cache = getattr(args, "sft_cache", None)
+    if cache:  # a typo here would silently start a fresh cold-start SFT (minutes): the folder must exist
+        path = Path(cache)
+        if not path.is_dir():
+            what = "is a file" if path.exists() else "does not exist"
+            return (
+                f"--sft-cache {cache} {what}; give an existing SFT cache folder, or create an empty one "
+                "(mkdir -p) to start a new cache there"
+            )
+    return None
+
+
+def _file_on_path(path: Path) -> Path | None:
+    """The first existing component of ``path`` (itself included) that is not a folder, None when there is none."""
+    for part in [*reversed(path.parents), path]:
+        if part.exists() and not part.is_dir():
+            return part
     return None
 
 
@@ -535,7 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the family's calibrated count)"
     )
     p.add_argument(
-        "--sft-cache", default=None, help="SFT cache folder (default: $STARE_CACHE_DIR or runs/cache)"
+        "--sft-cache", default=None,
+        help="an existing SFT cache folder (default: $STARE_CACHE_DIR or runs/cache, made when missing)"
     )
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
     return p
@@ -544,6 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point (``python -m stare_verl.jobs.train``); returns the exit status."""
     args = build_parser().parse_args(argv)
+    interrupt_on_termination()  # kill / timeout / a closed terminal clean up as Ctrl-C does
     probe = probe_gpu()
     backend = choose_backend(probe, force_cpu=args.cpu)
     if backend.path == "cpu" and not args.cpu and probe.idle_gpu_warning():

@@ -22,6 +22,7 @@ def test_cot_cpu_default_run_writes_run_folder(tmp_path, monkeypatch, family):
     tag = f"pytest-cot-{family}-{os.getpid()}"
     monkeypatch.setenv(RUN_TAG_ENV, tag)
     run = tmp_path / "run"
+    (tmp_path / "cache").mkdir()  # --sft-cache must name an existing folder
     argv = [
         "--family", family, "--cpu", "--run-dir", str(run), "--sft-steps", "30",
         "--sft-cache", str(tmp_path / "cache"), "--min-sft-accuracy", "0", "--n-eval", "8", "--n-train", "32",

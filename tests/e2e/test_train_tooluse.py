@@ -20,6 +20,7 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):
     tag = f"pytest-{os.getpid()}"
     monkeypatch.setenv(RUN_TAG_ENV, tag)  # the driver tags every process of its runs with tag-<uuid>
     run = tmp_path / "run"
+    (tmp_path / "cache").mkdir()  # --sft-cache must name an existing folder
     common = [
         "--cpu",
         "--run-dir",

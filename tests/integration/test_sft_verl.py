@@ -269,6 +269,9 @@ def test_train_without_gpu_falls_back_to_the_cpu_demo_sft(monkeypatch, capsys):
     monkeypatch.setattr(demo_sft, "main", lambda argv: seen.append(argv) or 0)
     assert L.main(["train", "--steps", "20", "--n-train=48"]) == 0
     assert seen == [["--steps", "20", "--n-train=48"]]
+    assert L.main(["train", "--dry-run", "--steps", "20"]) == 0  # a dry run never trains, on this path either
+    assert seen == [["--steps", "20", "--n-train=48"]]
+    assert "would run the CPU default SFT" in capsys.readouterr().out
     assert L.main(["train", "optim.lr=1e-4"]) == 2  # Hydra overrides mean verl's trainer: not on this path
     assert "--cpu-verl" in capsys.readouterr().err
     assert L.main(["train", "--device", "gpu"]) == 2

@@ -201,11 +201,26 @@ def test_a_run_folder_that_is_a_file_fails_before_anything_runs(tmp_path, monkey
     f = tmp_path / "notes.txt"
     f.write_text("x")
     assert bad_option(build_parser().parse_args(["--run-dir", str(f)])) == (
-        f"the run folder {f} is a file, not a folder (--run-dir / RUN_DIR)"
+        f"the run folder {f} cannot be made: {f} is a file (--run-dir / RUN_DIR)"
     )
+    assert f"{f} is a file" in bad_option(build_parser().parse_args(["--run-dir", str(f / "run" / "x")]))
     monkeypatch.setenv("RUN_DIR", str(f))
-    assert "is a file, not a folder" in bad_option(build_parser().parse_args([]))
+    assert "is a file" in bad_option(build_parser().parse_args([]))
     assert bad_option(build_parser().parse_args(["--run-dir", str(tmp_path / "new")])) is None
+
+
+def test_an_sft_cache_that_is_not_a_folder_fails_before_anything_runs(tmp_path, monkeypatch):
+    """A typo in --sft-cache would start a fresh cold-start SFT (minutes) instead of using the cache."""
+    from stare_verl.jobs.train import bad_option, build_parser
+
+    monkeypatch.delenv("RUN_DIR", raising=False)
+    f = tmp_path / "README.md"
+    f.write_text("x")
+    for cache, said in ((tmp_path / "nocache", "does not exist"), (f, "is a file"), (f / "cache", "does not exist")):
+        msg = bad_option(build_parser().parse_args(["--sft-cache", str(cache)]))
+        assert msg is not None and said in msg and "mkdir -p" in msg
+    (tmp_path / "cache").mkdir()
+    assert bad_option(build_parser().parse_args(["--sft-cache", str(tmp_path / "cache")])) is None
 
 
 def test_a_run_at_its_latest_checkpoint_is_not_trained_again(tmp_path, capsys, monkeypatch):

@@ -1,10 +1,13 @@
 """Clean-up of a run's tagged processes (stare_verl.jobs.procs)."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
 import uuid
+
+import pytest
 
 from stare_verl.jobs.procs import RUN_TAG_ENV, kill_processes, kill_tagged, tagged_processes
 
@@ -48,3 +51,53 @@ def test_one_scan_misses_a_child_forked_during_the_kill_but_kill_tagged_does_not
     finally:
         kill_processes(tagged_processes(tag), timeout=2)
         p.kill()
+
+
+# A driver that runs a stand-in for main_ppo (its own session, as main_ppo is launched) through run_main_ppo.
+_DRIVER = """
+import os, sys
+from pathlib import Path
+from stare_verl.jobs import train
+from stare_verl.jobs.procs import RUN_TAG_ENV, interrupt_on_termination
+interrupt_on_termination()
+out = Path(sys.argv[1])
+child = "import os, time, pathlib; pathlib.Path(%r).write_text(str(os.getpid())); time.sleep(120)" % str(out / "pid")
+env = {**os.environ, RUN_TAG_ENV: sys.argv[2]}
+rc = train.run_main_ppo([sys.executable, "-c", child], env, out / "log", out / "metrics.jsonl", 5)
+print("rc", rc, flush=True)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_terminated_driver_stops_main_ppo_as_ctrl_c_does(tmp_path, sig):
+    """kill / timeout / a closed terminal (SIGTERM, SIGHUP) stop the run's processes as Ctrl-C (SIGINT) does,
+    instead of leaving main_ppo (its own session) training detached."""
+    tag = f"test-{uuid.uuid4().hex[:8]}"
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tmp_path), tag], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+            assert time.time() < deadline and driver.poll() is None, "the stand-in never started"
+            time.sleep(0.2)
+        child = int((tmp_path / "pid").read_text())
+        driver.send_signal(sig)
+        out, _ = driver.communicate(timeout=90)
+        assert "rc 130" in out
+        deadline = time.time() + 30
+        while _alive(child) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _alive(child)
+        assert tagged_processes(tag) == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        kill_tagged(tag)
