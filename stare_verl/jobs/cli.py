@@ -16,16 +16,31 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    import tempfile
+
     from omegaconf import OmegaConf
 
-    from stare_verl.jobs.recipes import compose_recipe, validate_recipe
+    from stare_verl.jobs.backend import stderr_to
+    from stare_verl.jobs.recipes import recipe_names, recipes_dir
 
+    names = set(recipe_names()) | {f"cpu/{n}" for n in recipe_names(recipes_dir() / "cpu")}
+    name = args.recipe.removesuffix(".yaml")
+    if name not in names:
+        hint = f"; did you mean cpu/{name}?" if f"cpu/{name}" in names else ""
+        print(f"error: no recipe {args.recipe!r}{hint} (stare-verl recipes lists them)", file=sys.stderr)
+        return 1
+    noise = tempfile.TemporaryFile()  # verl's import-time warnings: shown only when the check fails
     try:
-        cfg = compose_recipe(args.recipe, args.overrides)
-        stare = validate_recipe(cfg)
+        with stderr_to(noise):
+            from stare_verl.jobs.recipes import compose_recipe, validate_recipe
+
+            cfg = compose_recipe(name, args.overrides)
+            stare = validate_recipe(cfg)
     except Exception as err:  # report any composition/validation failure as a one-line error
         print(f"error: recipe {args.recipe!r} would fail at launch: {err}", file=sys.stderr)
         return 1
+    finally:
+        noise.close()
     if args.print:
         print(OmegaConf.to_yaml(cfg))
     summary = f"ok: {args.recipe}: adv_estimator={cfg.algorithm.adv_estimator}, "

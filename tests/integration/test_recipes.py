@@ -75,3 +75,9 @@ def test_cli_check_reports_ok_and_errors(capsys, monkeypatch, tmp_path):
     assert main(["check", "cpu/longcot_tiny_grpo", "actor_rollout_ref.model.path=m"]) == 0
     out = capsys.readouterr().out
     assert "rollout=hf" in out and "W=1.0 M=1.0" in out
+    # an unknown name is one line with a hint, not Hydra's search path
+    assert main(["check", "longcot_tiny_grpo"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "error: no recipe 'longcot_tiny_grpo'; did you mean cpu/longcot_tiny_grpo? (stare-verl recipes lists them)"
+    )
+    assert main(["check", "cpu/longcot_tiny_grpo.yaml", "actor_rollout_ref.model.path=m"]) == 0
