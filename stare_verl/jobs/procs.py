@@ -30,6 +30,11 @@ def cpu_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         }
     )
+    # one torch/OpenMP thread per process unless the caller set it: the run's 4-5 busy processes (actor, hf server,
+    # agent-loop worker, driver) each defaulting to every core oversubscribe a small machine (2 cores: shortcot
+    # steps 4.9 s with the default, 3.7 s with one thread each)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", env["OMP_NUM_THREADS"])
     env.update(extra or {})
     return env
 
