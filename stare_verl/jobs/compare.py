@@ -20,9 +20,9 @@ from typing import Any
 
 from stare_verl.jobs.runlog import RunFolder
 
-# Default RL steps of a comparison per family (shortcot: the 3-seed STARE-effect comparison, README). 80 steps fit
-# the 40-minute budget on 2 cores; the entropy of GRPO-ds and STARE separate after ~50 (100 steps: README).
-COMPARE_STEPS = {"shortcot": 80}
+# Default RL steps of a comparison per family (shortcot: the 3-seed STARE-effect comparison of the README; the
+# entropy of GRPO-ds and STARE separate only after ~50 steps).
+COMPARE_STEPS = {"shortcot": 100}
 
 
 def run_stats(run_dir: Path) -> dict[str, Any]:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse", help="the CPU default task")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument(
-        "--steps", type=int, default=None, help="RL steps per run (default: 80 for shortcot, where the entropy "
+        "--steps", type=int, default=None, help="RL steps per run (default: 100 for shortcot, where the entropy "
         "of GRPO-ds and STARE separate only after ~50 steps; 30 otherwise)"
     )
     p.add_argument("--n-eval", type=int, default=200)
