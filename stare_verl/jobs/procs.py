@@ -30,12 +30,6 @@ def cpu_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         }
     )
-    # one torch/OpenMP thread per process unless the caller set it: the run's 4-5 busy processes (actor, hf server,
-    # agent-loop worker, driver) each defaulting to every core oversubscribe a small machine once anything else
-    # runs (the calibration measured one thread up to 5x faster than two on a busy 2-core machine; idle, a shortcot
-    # run measured 4.9 s a step with the default and 5.2 s with one thread, within run-to-run noise)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("MKL_NUM_THREADS", env["OMP_NUM_THREADS"])
     env.update(extra or {})
     return env
 
