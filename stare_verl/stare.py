@@ -117,9 +117,8 @@ def stare_reweight(
         if l_minus is not None:
             m_eff = decision.m
             sets.append((l_minus, m_eff))
-        # adv_np is a view of `advantages` for CPU tensors that NumPy holds as they are, else a copy of ours
-        copied = advantages.device.type != "cpu" or advantages.dtype in (torch.bfloat16, torch.float16)
-        own = inplace or copied
+        # _numpy gives a view of `advantages` (same memory) or a copy of ours, which may always be overwritten
+        own = inplace or adv_np.ctypes.data != advantages.data_ptr()
         out = torch.from_numpy(reweight_advantages(adv_np, sets, inplace=own)).to(advantages.device)
         cov_eff = reweighted_covariance_sums(cov_base, row_adv, lp_np, sets, decision.batch_entropy)
     return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff, cov_base, cov_eff)

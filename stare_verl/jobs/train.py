@@ -439,13 +439,13 @@ def model_problem(model: str, offline: bool = True) -> str | None:
     )
 
 
-def train_gpu(args: argparse.Namespace) -> int:
+def train_gpu(args: argparse.Namespace, backend: RunBackend | None = None) -> int:
     """Launch ``main_ppo`` with the family's GPU recipe (``MODEL`` env var and overrides pass through).
 
     The run folder (``--run-dir``, ``RUN_DIR`` or ``runs/<family>-<method>-seed<seed>-sglang``) holds the checkpoints
     (``trainer.default_local_dir``), ``train.log`` (first line: rollout backend, platform, device, sandbox; then
     main_ppo's output, which the console shows too) and, when main_ppo ends, ``summary.json`` (backend, recipe,
-    command, exit status).
+    command, exit status). ``backend``: the caller's choice (default: probed here).
     """
     model = os.environ.get("MODEL")
     bad = bad_option(args) or (model_problem(model, offline=False) if model else None)
@@ -463,7 +463,7 @@ def train_gpu(args: argparse.Namespace) -> int:
         f"trainer.default_local_dir={run.path / 'checkpoints'}", *mapped, *method_overrides(args.method, args.overrides),
     ]  # fmt: skip
     backend = dataclasses.replace(
-        choose_backend(probe_gpu()),
+        backend or choose_backend(probe_gpu()),
         sandbox=sandbox_backend(recipes_dir() / "tool_use" / "tool_config.yaml") if args.family == "tooluse"
         else "none",
     )  # fmt: skip
@@ -472,7 +472,7 @@ def train_gpu(args: argparse.Namespace) -> int:
     print(f"[{name}] {' '.join(cmd)}", flush=True)
     run.logs.mkdir(parents=True, exist_ok=True)
     summary = {"family": args.family, "method": args.method, "seed": args.seed, "recipe": recipe,
-               "backend": backend.to_dict(), "model": os.environ.get("MODEL"), "command": cmd}  # fmt: skip
+               "backend": backend.to_dict(), "model": model, "command": cmd}  # fmt: skip
     t0 = time.time()
     with open(run.train_log, "ab") as log:
         log.write(f"[{name}] {time.strftime('%Y-%m-%d %H:%M:%S')} {backend.line()}\n".encode())
@@ -578,10 +578,11 @@ def main(argv: list[str] | None = None) -> int:
     interrupt_on_termination()  # kill / timeout / a closed terminal clean up as Ctrl-C does
     probe = probe_gpu()
     backend = choose_backend(probe, force_cpu=args.cpu)
-    if backend.path == "cpu" and not args.cpu and probe.idle_gpu_warning():
-        print(probe.idle_gpu_warning(), file=sys.stderr)  # never a silent CPU fallback on a GPU machine
+    warning = probe.idle_gpu_warning()
+    if backend.path == "cpu" and not args.cpu and warning:
+        print(warning, file=sys.stderr)  # never a silent CPU fallback on a GPU machine
     if backend.path == "gpu-sglang":
-        return train_gpu(args)
+        return train_gpu(args, backend)  # probed once: nvidia-smi and CUDA are not asked again
     if backend.path == "cpu" and os.environ.get("MODEL"):
         print(
             f"error: MODEL={os.environ['MODEL']} is for GPU runs, and "

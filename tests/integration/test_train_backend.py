@@ -122,7 +122,7 @@ def test_sandbox_backend_of_the_tool_config():
 def test_main_takes_the_gpu_when_there_is_one(monkeypatch, capsys, probe, argv, expected):
     taken = {}
     monkeypatch.setattr(train, "probe_gpu", lambda: probe)
-    monkeypatch.setattr(train, "train_gpu", lambda args: taken.setdefault("path", "gpu-sglang") and 0)
+    monkeypatch.setattr(train, "train_gpu", lambda args, backend=None: taken.setdefault("path", "gpu-sglang") and 0)
     monkeypatch.setattr(train, "train_cpu", lambda args, b: taken.setdefault("path", b.path) and 0)
     monkeypatch.delenv("MODEL", raising=False)
     assert train.main(["--family", "shortcot", *argv]) == 0
