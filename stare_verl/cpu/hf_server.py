@@ -6,7 +6,9 @@ cache), finished rows leave the batch at once, so nobody waits for a whole batch
 Sampling follows vLLM's conventions (temperature 0 = greedy, ``top_k`` -1 or 0 = off, ``top_p`` 1 =
 off, ``repetition_penalty`` 1 = off) and the returned log-probs are the *processed* ones (after
 penalty, temperature, top-k, top-p), as ``rollout.logprobs_mode: processed_logprobs`` asks.
-Sampling is deterministic under a seed: every request draws from its own ``torch.Generator``.
+Sampling is deterministic under a seed: every request has its own counter-based random stream (its seed
+and the token's position), so a sample does not depend on which other requests share the batch; the whole
+batch is sampled in one set of tensor operations (:func:`sample_batch`).
 
 :class:`HFGenerationServer` is the Ray actor a ``RolloutReplica`` launches (one per replica); the
 agent loop calls its ``generate`` and the trainer its control methods (abort/resume, sleep/wake_up,
@@ -227,7 +229,7 @@ class _Request:
     params: SamplingParams
     max_tokens: int
     stop_ids: frozenset[int]
-    generator: torch.Generator | None
+    rng_seed: int | None  # None: greedy
     future: concurrent.futures.Future
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -237,7 +239,8 @@ class GenerationEngine:
     """Continuous-batching generation over a transformers causal LM, in a background thread.
 
     Every tensor of the batch (ids, masks, KV cache, sampling) lives on the model's device (CPU or a GPU);
-    the per-request generators too, so a seed gives the same samples on one device, not across devices.
+    the uniforms of the per-request random streams are drawn on the host, so a seed gives the same samples
+    wherever the logits are the same (across devices only up to their logits' round-off).
 
     Args:
         model: a ``transformers`` causal LM in eval mode (left-padded batches, ``DynamicCache``).
@@ -313,12 +316,8 @@ class GenerationEngine:
         with self._cond:
             if self._stop:
                 raise RuntimeError("generation engine is shut down")
-            generator = None
-            if not params.greedy:
-                generator = torch.Generator(device=self.device).manual_seed(
-                    self._request_seed(prompt, params)
-                )
-            request = _Request(prompt, params, max_tokens, stop_ids, generator, future)
+            rng_seed = None if params.greedy else self._request_seed(prompt, params)
+            request = _Request(prompt, params, max_tokens, stop_ids, rng_seed, future)
             if max_tokens == 0:
                 future.set_result(GenerationResult([], [], STOP_COMPLETED, self.global_steps))
                 return future
@@ -524,38 +523,104 @@ class GenerationEngine:
 
     def _sample(self, logits: torch.Tensor, rows: list[_Request]) -> torch.Tensor:
         """Pick one token per row; record it and its processed log-prob. logits: [B, V] float32."""
-        logits = logits.clone()
-        tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-        for i, r in enumerate(rows):
-            p = r.params
-            row = logits[i]
-            if p.repetition_penalty != 1.0:
+        penalised = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
+        if penalised:
+            logits = logits.clone()
+            for i in penalised:  # rare: per row, over the tokens that row has seen
+                r, row = rows[i], logits[i]
                 seen = torch.tensor(
                     sorted(set(r.prompt) | set(r.tokens)), dtype=torch.long, device=row.device
                 )
                 vals = row[seen]
-                row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-            if p.greedy:
-                logp = torch.log_softmax(row, dim=-1)
-                tok = int(torch.argmax(row))
-            else:
-                row = row / p.temperature
-                if 0 < p.top_k < row.numel():
-                    kth = torch.topk(row, p.top_k).values[-1]
-                    row = row.masked_fill(row < kth, float("-inf"))
-                if p.top_p < 1.0:
-                    sorted_vals, order = torch.sort(row, descending=True)
-                    probs = torch.softmax(sorted_vals, dim=-1)
-                    drop = (probs.cumsum(-1) - probs) > p.top_p
-                    drop[0] = False
-                    row = row.clone()
-                    row[order[drop]] = float("-inf")
-                logp = torch.log_softmax(row, dim=-1)
-                tok = int(torch.multinomial(logp.exp(), 1, generator=r.generator))
+                penalty = r.params.repetition_penalty
+                row[seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
+        tokens, logp = sample_batch(
+            logits,
+            temperature=[r.params.temperature for r in rows],
+            top_k=[r.params.top_k for r in rows],
+            top_p=[r.params.top_p for r in rows],
+            uniform=[None if r.rng_seed is None else stream_uniform(r.rng_seed, len(r.tokens)) for r in rows],
+        )
+        for r, tok, lp in zip(rows, tokens.tolist(), logp.tolist(), strict=True):
             r.tokens.append(tok)
-            r.log_probs.append(float(logp[tok]))
-            tokens[i] = tok
+            r.log_probs.append(lp)
         return tokens
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def stream_uniform(seed: int, index: int) -> float:
+    """The ``index``-th uniform in [0, 1) of the random stream ``seed`` (SplitMix64 of seed + index * golden gamma).
+
+    Counter-based: any element is computed directly, so a request's draw depends only on its seed and its
+    token position, not on the other requests in the batch or the order they were served in. 53 bits.
+    """
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return (z >> 11) * (1.0 / (1 << 53))
+
+
+def sample_batch(
+    logits: torch.Tensor,
+    temperature: list[float],
+    top_k: list[int],
+    top_p: list[float],
+    uniform: list[float | None],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row in vLLM conventions; return the tokens and their processed log-probs.
+
+    Row ``i`` is greedy when ``uniform[i]`` is None (argmax of the raw logits, log-prob under the untempered
+    softmax). Otherwise its logits are divided by ``temperature[i]``, cut to the ``top_k[i]`` largest (off when
+    -1, 0 or >= V; ties at the k-th value are kept) and to the smallest set whose probability reaches
+    ``top_p[i]`` (off at 1; the most likely token is always kept), and the token is drawn by inverting the
+    CDF of the remaining distribution at ``uniform[i]`` (a number in [0, 1)): a token of probability 0 is
+    never drawn. The log-prob returned is the *processed* one (after temperature and truncation).
+
+    Args:
+        logits: [B, V] float32, any device.
+        temperature, top_k, top_p, uniform: one entry per row (B).
+
+    Returns:
+        (tokens [B] int64, log-probs [B] float32), on ``logits``' device.
+    """
+    n, vocab = logits.shape
+    device = logits.device
+    sampled = [u is not None for u in uniform]
+    temps = torch.tensor([t if s else 1.0 for t, s in zip(temperature, sampled, strict=True)], device=device)
+    work = logits / temps[:, None]
+    ks = [k if s and 0 < k < vocab else 0 for k, s in zip(top_k, sampled, strict=True)]
+    ps = [p if s else 1.0 for p, s in zip(top_p, sampled, strict=True)]
+    if any(ks) or any(p < 1.0 for p in ps):
+        sorted_vals, order = torch.sort(work, dim=-1, descending=True)
+        drop_sorted = torch.zeros_like(sorted_vals, dtype=torch.bool)
+        if any(ks):
+            k_idx = torch.tensor([max(k, 1) - 1 for k in ks], device=device)
+            kth = sorted_vals.gather(1, k_idx[:, None])
+            active = torch.tensor([k > 0 for k in ks], device=device)[:, None]
+            drop_sorted |= active & (sorted_vals < kth)
+        if any(p < 1.0 for p in ps):
+            kept = sorted_vals.masked_fill(drop_sorted, float("-inf"))
+            probs = torch.softmax(kept, dim=-1)
+            top_p_t = torch.tensor(ps, device=device)[:, None]
+            over = (probs.cumsum(-1) - probs) > top_p_t
+            over[:, 0] = False
+            drop_sorted |= over
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        work = work.masked_fill(drop, float("-inf"))
+    logp = torch.log_softmax(work, dim=-1)
+    tokens = torch.argmax(logits, dim=-1)
+    if any(sampled):
+        rows = torch.tensor([i for i, s in enumerate(sampled) if s], device=device)
+        cdf = logp[rows].double().exp().cumsum(-1)
+        total = cdf[:, -1:]
+        u = torch.tensor([x for x in uniform if x is not None], dtype=torch.float64, device=device)[:, None]
+        point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        drawn = torch.searchsorted(cdf, point, right=True)[:, 0].clamp(max=vocab - 1)
+        tokens = tokens.index_copy(0, rows, drawn)
+    return tokens, logp.gather(1, tokens[:, None])[:, 0]
 
 
 def _left_pad(t: torch.Tensor, n: int, dim: int = 2) -> torch.Tensor:
