@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 STOP_COMPLETED = "completed"
 STOP_ABORTED = "aborted"
 
+SAMPLING_EPS = 1e-5
+"""Temperatures below this decode greedily (vLLM's ``_SAMPLING_EPS``)."""
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -111,7 +114,9 @@ class SamplingParams(BaseModel):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        """Argmax decoding: temperature below vLLM's sampling epsilon (1e-5; dividing by less overflows float32
+        logits) or ``top_k`` 1."""
+        return self.temperature < SAMPLING_EPS or self.top_k == 1
 
 
 _DTYPE_ALIASES = {
@@ -548,13 +553,16 @@ class GenerationEngine:
 
 
 _MASK64 = (1 << 64) - 1
+_CDF_BLOCK = 1024  # vocabulary block of the two-level inverse-CDF search in sample_batch
 
 
 def stream_uniform(seed: int, index: int) -> float:
     """The ``index``-th uniform in [0, 1) of the random stream ``seed`` (SplitMix64 of seed + index * golden gamma).
 
     Counter-based: any element is computed directly, so a request's draw depends only on its seed and its
-    token position, not on the other requests in the batch or the order they were served in. 53 bits.
+    token position, not on the other requests in the batch or the order they were served in. 53 bits. Seeds
+    are taken modulo 2**64, and seed ``s + 0x9E3779B97F4A7C15`` is stream ``s`` shifted by one position: fine
+    for the hashed seeds of :meth:`GenerationEngine._request_seed`, not for seeds that step by that constant.
     """
     z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
@@ -576,51 +584,101 @@ def sample_batch(
     softmax). Otherwise its logits are divided by ``temperature[i]``, cut to the ``top_k[i]`` largest (off when
     -1, 0 or >= V; ties at the k-th value are kept) and to the smallest set whose probability reaches
     ``top_p[i]`` (off at 1; the most likely token is always kept), and the token is drawn by inverting the
-    CDF of the remaining distribution at ``uniform[i]`` (a number in [0, 1)): a token of probability 0 is
-    never drawn. The log-prob returned is the *processed* one (after temperature and truncation).
+    CDF of the remaining distribution at ``uniform[i]`` (a number in [0, 1); float64 sums, over blocks of the
+    vocabulary then within one block): a token of probability 0 is never drawn. The log-prob returned is the
+    *processed* one (after temperature and truncation). A row's token does not depend on the other rows; its
+    log-prob may differ in the last float32 bits (batched ``log_softmax``, ~1e-5 at V = 150k).
 
     Args:
         logits: [B, V] float32, any device.
-        temperature, top_k, top_p, uniform: one entry per row (B).
+        temperature, top_k, top_p, uniform: one entry per row (B); sampled rows need temperature > 0.
 
     Returns:
         (tokens [B] int64, log-probs [B] float32), on ``logits``' device.
+
+    Raises:
+        ValueError: a sampled row whose processed distribution is not a finite one (NaN or +inf logits, or a
+            temperature that overflows them), naming the rows; the engine fails those requests.
     """
     n, vocab = logits.shape
     device = logits.device
     sampled = [u is not None for u in uniform]
-    temps = torch.tensor([t if s else 1.0 for t, s in zip(temperature, sampled, strict=True)], device=device)
-    work = logits / temps[:, None]
+    tokens = torch.argmax(logits, dim=-1)
+    if not any(sampled):  # greedy batch: log-prob = logit - logsumexp, no [B, V] log_softmax
+        picked = logits.gather(1, tokens[:, None])[:, 0]
+        return tokens, picked - torch.logsumexp(logits, dim=-1)
+    work = logits
+    temps = [t if s else 1.0 for t, s in zip(temperature, sampled, strict=True)]
+    if any(t != 1.0 for t in temps):
+        work = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
     ks = [k if s and 0 < k < vocab else 0 for k, s in zip(top_k, sampled, strict=True)]
     ps = [p if s else 1.0 for p, s in zip(top_p, sampled, strict=True)]
-    if any(ks) or any(p < 1.0 for p in ps):
-        sorted_vals, order = torch.sort(work, dim=-1, descending=True)
-        drop_sorted = torch.zeros_like(sorted_vals, dtype=torch.bool)
-        if any(ks):
-            k_idx = torch.tensor([max(k, 1) - 1 for k in ks], device=device)
-            kth = sorted_vals.gather(1, k_idx[:, None])
-            active = torch.tensor([k > 0 for k in ks], device=device)[:, None]
-            drop_sorted |= active & (sorted_vals < kth)
-        if any(p < 1.0 for p in ps):
-            kept = sorted_vals.masked_fill(drop_sorted, float("-inf"))
-            probs = torch.softmax(kept, dim=-1)
-            top_p_t = torch.tensor(ps, device=device)[:, None]
-            over = (probs.cumsum(-1) - probs) > top_p_t
-            over[:, 0] = False
-            drop_sorted |= over
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        work = work.masked_fill(drop, float("-inf"))
+    if any(p < 1.0 for p in ps):
+        work = _truncate_sorted(work, ks, ps)
+    elif any(ks):  # top-k alone: the k-th largest from topk(max k), not a full sort of the vocabulary
+        kth_all = torch.topk(work, max(ks), dim=-1).values
+        kth = kth_all.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=device)[:, None])
+        active = torch.tensor([k > 0 for k in ks], device=device)[:, None]
+        work = work.masked_fill(active & (work < kth), float("-inf"))
     logp = torch.log_softmax(work, dim=-1)
-    tokens = torch.argmax(logits, dim=-1)
-    if any(sampled):
-        rows = torch.tensor([i for i, s in enumerate(sampled) if s], device=device)
-        cdf = logp[rows].double().exp().cumsum(-1)
-        total = cdf[:, -1:]
-        u = torch.tensor([x for x in uniform if x is not None], dtype=torch.float64, device=device)[:, None]
-        point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-        drawn = torch.searchsorted(cdf, point, right=True)[:, 0].clamp(max=vocab - 1)
-        tokens = tokens.index_copy(0, rows, drawn)
+    rows = torch.tensor([i for i, s in enumerate(sampled) if s], device=device)
+    u = torch.tensor([x for x in uniform if x is not None], dtype=torch.float64, device=device)
+    drawn, finite = _inverse_cdf(logp.index_select(0, rows), u)
+    if not bool(finite.all()):
+        bad = rows[~finite].tolist()
+        raise ValueError(
+            f"rows {bad[:8]} have no finite sampling distribution (NaN/inf logits or temperature)"
+        )
+    tokens = tokens.index_copy(0, rows, drawn)
     return tokens, logp.gather(1, tokens[:, None])[:, 0]
+
+
+def _truncate_sorted(work: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
+    """``work`` [B, V] with the tokens outside each row's top-k (k 0 = off) and top-p set to -inf (one sort)."""
+    device = work.device
+    sorted_vals, order = torch.sort(work, dim=-1, descending=True)
+    drop_sorted = torch.zeros_like(sorted_vals, dtype=torch.bool)
+    if any(ks):
+        kth = sorted_vals.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=device)[:, None])
+        active = torch.tensor([k > 0 for k in ks], device=device)[:, None]
+        drop_sorted |= active & (sorted_vals < kth)
+    probs = torch.softmax(sorted_vals.masked_fill(drop_sorted, float("-inf")), dim=-1)
+    over = (probs.cumsum(-1) - probs) > torch.tensor(ps, device=device, dtype=probs.dtype)[:, None]
+    over[:, 0] = False
+    drop_sorted |= over
+    return work.masked_fill(torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted), float("-inf"))
+
+
+def _inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens drawn from ``exp(logp)`` ([R, V]) at the uniforms ``u`` ([R] float64), and which rows had a finite,
+    positive total. Float64 sums; above ``4 * _CDF_BLOCK`` tokens in two levels (sums per vocabulary block, then
+    a cumsum inside the chosen block only), which spares a [R, V] float64 cumsum on large vocabularies."""
+    r, vocab = logp.shape
+    probs = logp.double().exp()
+    small = vocab <= 4 * _CDF_BLOCK
+    if small:
+        cdf = probs.cumsum(-1)
+        total = cdf[:, -1:]
+    else:
+        blocks = -(-vocab // _CDF_BLOCK)
+        padded = torch.nn.functional.pad(probs, (0, blocks * _CDF_BLOCK - vocab)).view(r, blocks, _CDF_BLOCK)
+        block_cdf = padded.sum(-1).cumsum(-1)  # [R, blocks]
+        total = block_cdf[:, -1:]
+    finite = torch.isfinite(total[:, 0]) & (total[:, 0] > 0)
+    point = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    if small:
+        # the first token whose CDF exceeds the point (a token of probability 0 never does: strict >)
+        drawn = torch.searchsorted(cdf, point, right=True)[:, 0].clamp(max=vocab - 1)
+        return torch.where(finite, drawn, torch.zeros_like(drawn)), finite
+    block = torch.searchsorted(block_cdf, point, right=True).clamp(max=blocks - 1)  # [R, 1]
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(point))
+    chosen = padded[torch.arange(r, device=logp.device), block[:, 0]]  # [R, BLOCK]
+    inner = chosen.cumsum(-1)
+    # round-off can leave the point at or past the block's last sum: clamp to its last token of positive mass
+    pos = torch.searchsorted(inner, point - before, right=True)[:, 0]
+    pos = torch.minimum(pos, (chosen > 0).cumsum(-1).argmax(-1))
+    drawn = (block[:, 0] * _CDF_BLOCK + pos).clamp(max=vocab - 1)
+    return torch.where(finite, drawn, torch.zeros_like(drawn)), finite
 
 
 def _left_pad(t: torch.Tensor, n: int, dim: int = 2) -> torch.Tensor:

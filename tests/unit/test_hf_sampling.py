@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
-from stare_verl.cpu.hf_server import sample_batch, stream_uniform
+from stare_verl.cpu.hf_server import SamplingParams, sample_batch, stream_uniform
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, float("-inf")])
 
@@ -94,3 +95,54 @@ def test_greedy_rows_mix_with_sampled_rows_and_batch_mates_do_not_matter():
         assert int(t1[0]) == int(tokens[i]) and math.isclose(float(l1[0]), float(logp[i]), rel_tol=1e-6)
     # the top-k row only draws among its 5 largest logits
     assert int(tokens[2]) in set(torch.topk(logits[2], 5).indices.tolist())
+
+
+def test_draws_across_vocabulary_blocks_follow_the_softmax():
+    """V above 4 blocks takes the two-level CDF search; mass sits in the first, middle and last (partial) blocks,
+    at block edges, with probability-0 tokens and whole empty blocks between them."""
+    vocab = 6000
+    logits = torch.full((vocab,), float("-inf"))
+    for tok, val in ((3, 1.0), (1023, 0.5), (1024, 0.2), (3000, 1.5), (4095, -0.5), (5999, 0.8)):
+        logits[tok] = val
+    n = 20000
+    tokens, logp = draw(logits, n, seed=11)
+    probs = torch.softmax(logits, -1)
+    freq = torch.bincount(tokens, minlength=vocab).double() / n
+    support = probs > 0
+    assert int(freq[~support].sum() * n) == 0
+    assert torch.allclose(freq[support], probs[support].double(), atol=0.012), (freq[support], probs[support])
+    assert torch.allclose(logp, torch.log_softmax(logits, -1)[tokens])
+
+
+def test_top_k_alone_keeps_ties_and_matches_the_sorted_path():
+    logits = torch.tensor([3.0, 1.0, 2.0, 2.0, 0.0, -1.0])
+    tokens, logp = draw(logits, 3000, top_k=2)  # the 2nd largest value is tied: both 2.0 tokens stay
+    assert set(tokens.tolist()) == {0, 2, 3}
+    assert torch.allclose(
+        logp, torch.log_softmax(logits.masked_fill(logits < 2.0, float("-inf")), -1)[tokens]
+    )
+    # top-k with top-p at 1 (topk path) and with top-p just below 1 (sort path) keep the same set
+    a, _ = draw(logits, 500, top_k=2, top_p=1.0)
+    b, _ = draw(logits, 500, top_k=2, top_p=0.9999999)
+    assert a.tolist() == b.tolist()
+
+
+def test_a_row_without_a_finite_distribution_is_an_error_not_a_token():
+    ok = [0.0, 1.0, 2.0, 0.5]
+    for bad in ([1.0, float("nan"), 0.0, 2.0], [1.0, float("inf"), 0.0, 2.0], [float("-inf")] * 4):
+        logits = torch.tensor([ok, bad])
+        with pytest.raises(ValueError, match=r"rows \[1\]"):
+            sample_batch(logits, [1.0, 1.0], [-1, -1], [1.0, 1.0], [0.3, 0.3])
+    # a temperature that overflows float32 logits
+    with pytest.raises(ValueError, match="no finite sampling distribution"):
+        sample_batch(torch.tensor([[30.0, 1.0]]), [1e-38], [-1], [1.0], [0.5])
+    # such temperatures decode greedily in the engine (vLLM's sampling epsilon)
+    assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-4).greedy
+
+
+def test_greedy_batch_logprobs_are_the_untempered_softmax():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 50, generator=g)
+    tokens, logp = sample_batch(logits, [0.0] * 4, [-1] * 4, [1.0] * 4, [None] * 4)
+    assert tokens.tolist() == logits.argmax(-1).tolist()
+    assert torch.allclose(logp, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0], atol=1e-6)
