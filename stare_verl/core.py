@@ -440,23 +440,34 @@ def reweighted_covariance_sums(
     """
     adv, lp_adv = base.adv.copy(), base.lp_adv.copy()
     thr = -float(batch_entropy or 0.0)
+    flat = np.ascontiguousarray(log_probs).reshape(-1)
+    t = log_probs.shape[1]
     for sel, weight in sets:
         if sel.count == 0 or weight == 1.0:
             continue
-        rows = sel.positions // log_probs.shape[1]
-        lp = np.ascontiguousarray(log_probs).reshape(-1)[sel.positions].astype(np.float64)
-        a = row_advantages[rows].astype(np.float64)
-        high = (lp < thr).astype(np.float64)
-        # a set's rows share the advantage's sign (L+: A > 0, L-: A < 0): one part, dot products, no bincount
+        pos = sel.positions  # ascending: each row's chosen tokens are one contiguous segment, rows in order
+        lp = flat[pos]
+        starts = np.searchsorted(pos, sel.rows.astype(np.int64) * t)
+        counts = np.diff(starts, append=pos.size)
+        chosen = counts > 0  # reduceat needs non-empty segments
+        starts, counts = starts[chosen], counts[chosen].astype(np.float64)
+        a = row_advantages[sel.rows[chosen]].astype(np.float64)
+        delta = (float(weight) - 1.0) * a  # what each chosen token adds to its advantage, per row
+        row_lp = np.add.reduceat(lp, starts, dtype=np.float64)
+        if lp.max() < thr:  # every chosen token is high-surprisal (the usual case: L+/L- are the top-P)
+            n_hi, s_hi = counts, row_lp
+        else:
+            high = lp < thr
+            n_hi = np.add.reduceat(high, starts, dtype=np.float64)
+            s_hi = np.add.reduceat(np.where(high, lp, 0), starts, dtype=np.float64)
+        # a set's rows share the advantage's sign (L+: A > 0, L- : A < 0); split anyway, it is [rows]-sized
+        # (einsum, not `@`: BLAS threads stall on a loaded CPU, see _row_sum)
         for q, part in ((0, a > 0), (2, a < 0)):
             if not part.any():
                 continue
-            delta = (float(weight) - 1.0) * (a if part.all() else a * part)
-            delta_lp = delta * lp
-            # einsum, not `@`: BLAS threads stall on a loaded CPU (see _row_sum)
-            d_hi, dl_hi = float(np.einsum("i,i->", delta, high)), float(np.einsum("i,i->", delta_lp, high))
-            adv[q] += d_hi
-            adv[q + 1] += float(delta.sum()) - d_hi
-            lp_adv[q] += dl_hi
-            lp_adv[q + 1] += float(delta_lp.sum()) - dl_hi
+            d = delta[part]
+            adv[q] += float(np.einsum("i,i->", d, n_hi[part]))
+            adv[q + 1] += float(np.einsum("i,i->", d, counts[part] - n_hi[part]))
+            lp_adv[q] += float(np.einsum("i,i->", d, s_hi[part]))
+            lp_adv[q + 1] += float(np.einsum("i,i->", d, row_lp[part] - s_hi[part]))
     return CovarianceSums(n=base.n, lp=base.lp, adv=adv, lp_adv=lp_adv)

@@ -13,13 +13,13 @@ from stare_verl.estimator import compute_stare_advantage
 from stare_verl.stare import stare_reweight
 
 
-def _batch(b=12, t=20, seed=0, nonfinite=False):
+def _batch(b=12, t=20, seed=0, nonfinite=False, ent_scale=1.0):
     g = torch.Generator().manual_seed(seed)
     mask = (torch.rand(b, t, generator=g) > 0.2).float()
     row = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0, 2.0, -2.0, 1.0, 1.0, -1.0, 0.0][:b])
     adv = row.unsqueeze(-1) * mask
     lp = -torch.rand(b, t, generator=g) * 4
-    ent = torch.rand(b, t, generator=g)
+    ent = torch.rand(b, t, generator=g) * ent_scale
     if nonfinite:
         lp[0, 3] = float("nan")  # a model token: dropped from everything
         lp[mask == 0] = float("-inf")  # sentinels off the mask
@@ -44,7 +44,12 @@ def _brute(adv, mask, lp, ent):
     return prod.mean().item(), {q: prod[c].sum().item() / len(x) for q, c in classes.items()}
 
 
-@pytest.mark.parametrize("nonfinite", [False, True], ids=["finite", "nonfinite"])
+@pytest.mark.parametrize(
+    ("nonfinite", "ent_scale"),
+    [(False, 1.0), (True, 1.0), (False, 7.5)],
+    # entropy x 7.5: H_batch ~3.7 nats, so part of L+/L- is below it (the sums' per-token high/low split)
+    ids=["finite", "nonfinite", "selected_low"],
+)
 @pytest.mark.parametrize(
     "cfg",
     [
@@ -53,9 +58,12 @@ def _brute(adv, mask, lp, ent):
     ],
     ids=["C2", "O1"],
 )
-def test_covariance_and_quadrants_match_brute_force(cfg, nonfinite):
-    adv, mask, lp, ent = _batch(nonfinite=nonfinite)
+def test_covariance_and_quadrants_match_brute_force(cfg, nonfinite, ent_scale):
+    adv, mask, lp, ent = _batch(nonfinite=nonfinite, ent_scale=ent_scale)
     out, m = stare_reweight(adv, mask, lp, ent, StareController(cfg))
+    if ent_scale > 1:  # the case is what it says: some reweighted token has surprisal <= H_batch
+        changed = (out != adv) & (mask > 0)
+        assert bool((-lp[changed] <= m["stare/batch_entropy"]).any())
     assert m["stare/gate_on"] == 1.0 and m["stare/frac_l_plus"] > 0
     for suffix, a in (("", adv), ("_eff", out)):
         cov, parts = _brute(a, mask, lp, ent)
