@@ -23,6 +23,9 @@ from stare_verl.jobs.runlog import RunFolder
 # Default RL steps of a comparison per family (shortcot: the 3-seed STARE-effect comparison of the README; the
 # entropy of GRPO-ds and STARE separate only after ~50 steps).
 COMPARE_STEPS = {"shortcot": 100}
+# Default seeds per family (else 0 1 2): short CoT's 100-step runs take 8-9.5 minutes each on 2 cores, so two
+# seeds per method fit the comparison's 40 minutes and three (the README's table) take 50-57.
+COMPARE_SEEDS = {"shortcot": [0, 1]}
 
 
 def run_stats(run_dir: Path) -> dict[str, Any]:
@@ -181,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse", help="the CPU default task")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="seeds per method (default: 0 1 for shortcot, 0 1 2 "
+        "otherwise)"
+    )
     p.add_argument(
         "--steps", type=int, default=None, help="RL steps per run (default: 100 for shortcot, where the entropy "
         "of GRPO-ds and STARE separate only after ~50 steps; 30 otherwise)"
@@ -199,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps is None:
         args.steps = COMPARE_STEPS.get(args.family, 30)
+    if args.seeds is None:
+        args.seeds = COMPARE_SEEDS.get(args.family, [0, 1, 2])
     default_out = Path("runs") / ("compare" if args.family == "tooluse" else f"compare-{args.family}")
     out = Path(args.out or default_out).resolve()
     stats = []

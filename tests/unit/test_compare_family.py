@@ -34,7 +34,7 @@ def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(T, "train_cpu", fake_train_cpu)
     monkeypatch.chdir(tmp_path)  # the default output folder is runs/compare-<family> under the working directory
-    assert compare.main(["--family", "shortcot", "--seeds", "0", "1", "--steps", "2"]) == 0
+    assert compare.main(["--family", "shortcot", "--steps", "2"]) == 0  # shortcot's default seeds: 0 1
     assert sorted(seen) == sorted(
         (f, m, s, 2, True) for f in ["shortcot"] for m in ("stare", "grpo") for s in (0, 1)
     )
@@ -50,3 +50,8 @@ def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
     assert (out / "entropy_overlay.png").stat().st_size > 0 and "| stare | 2 |" in (
         out / "table.md"
     ).read_text()
+    # other families default to three seeds (and 30 steps), under runs/compare
+    seen.clear()
+    assert compare.main(["--family", "tooluse"]) == 0
+    assert sorted(seen) == sorted(("tooluse", m, s, 30, True) for m in ("stare", "grpo") for s in (0, 1, 2))
+    assert (tmp_path / "runs" / "compare" / "table.md").exists()
