@@ -185,12 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse", help="the CPU default task")
     p.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="seeds per method (default: 0 1 for shortcot, 0 1 2 "
-        "otherwise)"
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="seeds per method (default: 0 1 for shortcot, 0 1 2 otherwise)",
     )
     p.add_argument(
-        "--steps", type=int, default=None, help="RL steps per run (default: 100 for shortcot, where the entropy "
-        "of GRPO-ds and STARE separate only after ~50 steps; 30 otherwise)"
+        "--steps",
+        type=int,
+        default=None,
+        help="RL steps per run (default: 100 for shortcot, where the entropy "
+        "of GRPO-ds and STARE separate only after ~50 steps; 30 otherwise)",
     )
     p.add_argument("--n-eval", type=int, default=200)
     p.add_argument(
@@ -205,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps is None:
         args.steps = COMPARE_STEPS.get(args.family, 30)
-    if args.seeds is None:
-        args.seeds = COMPARE_SEEDS.get(args.family, [0, 1, 2])
+    # a seed given twice would be one run counted twice in the table's mean and sd
+    args.seeds = list(
+        dict.fromkeys(COMPARE_SEEDS.get(args.family, [0, 1, 2]) if args.seeds is None else args.seeds)
+    )
     default_out = Path("runs") / ("compare" if args.family == "tooluse" else f"compare-{args.family}")
     out = Path(args.out or default_out).resolve()
     stats = []
