@@ -76,7 +76,7 @@ class SamplingParams(BaseModel):
     Other keys are ignored, with a warning the first time each is seen.
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -597,8 +597,9 @@ def sample_batch(
         (tokens [B] int64, log-probs [B] float32), on ``logits``' device.
 
     Raises:
-        ValueError: a sampled row whose processed distribution is not a finite one (NaN or +inf logits, or a
-            temperature that overflows them), naming the rows; the engine fails those requests.
+        ValueError: a row whose processed distribution is not a finite one (NaN or +inf logits, all -inf, or a
+            temperature that overflows them; greedy rows too), naming the rows. The engine then fails every
+            request of that decoding step (as any error in a step), not only those rows.
     """
     n, vocab = logits.shape
     device = logits.device
@@ -606,7 +607,9 @@ def sample_batch(
     tokens = torch.argmax(logits, dim=-1)
     if not any(sampled):  # greedy batch: log-prob = logit - logsumexp, no [B, V] log_softmax
         picked = logits.gather(1, tokens[:, None])[:, 0]
-        return tokens, picked - torch.logsumexp(logits, dim=-1)
+        out = picked - torch.logsumexp(logits, dim=-1)
+        _require_finite(torch.isfinite(out), torch.arange(n, device=device))
+        return tokens, out
     work = logits
     temps = [t if s else 1.0 for t, s in zip(temperature, sampled, strict=True)]
     if any(t != 1.0 for t in temps):
@@ -623,14 +626,21 @@ def sample_batch(
     logp = torch.log_softmax(work, dim=-1)
     rows = torch.tensor([i for i, s in enumerate(sampled) if s], device=device)
     u = torch.tensor([x for x in uniform if x is not None], dtype=torch.float64, device=device)
-    drawn, finite = _inverse_cdf(logp.index_select(0, rows), u)
-    if not bool(finite.all()):
-        bad = rows[~finite].tolist()
+    drawn, finite = _inverse_cdf(logp.index_select(0, rows), u.nan_to_num(0.0).clamp(0.0, 1.0))
+    _require_finite(finite, rows)
+    tokens = tokens.index_copy(0, rows, drawn)
+    out = logp.gather(1, tokens[:, None])[:, 0]
+    _require_finite(torch.isfinite(out), torch.arange(n, device=device))
+    return tokens, out
+
+
+def _require_finite(ok: torch.Tensor, rows: torch.Tensor) -> None:
+    """Raise ValueError naming ``rows[~ok]`` (batch row indices) when any is not ok."""
+    if not bool(ok.all()):
+        bad = rows[~ok].tolist()
         raise ValueError(
             f"rows {bad[:8]} have no finite sampling distribution (NaN/inf logits or temperature)"
         )
-    tokens = tokens.index_copy(0, rows, drawn)
-    return tokens, logp.gather(1, tokens[:, None])[:, 0]
 
 
 def _truncate_sorted(work: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
@@ -643,7 +653,9 @@ def _truncate_sorted(work: torch.Tensor, ks: list[int], ps: list[float]) -> torc
         active = torch.tensor([k > 0 for k in ks], device=device)[:, None]
         drop_sorted |= active & (sorted_vals < kth)
     probs = torch.softmax(sorted_vals.masked_fill(drop_sorted, float("-inf")), dim=-1)
-    over = (probs.cumsum(-1) - probs) > torch.tensor(ps, device=device, dtype=probs.dtype)[:, None]
+    top_p = torch.tensor(ps, device=device, dtype=probs.dtype)[:, None]
+    # only rows with top_p < 1: a float32 cumsum over a large vocabulary passes 1 and would cut a top_p-1 row's tail
+    over = ((probs.cumsum(-1) - probs) > top_p) & (top_p < 1.0)
     over[:, 0] = False
     drop_sorted |= over
     return work.masked_fill(torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted), float("-inf"))

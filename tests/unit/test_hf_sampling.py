@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from stare_verl.cpu.hf_server import SamplingParams, sample_batch, stream_uniform
+from stare_verl.cpu.hf_server import SamplingParams, _truncate_sorted, sample_batch, stream_uniform
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, float("-inf")])
 
@@ -146,3 +146,30 @@ def test_greedy_batch_logprobs_are_the_untempered_softmax():
     tokens, logp = sample_batch(logits, [0.0] * 4, [-1] * 4, [1.0] * 4, [None] * 4)
     assert tokens.tolist() == logits.argmax(-1).tolist()
     assert torch.allclose(logp, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0], atol=1e-6)
+
+
+def test_greedy_rows_without_a_finite_distribution_raise_too():
+    ok = [0.0, 1.0, 2.0, 0.5]
+    for bad in ([1.0, float("nan"), 0.0, 2.0], [1.0, float("inf"), 0.0, 2.0], [float("-inf")] * 4):
+        with pytest.raises(ValueError, match=r"rows \[1\]"):  # greedy batch
+            sample_batch(torch.tensor([ok, bad]), [0.0, 0.0], [-1, -1], [1.0, 1.0], [None, None])
+        with pytest.raises(ValueError, match=r"rows \[1\]"):  # greedy row beside a sampled one
+            sample_batch(torch.tensor([ok, bad]), [1.0, 0.0], [-1, -1], [1.0, 1.0], [0.4, None])
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=float("inf"))
+    with pytest.raises(ValueError):
+        SamplingParams(repetition_penalty=float("nan"))
+
+
+def test_a_top_p_one_row_is_not_cut_by_a_neighbours_top_p():
+    """A large vocabulary, where a float32 cumsum passes 1: the top_p = 1 row keeps every token beside a top_p row."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 151936, generator=g) * 4
+    cut = _truncate_sorted(x, [0, 0], [1.0, 0.9])
+    assert torch.equal(cut[0], x[0])
+    assert 0 < int(torch.isinf(cut[1]).sum()) < x.shape[1]
+    # and so its draws and log-probs equal the row's alone
+    for u in (0.3, 0.999):
+        ta, la = sample_batch(x[:1], [1.0], [-1], [1.0], [u])
+        tm, lm = sample_batch(x, [1.0, 1.0], [-1, -1], [1.0, 0.9], [u, 0.5])
+        assert int(ta[0]) == int(tm[0]) and math.isclose(float(la[0]), float(lm[0]), abs_tol=2e-6)
