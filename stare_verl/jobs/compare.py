@@ -177,7 +177,7 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status."""
     from stare_verl.jobs.procs import interrupt_on_termination
-    from stare_verl.jobs.train import GPU_RECIPES, train_cpu
+    from stare_verl.jobs.train import GPU_RECIPES, bad_option, train_cpu
     from stare_verl.jobs.train import build_parser as train_parser
 
     interrupt_on_termination()  # kill / timeout / a closed terminal stop the current run as Ctrl-C does
@@ -217,18 +217,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     default_out = Path("runs") / ("compare" if args.family == "tooluse" else f"compare-{args.family}")
     out = Path(args.out or default_out).resolve()
+
+    def run_args(method: str, seed: int, run_dir: Path) -> argparse.Namespace:
+        return train_parser().parse_args(
+            ["--cpu", "--family", args.family, "--method", method, "--seed", str(seed),
+             "--steps", str(args.steps), "--n-eval", str(args.n_eval), "--run-dir", str(run_dir),
+             "--eval-samples", str(args.eval_samples), *args.overrides]
+        )  # fmt: skip
+
+    # options are checked once, up front (a finished run folder would skip the per-run check)
+    problem = bad_option(run_args("stare", args.seeds[0], out / "stare-check"))
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     stats = []
     for seed in args.seeds:
         for method in ("stare", "grpo"):
             run_dir = out / f"{method}-seed{seed}"
             if not RunFolder(run_dir).is_finished():
-                targs = train_parser().parse_args(
-                    ["--cpu", "--family", args.family, "--method", method, "--seed", str(seed),
-                     "--steps", str(args.steps), "--n-eval", str(args.n_eval), "--run-dir", str(run_dir),
-                     "--eval-samples", str(args.eval_samples),
-                     *args.overrides]
-                )  # fmt: skip
-                rc = train_cpu(targs)
+                rc = train_cpu(run_args(method, seed, run_dir))
                 if rc != 0:
                     print(
                         f"error: run {run_dir.name} failed ({rc}); the comparison stops here", file=sys.stderr

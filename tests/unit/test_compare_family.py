@@ -55,3 +55,16 @@ def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
     assert compare.main(["--family", "tooluse", "--seeds", "0", "1", "0", "2"]) == 0  # a repeated seed runs once
     assert sorted(seen) == sorted(("tooluse", m, s, 30, True) for m in ("stare", "grpo") for s in (0, 1, 2))
     assert (tmp_path / "runs" / "compare" / "table.md").exists()
+
+
+def test_compare_checks_options_before_any_run(tmp_path, monkeypatch, capsys):
+    def no_run(args):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(T, "train_cpu", no_run)
+    monkeypatch.chdir(tmp_path)
+    for bad, word in ((["--steps", "0"], "--steps"), (["--eval-samples", "0"], "--eval-samples"),
+                      (["--n-eval", "0"], "--n-eval")):  # fmt: skip
+        assert compare.main(["--family", "shortcot", *bad]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {word} must be >= 1" in err and "failed" not in err
