@@ -203,10 +203,13 @@ def reweighted_class_deltas(
             continue
         pos = sel.selected.reshape(-1).nonzero().squeeze(1)
         rows = pos // t
-        lp = log_probs.reshape(-1)[pos].double()
+        lp_raw = log_probs.reshape(-1)[pos]
+        lp = lp_raw.double()
         a = row_advantages[rows]
         delta = (float(weight) - 1.0) * a.double()
-        cls = torch.where(a > 0, 0, 2) + (lp >= thr).long()
+        # compared in the log-probs' dtype, as the base sums and the NumPy path do (a float64 compare splits a
+        # token at exactly float32(-H) differently)
+        cls = torch.where(a > 0, 0, 2) + (lp_raw >= thr).long()
         adv += torch.bincount(cls, weights=delta, minlength=5)
         lp_adv += torch.bincount(cls, weights=delta * lp, minlength=5)
     out = torch.stack([adv, lp_adv]).cpu().numpy()

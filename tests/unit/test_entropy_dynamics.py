@@ -131,3 +131,21 @@ def test_grpo_twin_reports_the_metrics():
     assert metrics["stare/gate_on"] == 1.0
     assert metrics["stare/cov_logp_adv"] == pytest.approx(cov, rel=1e-5) and cov != 0
     assert metrics["stare/cov_logp_adv_eff"] == metrics["stare/cov_logp_adv"]
+
+
+def test_a_token_at_exactly_minus_h_is_split_alike_on_both_paths():
+    """H_batch = 0.2667 (not a float32); a token with log-prob float32(-H) is on the same side of the high/low split
+    in the NumPy and the torch sums, base and reweighted."""
+    ent = torch.tensor([[0.1, 0.2, 0.5], [0.1, 0.2, 0.5]])
+    h = ent.double().mean().item()
+    assert float(np.float32(-h)) < -h  # float32(-H) is high in float64, not in float32
+    lp = torch.tensor([[-h, -1.0, -0.1], [-h, -2.0, -0.05]], dtype=torch.float32)
+    mask = torch.ones(2, 3)
+    adv = torch.tensor([[1.0] * 3, [-1.0] * 3])
+    cfg = StareConfig(target_entropy=10.0, reweight_w=2.0, variant="C2", reweight_m=0.5, top_p_ratio=1.0)
+    _, m_np = stare_reweight(adv, mask, lp, ent, StareController(cfg), impl="numpy")
+    _, m_t = stare_reweight(adv, mask, lp, ent, StareController(cfg), impl="torch")
+    keys = [k for k in m_np if k.startswith("stare/cov_")]
+    assert len(keys) == 12
+    for k in keys:
+        assert m_np[k] == pytest.approx(m_t[k], rel=1e-6, abs=1e-9), k
