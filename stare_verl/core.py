@@ -337,7 +337,8 @@ def reweight_advantages(
 
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low", "zero_adv")
 """Token classes of :class:`CovarianceSums`: advantage sign (A > 0, A < 0, A == 0) x surprisal above
-(``high``: ``-log_prob > H_batch``) or at/below (``low``) the batch entropy; A == 0 tokens form one class."""
+(``high``: ``-log_prob > H_batch``) or at/below (``low``) the batch entropy; A == 0 tokens form one class. The
+comparison ``log_prob < -H_batch`` is made in the log-probs' dtype (float32: at ``float32(-H)``) on both paths."""
 
 
 @dataclass(frozen=True)
