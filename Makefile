@@ -102,7 +102,7 @@ train-longcot: install
 sft-tooluse: install system-deps
 	$(BIN)/python -m stare_verl.jobs.sft train $(if $(MODEL),--model $(MODEL)) $(ARGS) $(OVERRIDES)
 
-# STARE vs GRPO-ds on a CPU default task: 3 seeds each from one SFT checkpoint (runs/compare/, or
+# STARE vs GRPO-ds on a CPU default task: 3 seeds each (2 for shortcot) from one SFT checkpoint (runs/compare/, or
 # runs/compare-<family>/ with FAMILY=shortcot|longcot).
 compare: install system-deps
 	$(BIN)/python -m stare_verl.jobs.compare $(if $(FAMILY),--family $(FAMILY)) $(ARGS)

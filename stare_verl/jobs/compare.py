@@ -23,8 +23,8 @@ from stare_verl.jobs.runlog import RunFolder
 # Default RL steps of a comparison per family (shortcot: the 3-seed STARE-effect comparison of the README; the
 # entropy of GRPO-ds and STARE separate only after ~50 steps).
 COMPARE_STEPS = {"shortcot": 100}
-# Default seeds per family (else 0 1 2): short CoT's 100-step runs take 8-9.5 minutes each on 2 cores, so two
-# seeds per method fit the comparison's 40 minutes and three (the README's table) take 50-57.
+# Default seeds per family (else 0 1 2): short CoT's 100-step runs take 7-9.6 minutes each on 2 cores, so two
+# seeds per method fit the comparison's 40 minutes (33 measured) and three take 47.
 COMPARE_SEEDS = {"shortcot": [0, 1]}
 
 
