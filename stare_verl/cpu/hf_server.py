@@ -604,7 +604,8 @@ def sample_batch(
     n, vocab = logits.shape
     device = logits.device
     sampled = [u is not None for u in uniform]
-    tokens = torch.argmax(logits, dim=-1)
+    # the greedy rows' tokens (a [B, V] pass skipped when every row samples)
+    tokens = torch.zeros(n, dtype=torch.long, device=device) if all(sampled) else torch.argmax(logits, dim=-1)
     if not any(sampled):  # greedy batch: log-prob = logit - logsumexp, no [B, V] log_softmax
         picked = logits.gather(1, tokens[:, None])[:, 0]
         out = picked - torch.logsumexp(logits, dim=-1)
@@ -619,10 +620,7 @@ def sample_batch(
     if any(p < 1.0 for p in ps):
         work = _truncate_sorted(work, ks, ps)
     elif any(ks):  # top-k alone: the k-th largest from topk(max k), not a full sort of the vocabulary
-        kth_all = torch.topk(work, max(ks), dim=-1).values
-        kth = kth_all.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=device)[:, None])
-        active = torch.tensor([k > 0 for k in ks], device=device)[:, None]
-        work = work.masked_fill(active & (work < kth), float("-inf"))
+        work = work.masked_fill(_below_kth(work, torch.topk(work, max(ks), dim=-1).values, ks), float("-inf"))
     logp = torch.log_softmax(work, dim=-1)
     rows = torch.tensor([i for i, s in enumerate(sampled) if s], device=device)
     u = torch.tensor([x for x in uniform if x is not None], dtype=torch.float64, device=device)
@@ -643,15 +641,24 @@ def _require_finite(ok: torch.Tensor, rows: torch.Tensor) -> None:
         )
 
 
+def _below_kth(values: torch.Tensor, descending: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """[B, V] bool: the entries of ``values`` below their row's k-th largest value (ties kept), read from
+    ``descending`` (each row's values sorted in descending order, at least ``max(ks)`` of them); rows with k 0
+    keep everything."""
+    device = values.device
+    kth = descending.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=device)[:, None])
+    return torch.tensor([k > 0 for k in ks], device=device)[:, None] & (values < kth)
+
+
 def _truncate_sorted(work: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
     """``work`` [B, V] with the tokens outside each row's top-k (k 0 = off) and top-p set to -inf (one sort)."""
     device = work.device
     sorted_vals, order = torch.sort(work, dim=-1, descending=True)
-    drop_sorted = torch.zeros_like(sorted_vals, dtype=torch.bool)
-    if any(ks):
-        kth = sorted_vals.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=device)[:, None])
-        active = torch.tensor([k > 0 for k in ks], device=device)[:, None]
-        drop_sorted |= active & (sorted_vals < kth)
+    drop_sorted = (
+        _below_kth(sorted_vals, sorted_vals, ks)
+        if any(ks)
+        else torch.zeros_like(sorted_vals, dtype=torch.bool)
+    )
     probs = torch.softmax(sorted_vals.masked_fill(drop_sorted, float("-inf")), dim=-1)
     top_p = torch.tensor(ps, device=device, dtype=probs.dtype)[:, None]
     # only rows with top_p < 1: a float32 cumsum over a large vocabulary passes 1 and would cut a top_p-1 row's tail
@@ -664,30 +671,29 @@ def _truncate_sorted(work: torch.Tensor, ks: list[int], ps: list[float]) -> torc
 def _inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens drawn from ``exp(logp)`` ([R, V]) at the uniforms ``u`` ([R] float64), and which rows had a finite,
     positive total. Float64 sums; above ``4 * _CDF_BLOCK`` tokens in two levels (sums per vocabulary block, then
-    a cumsum inside the chosen block only), which spares a [R, V] float64 cumsum on large vocabularies."""
+    a cumsum inside the chosen block only), which spares a [R, V] float64 cumsum on large vocabularies. Either
+    way the token is the first whose CDF exceeds ``u * total`` (strictly: a token of probability 0 never is)."""
     r, vocab = logp.shape
     probs = logp.double().exp()
-    small = vocab <= 4 * _CDF_BLOCK
-    if small:
+
+    def point_of(total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # total: [R, 1]
+        finite = torch.isfinite(total[:, 0]) & (total[:, 0] > 0)
+        return torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total))), finite
+
+    if vocab <= 4 * _CDF_BLOCK:
         cdf = probs.cumsum(-1)
-        total = cdf[:, -1:]
-    else:
-        blocks = -(-vocab // _CDF_BLOCK)
-        padded = torch.nn.functional.pad(probs, (0, blocks * _CDF_BLOCK - vocab)).view(r, blocks, _CDF_BLOCK)
-        block_cdf = padded.sum(-1).cumsum(-1)  # [R, blocks]
-        total = block_cdf[:, -1:]
-    finite = torch.isfinite(total[:, 0]) & (total[:, 0] > 0)
-    point = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    if small:
-        # the first token whose CDF exceeds the point (a token of probability 0 never does: strict >)
+        point, finite = point_of(cdf[:, -1:])
         drawn = torch.searchsorted(cdf, point, right=True)[:, 0].clamp(max=vocab - 1)
         return torch.where(finite, drawn, torch.zeros_like(drawn)), finite
+    blocks = -(-vocab // _CDF_BLOCK)
+    padded = torch.nn.functional.pad(probs, (0, blocks * _CDF_BLOCK - vocab)).view(r, blocks, _CDF_BLOCK)
+    block_cdf = padded.sum(-1).cumsum(-1)  # [R, blocks]
+    point, finite = point_of(block_cdf[:, -1:])
     block = torch.searchsorted(block_cdf, point, right=True).clamp(max=blocks - 1)  # [R, 1]
     before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(point))
     chosen = padded[torch.arange(r, device=logp.device), block[:, 0]]  # [R, BLOCK]
-    inner = chosen.cumsum(-1)
     # round-off can leave the point at or past the block's last sum: clamp to its last token of positive mass
-    pos = torch.searchsorted(inner, point - before, right=True)[:, 0]
+    pos = torch.searchsorted(chosen.cumsum(-1), point - before, right=True)[:, 0]
     pos = torch.minimum(pos, (chosen > 0).cumsum(-1).argmax(-1))
     drawn = (block[:, 0] * _CDF_BLOCK + pos).clamp(max=vocab - 1)
     return torch.where(finite, drawn, torch.zeros_like(drawn)), finite

@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
 
     # options are checked once, up front (a finished run folder would skip the per-run check)
-    problem = bad_option(run_args("stare", args.seeds[0], out / "stare-check"))
+    problem = bad_option(run_args("stare", args.seeds[0], out / f"stare-seed{args.seeds[0]}"))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
