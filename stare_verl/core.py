@@ -150,7 +150,7 @@ def zero_variance_groups(
 
 @dataclass(frozen=True)
 class TokenMasks:
-    """Token masks of one batch.
+    """Token masks of one batch, and the per-response sums the covariance metrics are built from.
 
     Attributes:
         valid: ``[B, T]`` bool, model tokens (response_mask == 1) whose old log-prob and entropy are finite;
@@ -160,8 +160,9 @@ class TokenMasks:
         entropy_sum: sum of the entropy over valid tokens (nats).
         row_count: ``[B]`` int64, valid tokens per response.
         row_log_prob_sum: ``[B]`` float64, sum of the old log-probs over each response's valid tokens (nats).
-        all_finite: every entry of the log-probs and entropy (masked positions included) is finite, so
-            products with a 0/1 mask need no NaN guard.
+        row_high_count: ``[B]`` float64, valid tokens per response with surprisal above :attr:`batch_entropy`
+            (``log_prob < -H_batch`` in the log-probs' dtype; 0 when there is no valid token).
+        row_high_log_prob_sum: ``[B]`` float64, the sum of those tokens' old log-probs (nats).
     """
 
     valid: np.ndarray
@@ -170,7 +171,8 @@ class TokenMasks:
     entropy_sum: float
     row_count: np.ndarray
     row_log_prob_sum: np.ndarray
-    all_finite: bool
+    row_high_count: np.ndarray
+    row_high_log_prob_sum: np.ndarray
 
     @property
     def n_nonfinite(self) -> int:
@@ -200,19 +202,23 @@ def _row_count(where: np.ndarray) -> np.ndarray:
 
 
 def token_masks(response_mask: np.ndarray, old_log_probs: np.ndarray, entropys: np.ndarray) -> TokenMasks:
-    """Find the valid model tokens of a batch, their entropy sum (STARE step 3's H_batch numerator) and per-row
-    counts and log-prob sums (for the covariance metrics).
+    """Find the valid model tokens of a batch, their entropy sum (STARE step 3's H_batch numerator) and the
+    per-row counts and log-prob sums of the covariance metrics (all valid tokens, and those with surprisal above
+    H_batch).
 
     Args:
         response_mask: ``[B, T]`` bool/int/float, 1 (or True) for model tokens, 0 elsewhere.
         old_log_probs: ``[B, T]`` float log-probs (nats). entropys: ``[B, T]`` float entropy (nats).
 
-    The common case (every entry finite) needs two sum-of-product passes; a NaN/inf anywhere
-    switches to an exact per-token check.
+    The common case (every entry finite) makes two passes: an entropy row sum, then one compiled pass over the
+    log-probs (:func:`stare_verl.kernels.log_prob_row_stats`: its row totals are also the finiteness check, so
+    the metrics' sums cost no pass of their own). A NaN/inf anywhere switches to an exact per-token check.
 
     Raises:
         ValueError: the three arrays are not 2-D of one shape.
     """
+    from stare_verl.kernels import log_prob_row_stats  # numba: imported by the processes that need it
+
     if response_mask.ndim != 2:
         raise ValueError(f"response_mask must be [B, T], got shape {tuple(response_mask.shape)}")
     for name, a in (("old_log_probs", old_log_probs), ("entropys", entropys)):
@@ -225,17 +231,19 @@ def token_masks(response_mask: np.ndarray, old_log_probs: np.ndarray, entropys: 
     # enough to put the gate on the other side of the target than the torch path's float64 sum
     with np.errstate(invalid="ignore", over="ignore"):
         ent_sum = _row_sum(entropys, model).sum()
-    row_lp = _row_sum(old_log_probs, model)
-    if np.isfinite(ent_sum) and np.isfinite(row_lp).all():
-        return TokenMasks(model, n_model, n_model, float(ent_sum), row_model, row_lp, all_finite=True)
+    if np.isfinite(ent_sum):
+        threshold = -(float(ent_sum) / n_model if n_model else 0.0)  # high surprisal: log p < -H_batch
+        n_hi, s_hi, row_lp = log_prob_row_stats(old_log_probs, model, threshold)
+        if np.isfinite(row_lp).all():
+            return TokenMasks(model, n_model, n_model, float(ent_sum), row_model, row_lp, n_hi, s_hi)
     valid = model & np.isfinite(old_log_probs) & np.isfinite(entropys)
     # the same sums over the same terms as the fast path, so both paths give bit-identical sums
     ent_sum = _row_sum(np.where(valid, entropys, 0), model).sum()
     row_count = _row_count(valid)
-    row_lp = np.where(valid, old_log_probs, 0).sum(axis=1, dtype=np.float64)
-    return TokenMasks(
-        valid, n_model, int(row_count.sum()), float(ent_sum), row_count, row_lp, all_finite=False
-    )
+    n_valid = int(row_count.sum())
+    threshold = -(float(ent_sum) / n_valid if n_valid else 0.0)
+    n_hi, s_hi, row_lp = log_prob_row_stats(np.where(valid, old_log_probs, 0), valid, threshold)
+    return TokenMasks(valid, n_model, n_valid, float(ent_sum), row_count, row_lp, n_hi, s_hi)
 
 
 @dataclass(frozen=True)
@@ -375,33 +383,21 @@ class CovarianceSums:
         return float(parts.sum()), {q: float(v) for q, v in zip(QUADRANTS, parts, strict=True)}
 
 
-def covariance_sums(
-    row_advantages: np.ndarray, log_probs: np.ndarray, masks: TokenMasks, batch_entropy: float | None
-) -> CovarianceSums:
+def covariance_sums(row_advantages: np.ndarray, masks: TokenMasks) -> CovarianceSums:
     """Per-class sums for Cov(log pi, A) of outcome advantages (constant along each response's model tokens).
 
     Args:
         row_advantages: ``[B]`` float, each response's advantage (the value on its model tokens).
-        log_probs: ``[B, T]`` float, log-probs (nats) of the sampled tokens under the pre-update policy; values
-            off ``masks.valid`` are ignored (may be NaN/inf).
-        masks: the batch's :class:`TokenMasks` (valid tokens, their per-row counts and log-prob sums).
-        batch_entropy: H_batch (nats), the surprisal threshold between ``high`` and ``low``; None when there
-            is no valid token.
+        masks: the batch's :class:`TokenMasks`: per response, the number and log-prob sum of its valid tokens,
+            all and those with surprisal above the batch entropy (the split between ``high`` and ``low``).
 
     Returns:
-        :class:`CovarianceSums` (float64). Built from per-row sums: a compare, a byte count and a row sum
-        over ``[B, T]`` on top of what :func:`token_masks` computed.
+        :class:`CovarianceSums` (float64), from ``[B]``-sized sums only (no pass over ``[B, T]``).
     """
-    thr = -float(batch_entropy or 0.0)  # high surprisal: -log p > H  <=>  log p < -H
-    with np.errstate(invalid="ignore"):
-        high = np.less(log_probs, thr)
-    high &= masks.valid
-    n_hi = _row_count(high).astype(np.float64)
-    if masks.all_finite:
-        s_hi = _row_sum(log_probs, high)
-    else:
-        s_hi = np.where(high, log_probs, 0).sum(axis=1, dtype=np.float64)
-    return class_sums(row_advantages, n_hi, s_hi, masks.row_count.astype(np.float64), masks.row_log_prob_sum)
+    return class_sums(
+        row_advantages, masks.row_high_count, masks.row_high_log_prob_sum, masks.row_count.astype(np.float64),
+        masks.row_log_prob_sum,
+    )  # fmt: skip
 
 
 def class_sums(

@@ -103,7 +103,7 @@ def stare_reweight(
         row_adv = np.zeros(model.shape[0], dtype=adv_np.dtype)
     else:
         row_adv = adv_np[np.arange(adv_np.shape[0]), model.argmax(axis=1)] * model.any(axis=1)
-    cov_base = covariance_sums(row_adv, lp_np, masks, decision.batch_entropy)
+    cov_base = covariance_sums(row_adv, masks)
     cov_eff = cov_base
     w_eff, m_eff = 1.0, 1.0
     out = advantages
