@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="compose a recipe with overrides and validate it as verl would at launch"
     )
     p.add_argument("recipe", help="recipe name, e.g. shortcot_qwen2.5-math-7b_stare")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algorithm.stare.variant=C2")
+    p.add_argument("overrides", nargs="*", default=[], help="Hydra overrides, e.g. algorithm.stare.variant=C2")
     p.add_argument("--print", action="store_true", help="print the composed config")
     p.set_defaults(func=_cmd_check)
     from stare_verl.jobs.evaluation import cli as eval_cli

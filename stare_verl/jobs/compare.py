@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stare_verl.jobs.runlog import RunFolder
+from stare_verl.jobs.runlog import RunFolder, step_axis
 
 # Default RL steps of a comparison per family (shortcot: the 3-seed STARE-effect comparison of the README; the
 # entropy of GRPO-ds and STARE separate only after ~50 steps).
@@ -141,7 +141,7 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
             )
     if stats:
         ax.axhline(stats[0]["target_entropy"], color="red", linewidth=1, label="target")
-    ax.set_xlabel("step")
+    step_axis(ax)
     ax.set_ylabel("actor/entropy (nats)")
     ax.set_title(f"STARE vs GRPO-ds: policy entropy (CPU {family} task)")
     ax.legend(fontsize=7, ncol=2)
@@ -164,7 +164,7 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
                 label=f"{s['method']} seed {s['seed']}",
             )
         ax.axhline(0.0, color="black", linewidth=0.6)
-        ax.set_xlabel("step")
+        step_axis(ax)
         ax.set_ylabel("Cov(log pi, A_eff) over model tokens (nats)")
         ax.set_title(f"Entropy dynamics: dH ~ -eta * Cov; > 0 lowers entropy (CPU {family} task)")
         ax.legend(fontsize=7, ncol=2)
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)"
     )
     p.add_argument(
-        "overrides", nargs="*", help="Hydra overrides for every run (the GRPO-ds runs keep W = M = 1)"
+        "overrides", nargs="*", default=[], help="Hydra overrides for every run (the GRPO-ds runs keep W = M = 1)"
     )
     args = p.parse_args(argv)
     if args.steps is None:

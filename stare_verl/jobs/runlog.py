@@ -296,7 +296,7 @@ def plot_run(rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | 
                 ax.axvspan(s - 0.5, s + 0.5, color="orange", alpha=0.15, linewidth=0)
         if any(g > 0.5 for g in gate):
             ax.plot([], [], color="orange", alpha=0.3, linewidth=6, label="gate on")
-        ax.set_xlabel("step")
+        step_axis(ax)
         ax.set_ylabel("entropy (nats)")
         ax.legend(fontsize=8)
         ax.set_title("Policy entropy")
@@ -316,7 +316,7 @@ def plot_run(rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | 
             continue
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.plot(steps, vals, marker=".")
-        ax.set_xlabel("step")
+        step_axis(ax)
         ax.set_ylabel(ylabel)
         ax.set_title(key)
         fig.tight_layout()
@@ -324,6 +324,14 @@ def plot_run(rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | 
         fig.savefig(written[-1], dpi=100)
         plt.close(fig)
     return written
+
+
+def step_axis(ax) -> None:
+    """Label a matplotlib axis "step" and put its ticks on whole steps only (a 5-step run would show 0.5, 1.5, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 QUADRANT_LABELS = {
@@ -364,7 +372,7 @@ def plot_entropy_dynamics(rows: list[dict[str, Any]], out_dir: Path) -> list[Pat
         if sq:
             ax2.plot(sq, vals, label=label)
     ax2.axhline(0.0, color="black", linewidth=0.6)
-    ax2.set_xlabel("step")
+    step_axis(ax2)
     ax2.set_ylabel("contribution (nats)")
     ax2.legend(fontsize=7, ncol=2)
     fig.tight_layout()

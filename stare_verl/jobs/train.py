@@ -335,6 +335,9 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     ]  # fmt: skip
     part = run.new_verl_metric_part()
     env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part, backend.platform)
+    resume_step = run.latest_step()  # verl resumes from it (trainer.resume_mode auto)
+    if resume_step is not None:
+        print(f"[{name}] resuming from the checkpoint of step {resume_step} in {run.checkpoints}", flush=True)
     print(f"[{name}] verl main_ppo ({args.steps} steps); log: {run.train_log}", flush=True)
     phases = dict(phases or {})
     with _timed(phases, "rl"):
@@ -568,7 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sft-cache", default=None,
         help="an existing SFT cache folder (default: $STARE_CACHE_DIR or runs/cache, made when missing)"
     )
-    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
+    p.add_argument("overrides", nargs="*", default=[], help="extra Hydra overrides for main_ppo")
     return p
 
 

@@ -16,7 +16,7 @@ def _our_leftovers(tag):
     return leftover_processes(f"{tag}-", prefix=True, grace_s=20.0)
 
 
-def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):
+def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch, capsys):
     tag = f"pytest-{os.getpid()}"
     monkeypatch.setenv(RUN_TAG_ENV, tag)  # the driver tags every process of its runs with tag-<uuid>
     run = tmp_path / "run"
@@ -67,7 +67,9 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch):
     assert _our_leftovers(tag) == []
 
     # a second invocation with the same run folder resumes from global_step_2 and runs step 3 only
+    capsys.readouterr()
     assert main([*common, "--steps", "3"]) == 0
+    assert f"resuming from the checkpoint of step 2 in {run / 'checkpoints'}" in capsys.readouterr().out
     parts = sorted((run / "logs").glob("verl_metrics.*.jsonl"))
     assert len(parts) == 2
     second = [json.loads(x)["step"] for x in parts[1].read_text().splitlines()]

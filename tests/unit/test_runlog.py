@@ -72,3 +72,22 @@ def test_entropy_dynamics_plot_from_the_covariance_metrics(tmp_path):
     assert (tmp_path / "plots" / "entropy_dynamics.png").read_bytes()[:4] == b"\x89PNG"
     # runs from before the metrics existed get no such plot
     assert [f.name for f in plot_run([{"step": 1, "actor/entropy": 0.1}], tmp_path / "old")] == ["entropy.png"]
+
+
+def test_step_axes_tick_whole_steps_only(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    ticks = []
+    real_savefig = plt.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        fig.canvas.draw()
+        ticks.append([t for ax in fig.axes for t in ax.get_xticks() if ax.get_xlabel() == "step"])
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", savefig)
+    rows = [{"step": s, "actor/entropy": 0.1 - 0.01 * s, "critic/score/mean": 0.5} for s in (1, 2, 3)]
+    plot_run(rows, tmp_path / "plots")
+    assert len(ticks) == 2 and all(ticks)  # entropy.png, reward.png
+    # a 3-step run would otherwise get ticks at 1.0, 1.25, 1.5, ...
+    assert all(float(t).is_integer() for per_fig in ticks for t in per_fig)
