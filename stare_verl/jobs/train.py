@@ -173,10 +173,33 @@ def _evaluate_sft(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: int =
             return json.loads(cached.read_text())
         except ValueError:
             pass  # a torn or foreign file: evaluate again
-    ev = _evaluate(sft_dir, sft_cfg, n, max_turns, samples)
+    ev = _sft_report_eval(sft_dir, sft_cfg, n, max_turns, samples) or _evaluate(sft_dir, sft_cfg, n, max_turns, samples)
     tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(ev, indent=1))
     os.replace(tmp, cached)
+    return ev
+
+
+def _sft_report_eval(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: int) -> dict[str, Any] | None:
+    """The SFT's own final held-out evaluation (``sft_report.json``'s ``heldout``) in :func:`_evaluate`'s form, when
+    it is the same evaluation: all ``n_heldout`` problems, one sample per problem, greedy and T = 1 with seed 0,
+    the default assistant turns. It ran on the in-memory model that was saved (the same numbers as loading it
+    again: checked on the tool-use default), so the first run of a checkpoint does not evaluate it twice (~16 s
+    on 2 cores). None when anything differs, or the report lacks it."""
+    from stare_verl.jobs.demo.evaluate import DEFAULT_MAX_ASSISTANT_TURNS
+    from stare_verl.jobs.demo.sft import read_report
+
+    if samples != 1 or n != sft_cfg.n_heldout:
+        return None
+    if sft_cfg.family == "tooluse" and max_turns != DEFAULT_MAX_ASSISTANT_TURNS:
+        return None
+    try:
+        heldout = read_report(sft_dir)["heldout"]
+        ev = {"T=0": heldout["T=0.0"], "T=1": heldout["T=1.0"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if any(v.get("n") != n or v.get("samples_per_problem", 1) != 1 for v in ev.values()):
+        return None
     return ev
 
 

@@ -150,6 +150,10 @@ def heldout_problem(p: Problem, position: int, family: str) -> EvalProblem:
     )
 
 
+DEFAULT_MAX_ASSISTANT_TURNS = 3
+"""Assistant turns per tool-use episode unless told otherwise (the SFT's own held-out evaluation uses it)."""
+
+
 async def run_episodes(
     problems: Sequence[Problem],
     generate: TokenPolicy,
@@ -157,7 +161,7 @@ async def run_episodes(
     *,
     temperature: float = 0.0,
     seed: int = 0,
-    max_assistant_turns: int = 3,
+    max_assistant_turns: int = DEFAULT_MAX_ASSISTANT_TURNS,
     max_response_tokens: int = 128,
     max_tool_response_chars: int = 256,
     tool_timeout_s: float = 5.0,

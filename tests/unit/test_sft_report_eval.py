@@ -1,0 +1,53 @@
+"""The evaluation before RL reuses the SFT's own held-out evaluation when it is the same one (train.py)."""
+
+import json
+
+import pytest
+
+from stare_verl.jobs.demo.sft import SFTConfig
+from stare_verl.jobs.train import _evaluate_sft, _sft_report_eval
+
+
+def _report(tmp_path, n=200, temps=("T=0.0", "T=1.0"), spp=1):
+    heldout = {t: {"n": n, "accuracy": 0.6 + 0.1 * i, "samples_per_problem": spp} for i, t in enumerate(temps)}
+    (tmp_path / "sft_report.json").write_text(json.dumps({"heldout": heldout}))
+    return heldout
+
+
+def test_same_evaluation_is_reused(tmp_path):
+    heldout = _report(tmp_path)
+    cfg = SFTConfig(family="tooluse")
+    assert _sft_report_eval(tmp_path, cfg, 200, 3, 1) == {"T=0": heldout["T=0.0"], "T=1": heldout["T=1.0"]}
+    # CoT families have one turn whatever --max-turns says
+    assert _sft_report_eval(tmp_path, SFTConfig(family="shortcot"), 200, 5, 1) is not None
+
+
+@pytest.mark.parametrize(
+    "n, turns, samples, report_kw",
+    [
+        (8, 3, 1, {}),  # fewer problems than the SFT evaluated
+        (200, 2, 1, {}),  # other tool-use turns
+        (200, 3, 4, {}),  # avg@4: several samples per problem
+        (200, 3, 1, {"temps": ("T=0.0", "T=0.7")}),  # other temperatures
+        (200, 3, 1, {"n": 100}),  # a report over other problems
+    ],
+)
+def test_a_different_evaluation_is_not_reused(tmp_path, n, turns, samples, report_kw):
+    _report(tmp_path, **report_kw)
+    assert _sft_report_eval(tmp_path, SFTConfig(family="tooluse"), n, turns, samples) is None
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[]", '{"heldout": 3}'])
+def test_a_missing_or_broken_report_is_not_reused(tmp_path, content):
+    cfg = SFTConfig(family="tooluse")
+    assert _sft_report_eval(tmp_path, cfg, 200, 3, 1) is None  # no report at all
+    (tmp_path / "sft_report.json").write_text(content)
+    assert _sft_report_eval(tmp_path, cfg, 200, 3, 1) is None
+
+
+def test_the_reused_evaluation_is_cached_like_a_computed_one(tmp_path, monkeypatch):
+    heldout = _report(tmp_path)
+    monkeypatch.setattr("stare_verl.jobs.train._evaluate", lambda *a, **k: pytest.fail("evaluated again"))
+    ev = _evaluate_sft(tmp_path, SFTConfig(family="tooluse"), 200, 3)
+    assert ev["T=1"] == heldout["T=1.0"]
+    assert json.loads((tmp_path / "eval_n200_turns3.json").read_text()) == ev
