@@ -150,7 +150,7 @@ def test_sft_config_family_defaults_and_cache_key():
     assert len({S.config_hash(tool), S.config_hash(short), S.config_hash(long)}) == 3
     assert (short.steps, short.max_response_tokens) == (S.FAMILY_DEFAULTS["shortcot"]["steps"], 48)
     assert S.SFTConfig(family="shortcot", steps=7).steps == 7
-    assert (tool.steps, tool.max_response_tokens) == (1000, 128)
+    assert (tool.steps, tool.decay_steps, tool.max_response_tokens) == (1000, 0, 128)
     assert S.sft_problem_count(tool) == 4096 and S.sft_problem_count(short) == 4096 // C.COT_DEMOS_PER_PROBLEM
     assert S.key_config(short)["config"]["demos_per_problem"] == C.COT_DEMOS_PER_PROBLEM
 

@@ -79,6 +79,11 @@ def test_config_hash_covers_what_changes_the_checkpoint():
         assert S.config_hash(base.model_copy(update=same)) == S.config_hash(base), same
     with pytest.raises(ValueError):
         S.SFTConfig(steps=0)
+    with pytest.raises(ValueError, match="exceed steps"):
+        S.SFTConfig(steps=100, warmup_steps=20, decay_steps=81)
+    # decay_steps is in the key when it is used, and an explicit 0 is the constant-lr key of before
+    assert S.config_hash(base.model_copy(update={"decay_steps": 100})) != S.config_hash(base)
+    assert "decay_steps" not in S.key_config(S.SFTConfig(decay_steps=0))["config"]
     with pytest.raises(ValueError):
         S.SFTConfig(unknown=1)
 
@@ -90,6 +95,8 @@ def test_tiny_sft_lowers_loss_and_cache_hit_miss(tmp_path, monkeypatch, capsys):
     rep = S.read_report(path)
     assert rep["steps"] == 20 and rep["n_demos"] == 48
     assert rep["final_loss"] < 0.6 * rep["first_loss"], rep["loss"]
+    lr = dict(rep["lr"])  # constant after the warm-up of 2 steps
+    assert lr[2] == pytest.approx(cfg.lr / 2) and lr[4] == pytest.approx(cfg.lr) and lr[20] == pytest.approx(cfg.lr)
     held = rep["heldout"]["T=0.0"]
     assert held["n"] == 3 and 0.0 <= held["accuracy"] <= 1.0
     assert json.loads((path / S.CONFIG_FILE).read_text())["hash"] == S.config_hash(cfg)
@@ -156,3 +163,14 @@ def test_multiturn_sft_parquet_loads_in_verls_sft_dataset(demos_tok, tmp_path):
         )
     with pytest.raises(ValueError):
         write_sft_parquet([], tmp_path / "empty.parquet")
+
+
+def test_decay_steps_end_the_sft_with_a_linear_decay_to_zero(tmp_path):
+    cfg = S.SFTConfig(cache_dir=str(tmp_path), **{**TINY, "decay_steps": 6})
+    rep = S.read_report(S.ensure_sft_checkpoint(cfg))
+    # the lr of step n (logged every 2 steps): warm-up over 2 steps, constant to step 14, then falling by lr / 6
+    # a step, so that it would reach 0 after the last step (transformers' warmup_stable_decay, linear)
+    lr = dict(rep["lr"])
+    assert lr[2] == pytest.approx(cfg.lr / 2) and lr[10] == pytest.approx(cfg.lr) and lr[14] == pytest.approx(cfg.lr)
+    assert [lr[n] / cfg.lr for n in (16, 18, 20)] == pytest.approx([5 / 6, 3 / 6, 1 / 6])
+    assert S.config_hash(cfg) != S.config_hash(cfg.model_copy(update={"decay_steps": 0}))
