@@ -196,11 +196,19 @@ def _sft_report_eval(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: in
     try:
         heldout = read_report(sft_dir)["heldout"]
         ev = {"T=0": heldout["T=0.0"], "T=1": heldout["T=1.0"]}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
-    if any(v.get("n") != n or v.get("samples_per_problem", 1) != 1 for v in ev.values()):
-        return None
-    return ev
+    return ev if all(_is_eval_entry(v, n) for v in ev.values()) else None
+
+
+def _is_eval_entry(v: Any, n: int) -> bool:
+    """Whether ``v`` is one temperature's evaluation of ``n`` problems, one sample each, with an accuracy in [0, 1]
+    (what :func:`_fmt_eval` and the summary read)."""
+    if not isinstance(v, dict):
+        return False
+    acc, count, spp = v.get("accuracy"), v.get("n"), v.get("samples_per_problem", 1)
+    numeric = isinstance(acc, (int, float)) and not isinstance(acc, bool)
+    return numeric and 0.0 <= acc <= 1.0 and type(count) is int and count == n and spp == 1
 
 
 def _fmt_eval(ev: dict[str, Any]) -> str:

@@ -37,7 +37,20 @@ def test_a_different_evaluation_is_not_reused(tmp_path, n, turns, samples, repor
     assert _sft_report_eval(tmp_path, SFTConfig(family="tooluse"), n, turns, samples) is None
 
 
-@pytest.mark.parametrize("content", ["", "{not json", "[]", '{"heldout": 3}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "", "{not json", "[]", '{"heldout": 3}', '{"heldout": []}', "[" * 100000 + "]" * 100000,
+        # an entry that is no evaluation: not a dict, no or a non-numeric accuracy, a count that is no int
+        '{"heldout": {"T=0.0": [], "T=1.0": {"n": 200, "accuracy": 0.6}}}',
+        '{"heldout": {"T=0.0": {"n": 200, "accuracy": 0.9}, "T=1.0": null}}',
+        '{"heldout": {"T=0.0": {"n": 200}, "T=1.0": {"n": 200}}}',
+        '{"heldout": {"T=0.0": {"n": 200, "accuracy": 0.9}, "T=1.0": {"n": 200, "accuracy": "high"}}}',
+        '{"heldout": {"T=0.0": {"n": 200, "accuracy": 0.9}, "T=1.0": {"n": 200, "accuracy": true}}}',
+        '{"heldout": {"T=0.0": {"n": 200, "accuracy": 0.9}, "T=1.0": {"n": 200, "accuracy": 1.5}}}',
+        '{"heldout": {"T=0.0": {"n": 200, "accuracy": 0.9}, "T=1.0": {"n": 200.0, "accuracy": 0.5}}}',
+    ],
+)
 def test_a_missing_or_broken_report_is_not_reused(tmp_path, content):
     cfg = SFTConfig(family="tooluse")
     assert _sft_report_eval(tmp_path, cfg, 200, 3, 1) is None  # no report at all
@@ -51,3 +64,10 @@ def test_the_reused_evaluation_is_cached_like_a_computed_one(tmp_path, monkeypat
     ev = _evaluate_sft(tmp_path, SFTConfig(family="tooluse"), 200, 3)
     assert ev["T=1"] == heldout["T=1.0"]
     assert json.loads((tmp_path / "eval_n200_turns3.json").read_text()) == ev
+
+
+def test_the_cli_default_turns_are_the_evaluations_default():
+    from stare_verl.jobs.demo.evaluate import DEFAULT_MAX_ASSISTANT_TURNS
+    from stare_verl.jobs.train import build_parser
+
+    assert build_parser().parse_args(["--cpu"]).max_turns == DEFAULT_MAX_ASSISTANT_TURNS
