@@ -38,8 +38,9 @@ def log_prob_row_stats(
     Args:
         log_probs: ``[B, T]`` float32 or float64 log-probs (nats); other dtypes are widened to float64.
         mask: ``[B, T]`` bool, the tokens to count.
-        threshold: log-prob threshold (nats), compared in ``log_probs``' dtype: a token is ``high`` when
-            ``log_prob < threshold`` (surprisal above ``-threshold``).
+        threshold: log-prob threshold (nats), a real number compared in the dtype the sums run in (float32 or
+            float64; other dtypes are widened to float64 first): a token is ``high`` when ``log_prob < threshold``
+            (surprisal above ``-threshold``). NaN counts no token.
 
     Returns:
         Three ``[B]`` float64 arrays: the number of masked tokens below ``threshold`` and the sum of their
@@ -48,13 +49,20 @@ def log_prob_row_stats(
         non-finite (the caller's finiteness check), and the other two undefined.
 
     Raises:
-        ValueError: the arrays are not 2-D of one shape, or the mask is not bool.
+        ValueError: the arrays are not 2-D NumPy arrays of one shape, the mask is not bool, or ``threshold`` is
+            not a real number.
     """
+    if not isinstance(log_probs, np.ndarray) or not isinstance(mask, np.ndarray):
+        raise ValueError(f"log_probs and mask must be NumPy arrays, got {type(log_probs)} and {type(mask)}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)):
+        raise ValueError(f"threshold must be a real number, got {threshold!r}")
     if log_probs.ndim != 2 or mask.shape != log_probs.shape:
         raise ValueError(f"log_probs {tuple(log_probs.shape)} and mask {tuple(mask.shape)} must be one [B, T] shape")
     if mask.dtype != np.bool_:
         raise ValueError(f"mask must be bool, got {mask.dtype}")
-    if log_probs.dtype not in (np.float32, np.float64):
+    if log_probs.dtype not in (np.float32, np.float64) or np.iscomplexobj(log_probs):
+        if not np.issubdtype(log_probs.dtype, np.floating) and not np.issubdtype(log_probs.dtype, np.integer):
+            raise ValueError(f"log_probs must be real numbers, got {log_probs.dtype}")
         log_probs = log_probs.astype(np.float64)
     dtype = log_probs.dtype.type
     out = [np.empty(log_probs.shape[0]) for _ in range(3)]

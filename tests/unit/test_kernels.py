@@ -63,8 +63,17 @@ def test_non_contiguous_inputs():
         (np.zeros((2, 3), np.float32), np.ones((2, 4), bool), "one \\[B, T\\] shape"),
         (np.zeros(3, np.float32), np.ones(3, bool), "one \\[B, T\\] shape"),
         (np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32), "mask must be bool"),
+        (np.zeros((2, 3), np.complex64), np.ones((2, 3), bool), "real numbers"),
+        (np.zeros((2, 3), object), np.ones((2, 3), bool), "real numbers"),
+        ([[0.0, 1.0]], np.ones((1, 2), bool), "NumPy arrays"),
     ],
 )
 def test_bad_input_is_a_clear_error(lp, mask, match):
     with pytest.raises(ValueError, match=match):
         log_prob_row_stats(lp, mask, 0.0)
+
+
+@pytest.mark.parametrize("threshold", [None, "0.1", True, [0.1]])
+def test_a_threshold_that_is_no_real_number_is_a_clear_error(threshold):
+    with pytest.raises(ValueError, match="threshold must be a real number"):
+        log_prob_row_stats(np.zeros((1, 2), np.float32), np.ones((1, 2), bool), threshold)

@@ -113,8 +113,9 @@ class SFTConfig(BaseModel):
     problems (evaluated after SFT; the RL val set of the same seed). Tokenizer: ``vocab_size``.
     Model: ``model`` (architecture), ``init_seed``. ``steps`` and ``max_response_tokens`` default per family
     (``FAMILY_DEFAULTS``). Training: ``steps``, ``batch_size``, ``lr`` (AdamW),
-    ``weight_decay``, ``warmup_steps`` (then constant lr), ``decay_steps`` (the lr falls linearly to 0 over
-    the last ``decay_steps`` steps; 0: constant to the end, and left out of the cache key),
+    ``weight_decay``, ``warmup_steps`` (then constant lr), ``decay_steps`` (the lr falls linearly over the
+    last ``decay_steps`` steps, by lr / decay_steps a step, reaching 0 just after the last; 0: constant to the end,
+    and left out of the cache key; warm-up plus decay must fit in ``steps``),
     ``max_grad_norm``, ``train_seed`` (data order).
 
     Run-only (not in the cache key): ``cache_dir`` (default ``$STARE_CACHE_DIR`` or ``runs/cache``),
@@ -559,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--warmup-steps", type=int, default=None)
-    ap.add_argument("--decay-steps", type=int, default=None, help="linear lr decay to 0 over the last N steps")
+    ap.add_argument("--decay-steps", type=int, default=None,
+                    help="linear lr decay over the last N steps, to 0 after the last (default 0: constant lr)")
     ap.add_argument("--max-response-tokens", type=int, default=None,
                     help="episode token budget of the held-out evaluation")
     ap.add_argument("--data-seed", type=int, default=0)
