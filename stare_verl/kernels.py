@@ -60,7 +60,7 @@ def log_prob_row_stats(
         raise ValueError(f"log_probs {tuple(log_probs.shape)} and mask {tuple(mask.shape)} must be one [B, T] shape")
     if mask.dtype != np.bool_:
         raise ValueError(f"mask must be bool, got {mask.dtype}")
-    if log_probs.dtype not in (np.float32, np.float64) or np.iscomplexobj(log_probs):
+    if log_probs.dtype not in (np.float32, np.float64):
         if not np.issubdtype(log_probs.dtype, np.floating) and not np.issubdtype(log_probs.dtype, np.integer):
             raise ValueError(f"log_probs must be real numbers, got {log_probs.dtype}")
         log_probs = log_probs.astype(np.float64)

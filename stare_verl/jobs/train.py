@@ -196,7 +196,7 @@ def _sft_report_eval(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: in
     try:
         heldout = read_report(sft_dir)["heldout"]
         ev = {"T=0": heldout["T=0.0"], "T=1": heldout["T=1.0"]}
-    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     return ev if all(_is_eval_entry(v, n) for v in ev.values()) else None
 
