@@ -31,15 +31,13 @@ STEP_KEYS = ("gen", "old_log_prob", "adv", "update_actor", "update_weights", "st
 TARGET_S = {"first": 600.0, "cached": 300.0}
 
 
-def run_once(family: str, steps: int | None, run_dir: Path, cache: Path, extra: list[str]) -> dict:
-    """One ``stare_verl.jobs.train`` run (``steps`` None: the family's default); returns its summary.json plus
-    ``total_s`` (process wall seconds).
+def run_once(family: str, steps: int, run_dir: Path, cache: Path, extra: list[str]) -> dict:
+    """One ``stare_verl.jobs.train`` run; returns its summary.json plus ``total_s`` (process wall seconds).
 
     Raises:
         RuntimeError: the run exited non-zero (its last output lines are in the message).
     """
-    cmd = [sys.executable, "-m", "stare_verl.jobs.train", "--cpu", "--family", family,
-           *(["--steps", str(steps)] if steps is not None else []),
+    cmd = [sys.executable, "-m", "stare_verl.jobs.train", "--cpu", "--family", family, "--steps", str(steps),
            "--run-dir", str(run_dir), "--sft-cache", str(cache), *extra]  # fmt: skip
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -87,8 +85,7 @@ def report(label: str, summary: dict, run_dir: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", default="tooluse", choices=["tooluse", "shortcot", "longcot"])
-    p.add_argument("--steps", type=int, default=None,
-                   help="RL steps (default: the make target's, i.e. the family's: tool use 20, CoT 30)")
+    p.add_argument("--steps", type=int, default=30, help="RL steps (the make target's default: 30)")
     p.add_argument("--keep", default=None, help="folder to keep the runs in (default: a temporary one)")
     p.add_argument("--sft-cache", default=None,
                    help="an SFT cache folder that already holds the checkpoint: run the cached run only")
@@ -99,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         cache = Path(args.sft_cache) if args.sft_cache else root / "cache"
         cache.mkdir(parents=True, exist_ok=True)  # train's --sft-cache names an existing folder
         env_note = f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
-        steps = args.steps if args.steps is not None else "the family's default"
-        print(f"main job benchmark: family {args.family}, {steps} steps, {env_note}", flush=True)
+        print(f"main job benchmark: family {args.family}, {args.steps} steps, {env_note}", flush=True)
         for label in ("cached",) if args.sft_cache else ("first", "cached"):
             run_dir = root / f"run-{label}"
             summary = run_once(args.family, args.steps, run_dir, cache, extra)

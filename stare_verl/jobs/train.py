@@ -45,10 +45,6 @@ from stare_verl.recipe_files import recipes_dir
 
 # Held-out greedy accuracy the cold-start SFT checkpoint needs before RL (default of --min-sft-accuracy).
 MIN_SFT_ACCURACY = {"tooluse": 0.5, "shortcot": 0.4, "longcot": 0.4}
-# RL steps of the CPU run (default of --steps; a GPU recipe keeps its own). Tool use: 20, where the held-out
-# accuracy has already risen as far as after 30 (issue 16: greedy 0.65 -> 0.87-0.90, T = 1 0.535 -> 0.80-0.82,
-# at 14, 20 and 30 steps), to keep the first run near 10 minutes on 2 cores.
-TRAIN_STEPS = {"tooluse": 20, "shortcot": 30, "longcot": 30}
 GPU_RECIPES = {
     "tooluse": "tooluse_qwen2.5-7b-sft",
     "shortcot": "shortcot_qwen2.5-math-7b",
@@ -244,8 +240,6 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     backend = backend or choose_backend(probe_gpu(), force_cpu=True)
     model = os.environ.get("MODEL") if backend.path == "gpu-hf" else None
     family = getattr(args, "family", "tooluse")
-    if getattr(args, "steps", None) is None:
-        args = argparse.Namespace(**{**vars(args), "steps": TRAIN_STEPS.get(family, 30)})
     name = f"train-{family}"
     # a GPU run (and each MODEL) gets a folder of its own: never resumed from, or answered by, the CPU run's
     where = "" if backend.path == "cpu" else "-gpu" + (f"-{Path(model).name}" if model else "")
@@ -543,7 +537,7 @@ def bad_option(args: argparse.Namespace) -> str | None:
     front: most of them are only used after the cold-start SFT, minutes into a run."""
     for name, low in OPTION_MINIMA:
         value = getattr(args, name, low)
-        if value is not None and value < low:  # None: the family's default
+        if value < low:
             return f"--{name.replace('_', '-')} must be >= {low} (got {value})"
     acc = getattr(args, "min_sft_accuracy", None)
     if acc is not None and not 0.0 <= acc <= 1.0:
@@ -586,8 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--steps", type=int, default=None,
-        help="RL steps of the CPU run (8 prompts x 8 samples each; default: the family's, tool use 20, CoT 30)",
+        "--steps", type=int, default=30, help="RL steps of the CPU run (8 prompts x 8 samples each)"
     )
     p.add_argument("--save-freq", type=int, default=0, help="checkpoint every N steps (default: at the end)")
     p.add_argument("--n-train", type=int, default=1024, help="RL training problems")

@@ -343,26 +343,3 @@ def test_gpu_runs_get_their_own_default_folder(monkeypatch, tmp_path):
     train.main(["--family", "shortcot", "--steps", "2"])
     assert any(c == f"trainer.default_local_dir={tmp_path / 'runs' / 'shortcot-stare-seed0-gpu-llm' / 'checkpoints'}"
                for c in seen["cmd"])  # fmt: skip
-
-
-def test_cpu_runs_default_to_the_familys_rl_steps(tmp_path, capsys, monkeypatch):
-    """Without --steps a CPU run takes its family's count (train.TRAIN_STEPS: tool use 20, CoT 30): a run folder
-    that holds step 20 is finished for tool use and goes on for short and long CoT."""
-    import stare_verl.jobs.demo.sft as demo_sft
-
-    def no_sft(cfg):
-        raise RuntimeError(f"the SFT of {cfg.family} would start")
-
-    monkeypatch.setattr(demo_sft, "ensure_sft_checkpoint", no_sft)
-    assert train.TRAIN_STEPS == {"tooluse": 20, "shortcot": 30, "longcot": 30}
-    run = tmp_path / "run"
-    (run / "checkpoints" / "global_step_20").mkdir(parents=True)
-    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("20")
-    (run / "summary.json").write_text("{}")
-    assert train.main(["--cpu", "--run-dir", str(run)]) == 0
-    assert f"{run} already holds step 20 >= --steps 20" in capsys.readouterr().out
-    for family in ("shortcot", "longcot"):
-        with pytest.raises(RuntimeError, match=f"the SFT of {family} would start"):
-            train.main(["--cpu", "--family", family, "--run-dir", str(run)])
-    args = train.build_parser().parse_args([])  # unset until the CPU run resolves it; a GPU recipe keeps its own
-    assert args.steps is None and train.bad_option(args) is None
