@@ -33,6 +33,9 @@ checkpoint (the CPU recipe, 30 STARE steps) fell to greedy 57 %, T = 1.0 28.5 %:
 was 0.09-0.16 nats, three to five times the constant-lr checkpoint's 0.03 and the recipe's target; and from the
 750-step one it fell to greedy 82.5 %, T = 1.0 72 % (a checkpoint annealed to lr 0 is knocked about by RL's
 constant lr). So the default stays at 1000 constant-lr steps, whose RL goes from 65 % to about 88 %.
+Batches of similar length (transformers' length grouping, with the batches' order shuffled) were tried too: 13 %
+fewer padded tokens, 10 % faster steps, but the loss never left its plateau (0.63-0.70 from step 300 to 1000,
+held-out greedy 0.5 %), so batches stay uniformly random.
 
 Measured here (defaults, 4096 demonstrations of 111 tokens on average, 41.5 of them model tokens, 0.84 M
 parameters; 2-core machine shared with other jobs, load average 4-17, 1 torch thread): 0.64 steps/s over the
