@@ -38,6 +38,9 @@ fewer padded tokens, 10 % faster steps, but the loss never left its plateau (0.6
 held-out greedy 0.5 %), so batches stay uniformly random. Batch 16 (1000 steps, 3.7 steps/s against 1.9 at 32
 in the same hour) also ended on the plateau (loss 0.60, greedy 2.5 %): the drop needs about 15-20 k demonstrations
 seen at batch 32, so a smaller batch saves no time.
+A higher constant lr does not bring the drop forward either (issue 16, 700 steps, 1 torch thread each, two
+runs side by side): lr 3e-3 and 4e-3 both ended on the plateau (loss 0.57 / 0.55, held-out greedy 1.5 %, T = 1.0
+1 % on 200 problems; 0-3 % on 64 problems at every 100 steps).
 
 Measured here (defaults, 4096 demonstrations of 111 tokens on average, 41.5 of them model tokens, 0.84 M
 parameters; 2-core machine shared with other jobs, load average 4-17, 1 torch thread): 0.64 steps/s over the
