@@ -71,3 +71,13 @@ def test_the_cli_default_turns_are_the_evaluations_default():
     from stare_verl.jobs.train import build_parser
 
     assert build_parser().parse_args(["--cpu"]).max_turns == DEFAULT_MAX_ASSISTANT_TURNS
+
+
+@pytest.mark.parametrize("field", ["lr", "weight_decay", "max_grad_norm"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_non_finite_optimizer_settings_are_rejected(field, value):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=field):
+        SFTConfig(**{field: value})
+    assert SFTConfig().lr == 2e-3  # the defaults still validate

@@ -145,11 +145,11 @@ class SFTConfig(BaseModel):
     train_seed: int = 0
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(2e-3, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
+    lr: float = Field(2e-3, gt=0, allow_inf_nan=False)
+    weight_decay: float = Field(0.01, ge=0, allow_inf_nan=False)
     warmup_steps: int = Field(20, ge=0)
     decay_steps: int = Field(0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
     max_response_tokens: int = Field(128, ge=8, description="episode token budget of the held-out evaluation")
 
     cache_dir: str | None = None
