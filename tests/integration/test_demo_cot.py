@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from envs.reward import compute_score
-from envs.tiny_hf import build_tokenizer
+from envs.tiny_hf import TinyModelConfig, build_tokenizer
 from stare_verl.jobs.demo import cot as C
 from stare_verl.jobs.demo import demos as D
 from stare_verl.jobs.demo import sft as S
@@ -151,6 +151,9 @@ def test_sft_config_family_defaults_and_cache_key():
     assert (short.steps, short.max_response_tokens) == (S.FAMILY_DEFAULTS["shortcot"]["steps"], 48)
     assert S.SFTConfig(family="shortcot", steps=7).steps == 7
     assert (tool.steps, tool.decay_steps, tool.max_response_tokens) == (1000, 0, 128)
+    # tool use trains a 2-layer model (it leaves the copy plateau earlier); the CoT families the calibrated 4-layer one
+    assert tool.model == TinyModelConfig(num_hidden_layers=2) and S.SFTConfig(family="tooluse", model={}).model == TinyModelConfig()
+    assert short.model == long.model == TinyModelConfig()
     assert S.sft_problem_count(tool) == 4096 and S.sft_problem_count(short) == 4096 // C.COT_DEMOS_PER_PROBLEM
     assert S.key_config(short)["config"]["demos_per_problem"] == C.COT_DEMOS_PER_PROBLEM
 

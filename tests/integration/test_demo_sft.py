@@ -73,7 +73,8 @@ def test_config_hash_covers_what_changes_the_checkpoint():
     base = S.SFTConfig()
     assert S.config_hash(base) == S.config_hash(S.SFTConfig())
     for change in ({"lr": 1e-3}, {"steps": 999}, {"data_seed": 1}, {"n_train": 100}, {"batch_size": 16},
-                   {"init_seed": 3}, {"model": TinyModelConfig(num_hidden_layers=2)}, {"vocab_size": 400}):
+                   {"init_seed": 3}, {"model": TinyModelConfig(num_hidden_layers=3)}, {"model": TinyModelConfig()},
+                   {"vocab_size": 400}):
         assert S.config_hash(base.model_copy(update=change)) != S.config_hash(base), change
     for same in ({"cache_dir": "/x"}, {"num_threads": 1}, {"progress": False}, {"eval_every": 50}):
         assert S.config_hash(base.model_copy(update=same)) == S.config_hash(base), same
