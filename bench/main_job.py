@@ -65,6 +65,19 @@ def step_breakdown(metrics_path: Path) -> dict[str, float]:
     return out
 
 
+def sft_line(sft_dir: Path) -> str:
+    """The SFT's steps (and early stop), speed and held-out accuracy, from its ``sft_report.json``."""
+    try:
+        rep = json.loads((sft_dir / "sft_report.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"(no SFT report: {err})"
+    stop = f", early stop at {rep['stopped_at']} of {rep['max_steps']}" if rep.get("stopped_at") else ""
+    held = rep.get("heldout", {})
+    accs = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in held.items())
+    return (f"{rep['steps']} steps{stop}, {rep['steps_per_s']} steps/s, training {rep['train_s']:.0f} s, "
+            f"dev checks {rep.get('check_eval_s', 0):.0f} s; held-out {accs}")
+
+
 def report(label: str, summary: dict, run_dir: Path) -> str:
     """One block of the printout: phases, verl start-up, the median step and the target."""
     phases = summary.get("phases_s", {})
@@ -72,11 +85,17 @@ def report(label: str, summary: dict, run_dir: Path) -> str:
     lines = [f"{label}: {summary['total_s']:.0f} s total (target <= {TARGET_S[label]:.0f} s)"]
     for k, v in phases.items():
         lines.append(f"  {k:<12} {v:7.1f} s")
+        if k == "sft" and v > 5 and summary.get("sft_checkpoint"):  # trained in this run: its steps
+            lines.append("    " + sft_line(Path(summary["sft_checkpoint"])))
     if "rl" in phases:
         lines.append(f"    verl start-up + shut-down {phases['rl'] - steps['steps_total']:7.1f} s")
         lines.append(f"    {steps['n_steps']} steps                  {steps['steps_total']:7.1f} s")
     parts = ", ".join(f"{k} {steps[k]:.2f}" for k in STEP_KEYS if k in steps and k != "step")
     lines.append(f"  median RL step {steps.get('step', float('nan')):.2f} s ({parts})")
+    def accs(ev):
+        return " / ".join(f"{k} {v['accuracy']:.3f}" for k, v in (ev or {}).items() if isinstance(v, dict))
+
+    lines.append(f"  held-out before RL {accs(summary.get('eval_before'))}; after {accs(summary.get('eval_after'))}")
     rest = summary["total_s"] - sum(phases.values())
     lines.append(f"  other (start, data, plots) {rest:7.1f} s")
     return "\n".join(lines)

@@ -311,7 +311,9 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         print(
             f"error: the cold-start SFT checkpoint {sft_dir} has held-out greedy accuracy {sft_acc:.3f} < "
             f"{min_acc} (--min-sft-accuracy); RL from it would have little to learn from. "
-            "Delete it to retrain, or lower the threshold.",
+            f"The same configuration retrains to the same checkpoint on this machine: train longer (--sft-steps "
+            f"{max(1500, sft_cfg.steps + 500)}, a checkpoint of its own; when the copy plateau ends depends on the "
+            "seed and the machine), or lower the threshold.",
             file=sys.stderr,
         )
         return 1

@@ -150,7 +150,7 @@ def test_sft_config_family_defaults_and_cache_key():
     assert len({S.config_hash(tool), S.config_hash(short), S.config_hash(long)}) == 3
     assert (short.steps, short.max_response_tokens) == (S.FAMILY_DEFAULTS["shortcot"]["steps"], 48)
     assert S.SFTConfig(family="shortcot", steps=7).steps == 7
-    assert (tool.steps, tool.decay_steps, tool.max_response_tokens) == (1000, 0, 128)
+    assert (tool.steps, tool.decay_steps, tool.max_response_tokens, tool.stop_accuracy) == (1000, 0, 128, None)
     # tool use trains a 2-layer model (it leaves the copy plateau earlier); the CoT families the calibrated 4-layer one
     assert tool.model == TinyModelConfig(num_hidden_layers=2) and S.SFTConfig(family="tooluse", model={}).model == TinyModelConfig()
     assert short.model == long.model == TinyModelConfig()

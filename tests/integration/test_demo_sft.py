@@ -1,5 +1,6 @@
 """Cold-start SFT: assistant-only loss mask, cache keyed by configuration, a short run that lowers the loss."""
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -12,7 +13,7 @@ from stare_verl.jobs.demo.demos import CODE_INTERPRETER_SCHEMA, build_demos, sam
 from stare_verl.jobs.demo.evaluate import evaluate_checkpoint
 
 TINY = dict(n_train=48, n_heldout=3, steps=20, batch_size=8, lr=3e-3, warmup_steps=2, progress=False,
-            eval_temperatures=(0.0,), max_response_tokens=32, num_threads=1)
+            eval_temperatures=(0.0,), max_response_tokens=32, num_threads=1, stop_accuracy=None)
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +176,48 @@ def test_decay_steps_end_the_sft_with_a_linear_decay_to_zero(tmp_path):
     assert lr[2] == pytest.approx(cfg.lr / 2) and lr[10] == pytest.approx(cfg.lr) and lr[14] == pytest.approx(cfg.lr)
     assert [lr[n] / cfg.lr for n in (16, 18, 20)] == pytest.approx([5 / 6, 3 / 6, 1 / 6])
     assert S.config_hash(cfg) != S.config_hash(cfg.model_copy(update={"decay_steps": 0}))
+
+
+def test_early_stop_ends_the_sft_at_the_first_dev_check_that_reaches_stop_accuracy(tmp_path, monkeypatch):
+    from stare_verl.jobs.demo import evaluate as E
+
+    real = E.evaluate_model
+    dev_accuracy = iter([0.0, 0.5, 0.75, 1.0])  # what the dev checks at steps 5, 10, 15, 20 would see
+    dev_sizes = []
+
+    def fake(model, tokenizer, problems, temperatures=(0.0, 1.0), **kw):
+        if len(problems) != 4:  # the held-out evaluation (3 problems) runs for real
+            return real(model, tokenizer, problems, temperatures, **kw)
+        dev_sizes.append(len(problems))
+        rep = real(model, tokenizer, problems[:1], (0.0,), **kw)[0.0][0]
+        return {0.0: (dataclasses.replace(rep, accuracy=next(dev_accuracy)), [])}
+
+    monkeypatch.setattr(E, "evaluate_model", fake)
+    cfg = S.SFTConfig(cache_dir=str(tmp_path), **{**TINY, "stop_accuracy": 0.7, "check_every": 5, "n_dev": 4})
+    rep = S.read_report(S.ensure_sft_checkpoint(cfg))
+    assert (rep["steps"], rep["max_steps"], rep["stopped_at"]) == (15, 20, 15)
+    assert rep["checks"] == [{"step": 5, "dev_greedy_acc": 0.0}, {"step": 10, "dev_greedy_acc": 0.5},
+                             {"step": 15, "dev_greedy_acc": 0.75}]
+    assert dev_sizes == [4, 4, 4] and rep["heldout"]["T=0.0"]["n"] == 3
+    assert max(step for step, _ in rep["loss"]) <= 15
+    # never reached: all steps, no stop
+    dev_accuracy = iter([0.0] * 3)
+    rep = S.read_report(S.ensure_sft_checkpoint(cfg.model_copy(update={"stop_accuracy": 0.9})))
+    assert (rep["steps"], rep["stopped_at"], len(rep["checks"])) == (20, None, 3)
+
+
+def test_early_stop_config_and_cache_key():
+    base = S.SFTConfig(family="shortcot")
+    # off: the key is the one of before the early stop existed (its other fields are not in it)
+    assert not {"stop_accuracy", "check_every", "n_dev"} & set(S.key_config(base)["config"])
+    assert S.config_hash(base.model_copy(update={"check_every": 7})) == S.config_hash(base)
+    on = base.model_copy(update={"stop_accuracy": 0.8})
+    assert S.config_hash(on) != S.config_hash(base)
+    assert S.config_hash(on.model_copy(update={"check_every": 50})) != S.config_hash(on)
+    assert S.config_hash(on.model_copy(update={"n_dev": 32})) != S.config_hash(on)
+    for bad in ({"stop_accuracy": 0.0}, {"stop_accuracy": 1.5}, {"check_every": 0}, {"n_dev": 0},
+                {"stop_accuracy": 0.8, "decay_steps": 100}):
+        with pytest.raises(ValueError):
+            S.SFTConfig(**bad)
+    # off by default (issue 16: with 0.9 on 128 dev problems the default seed never stopped before 1500 steps)
+    assert S.SFTConfig().stop_accuracy is None and S.SFTConfig(stop_accuracy=0.85).n_dev == 64

@@ -64,6 +64,12 @@ def test_splits_are_disjoint_and_deterministic(splits):
     assert again == splits
     assert D.heldout_problems(30, 3) == splits["heldout"]
     assert D.heldout_problems(30, 4) != splits["heldout"]
+    # the SFT's dev split (early stop) is drawn last: the other splits stay as they were, and it is disjoint
+    with_dev = D.split_problems(n_train=60, n_heldout=30, seed=3, n_rl=30, n_dev=20)
+    assert {k: v for k, v in with_dev.items() if k != "sft_dev"} == splits and len(with_dev["sft_dev"]) == 20
+    dev = {p.question for p in with_dev["sft_dev"]}
+    assert len(dev) == 20 and not dev & (qs["heldout"] | qs["sft_train"] | qs["rl_train"])
+    assert "sft_dev" not in D.split_problems(n_train=60, n_heldout=30, seed=3)
 
 
 def test_schema_and_observations_are_the_tools_own():

@@ -107,7 +107,7 @@ def _accepts(family: str, expression: str) -> bool:
 
 
 # Each split draws from its own seed: sft_train, heldout (the validation set, before and after RL), rl_train.
-SPLIT_SEED_OFFSET = {"sft_train": 0, "heldout": 1_000_003, "rl_train": 2_000_006}
+SPLIT_SEED_OFFSET = {"sft_train": 0, "heldout": 1_000_003, "rl_train": 2_000_006, "sft_dev": 3_000_009}
 
 _PRINTS_PER_PROGRAM = 256
 
@@ -225,20 +225,27 @@ def sample_problems(n: int, seed: int, exclude: Iterable[str] = (), family: str 
 
 
 def split_problems(
-    n_train: int, n_heldout: int, seed: int, n_rl: int = 0, family: str = "tooluse"
+    n_train: int, n_heldout: int, seed: int, n_rl: int = 0, family: str = "tooluse", n_dev: int = 0
 ) -> dict[str, list[Problem]]:
-    """The disjoint splits ``heldout``, ``sft_train`` and (if ``n_rl``) ``rl_train`` under one data seed.
+    """The disjoint splits ``heldout``, ``sft_train``, (if ``n_rl``) ``rl_train`` and (if ``n_dev``) ``sft_dev``
+    under one data seed.
 
     The held-out split is drawn first (it only depends on ``seed``, ``n_heldout`` and ``family``, so the same
     validation questions serve before and after RL); training splits exclude its questions and each other's.
+    ``sft_dev`` (the SFT's early-stopping check, so that the held-out split is not used to pick the checkpoint)
+    is drawn last, excluding the splits drawn in the same call (the SFT draws no ``rl_train``, so its dev questions
+    may be among RL's training questions, which is harmless); adding it leaves the other splits as they were.
     """
     heldout = heldout_problems(n_heldout, seed, family)
     used = [p.question for p in heldout]
     train = sample_problems(n_train, seed + SPLIT_SEED_OFFSET["sft_train"], exclude=used, family=family)
     out = {"heldout": heldout, "sft_train": train}
+    used += [p.question for p in train]
     if n_rl:
-        used += [p.question for p in train]
         out["rl_train"] = sample_problems(n_rl, seed + SPLIT_SEED_OFFSET["rl_train"], exclude=used, family=family)
+        used += [p.question for p in out["rl_train"]]
+    if n_dev:
+        out["sft_dev"] = sample_problems(n_dev, seed + SPLIT_SEED_OFFSET["sft_dev"], exclude=used, family=family)
     return out
 
 

@@ -34,8 +34,18 @@ problems every 100 steps): the 2-layer model left the copy plateau earlier, 0 / 
 1000 steps, on 200 held-out problems, greedy 89 %, T = 1.0 73.5 %, and 30 STARE steps of the CPU recipe took it
 to greedy 95 %, T = 1.0 89 %. The 4-layer model of the same configuration ended its SFT at greedy 65-71.5 % (the
 outcome varies between machines) and RL at 79-88.5 % greedy. 3 layers was still on the plateau at step 600
-(greedy 1.6 %). With init and data-order seed 1 the 2-layer model's drop came later (greedy 3 / 16 % at steps
-600 / 700), so the first-run check before RL (greedy >= 0.5) stays.
+(greedy 1.6 %).
+The early stop (``stop_accuracy``, off by default): when the drop comes depends on the seed. Init and data-order
+seeds 1 / 2 / 3 ended 1000 steps at greedy 38.5 / 54.5 / 77 % (still rising), and 30 RL steps lift little from a
+checkpoint before the end of its drop (77 % -> 78 %, 54.5 % -> 50 %). With ``steps=1500, stop_accuracy=0.9,
+n_dev=128``, seeds 1 and 2 never stopped (dev checks 28 / 52 % at step 1000, 80 / 70 % at 1400) and ended at
+greedy 84 / 86.5 % (T = 1.0 71 / 75.5 %); seed 0 (2 threads) never stopped either (dev 85-90 % from step 800 on,
+89.8 % at its best) and ended at 92 % / 84.5 %, but its 14 checks cost 60 s and its 1500 steps 332 s, which breaks
+the first run's 10 minutes. So the default stays at 1000 steps without checks; a machine whose SFT misses the
+check before RL can train longer (``--sft-steps 1500``), or stop early on a lower bar (``python -m
+stare_verl.jobs.demo.sft --steps 1500 --stop-accuracy 0.85``). A machine with another floating-point order (CPU,
+thread count, library versions) acts like another seed, which is also why the 4-layer checkpoint of one
+configuration measured 65 % on some machines and 71.5 % on others.
 The measurements below, up to the CoT families, are of the 4-layer model. ``decay_steps``
 ends the run with a linear decay of the lr to 0. Measured for tool use on 200 held-out problems (issue 16, the
 search for a shorter SFT): 600 steps with 200 of decay reached greedy 92.5 %, T = 1.0 47.5 %; 750 with 250 of
@@ -122,6 +132,8 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 
 # Fields that do not change the checkpoint (left out of the cache key).
 _NOT_IN_KEY = {"cache_dir", "eval_every", "eval_every_n", "num_threads", "progress", "eval_temperatures"}
+# The early stop's fields: in the key only when the early stop is on.
+_EARLY_STOP_FIELDS = {"stop_accuracy", "check_every", "n_dev"}
 
 
 class SFTConfig(BaseModel):
@@ -138,6 +150,11 @@ class SFTConfig(BaseModel):
     last ``decay_steps`` steps, by lr / decay_steps a step, reaching 0 just after the last; 0: constant to the end,
     and left out of the cache key; warm-up plus decay must fit in ``steps``),
     ``max_grad_norm``, ``train_seed`` (data order).
+    Early stop (in the cache key only when on): ``stop_accuracy`` (None: off; else every ``check_every`` steps the
+    greedy accuracy on ``n_dev`` problems of the data seed's ``sft_dev`` split, disjoint from the held-out and SFT
+    splits, is measured, and training ends at the first check that reaches it; ``steps`` is then the most steps).
+    It cannot be combined with ``decay_steps``. Why: when the copy plateau ends depends on the seed (and on the
+    machine's floating-point order), so a fixed step count either wastes steps or stops before the drop.
 
     Run-only (not in the cache key): ``cache_dir`` (default ``$STARE_CACHE_DIR`` or ``runs/cache``),
     ``num_threads`` (torch threads), ``progress`` (tqdm bar), ``eval_every`` (0 = off; else greedy held-out
@@ -162,6 +179,9 @@ class SFTConfig(BaseModel):
     warmup_steps: int = Field(20, ge=0)
     decay_steps: int = Field(0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
+    stop_accuracy: float | None = Field(None, gt=0, le=1)
+    check_every: int = Field(100, ge=1)
+    n_dev: int = Field(64, ge=1)
     max_response_tokens: int = Field(128, ge=8, description="episode token budget of the held-out evaluation")
 
     cache_dir: str | None = None
@@ -186,6 +206,9 @@ class SFTConfig(BaseModel):
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) + decay_steps ({self.decay_steps}) exceed steps ({self.steps})"
             )
+        if self.decay_steps and self.stop_accuracy is not None:
+            raise ValueError("stop_accuracy (an early stop) cannot be combined with decay_steps (a schedule that "
+                             "needs the run's end): set one of them")
         return self
 
     def resolved_cache_dir(self) -> Path:
@@ -215,6 +238,8 @@ def key_config(cfg: SFTConfig) -> dict[str, Any]:
     CoT families add their demonstrations-per-problem count.
     """
     exclude = _NOT_IN_KEY | ({"decay_steps"} if cfg.decay_steps == 0 else set())  # keys from before the field
+    if cfg.stop_accuracy is None:  # keys from before the early stop
+        exclude = exclude | _EARLY_STOP_FIELDS
     if cfg.family == "tooluse":
         return {"config": cfg.model_dump(mode="json", exclude=exclude | {"family"}), "versions": _versions()}
     from stare_verl.jobs.demo.cot import COT_DEMOS_PER_PROBLEM
@@ -334,11 +359,13 @@ def _collate(pad_id: int):
     return collate
 
 
-def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any]):
+def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any], dev=()):
     from transformers import TrainerCallback
 
     class Recorder(TrainerCallback):
-        """Keeps the logged losses and, with ``eval_every``, greedy held-out accuracy along the way."""
+        """Keeps the logged losses and, with ``eval_every``, greedy held-out accuracy along the way; with
+        ``stop_accuracy``, checks greedy accuracy on ``dev`` every ``check_every`` steps and ends the training at
+        the first check that reaches it."""
 
         def __init__(self):
             self.t0 = time.perf_counter()
@@ -350,19 +377,31 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any]):
             if logs and "learning_rate" in logs:
                 history["lr"].append((int(state.global_step), float(logs["learning_rate"])))
 
+        def _greedy_accuracy(self, model, problems) -> float:
+            from stare_verl.jobs.demo.evaluate import evaluate_model
+
+            t = time.perf_counter()
+            was_training = model.training
+            model.eval()
+            res = evaluate_model(model, tokenizer, problems, (0.0,), max_response_tokens=cfg.max_response_tokens,
+                                 family=cfg.family)
+            model.train(was_training)
+            self.eval_s += time.perf_counter() - t
+            return res[0.0][0].accuracy
+
         def on_step_end(self, args, state, control, model=None, **kwargs):
             step = int(state.global_step)
-            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and model is not None:
-                from stare_verl.jobs.demo.evaluate import evaluate_model
-
-                t = time.perf_counter()
-                was_training = model.training
-                model.eval()
-                res = evaluate_model(model, tokenizer, heldout[: cfg.eval_every_n], (0.0,),
-                                     max_response_tokens=cfg.max_response_tokens, family=cfg.family)
-                model.train(was_training)
-                self.eval_s += time.perf_counter() - t
-                acc = res[0.0][0].accuracy
+            if cfg.stop_accuracy is not None and dev and step % cfg.check_every == 0 and step < cfg.steps:
+                acc = self._greedy_accuracy(model, dev)
+                history["checks"].append({"step": step, "dev_greedy_acc": acc})
+                if acc >= cfg.stop_accuracy:
+                    history["stopped_at"] = step
+                    control.should_training_stop = True
+                    print(f"[sft] step {step}: greedy accuracy {acc:.3f} on {len(dev)} dev problems >= "
+                          f"{cfg.stop_accuracy}: early stop", file=sys.stderr, flush=True)
+            stopping = bool(control.should_training_stop)
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps or stopping) and model is not None:
+                acc = self._greedy_accuracy(model, heldout[: cfg.eval_every_n])
                 train_s = time.perf_counter() - self.t0 - self.eval_s
                 history["evals"].append({"step": step, "greedy_acc": acc, "train_s": round(train_s, 1)})
                 print(f"[sft] step {step}: greedy held-out accuracy {acc:.3f} ({cfg.eval_every_n} problems, "
@@ -374,7 +413,9 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any]):
 def train_sft(cfg: SFTConfig, out_dir: str | Path) -> dict[str, Any]:
     """Run the whole cold-start SFT into ``out_dir`` (model, tokenizer, config, report); returns the report.
 
-    Report keys: ``hash``, ``n_demos``, ``rejected_demos``, ``steps``, ``train_s``, ``steps_per_s``,
+    Report keys: ``hash``, ``n_demos``, ``rejected_demos``, ``steps`` (trained), ``max_steps`` (``cfg.steps``),
+    ``stopped_at`` (the early stop's step, or None), ``checks`` (the early stop's ``{"step", "dev_greedy_acc"}``),
+    ``train_s`` (without the checks), ``steps_per_s``, ``check_eval_s`` (seconds of the checks along the way),
     ``loss`` (list of ``[step, loss]``), ``first_loss``, ``final_loss``, ``evals`` (with ``eval_every``),
     ``heldout`` (``{"T=0.0": EvalReport dict, "T=1.0": ...}``), ``data_s``, ``eval_s``.
 
@@ -403,7 +444,8 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    splits = split_problems(sft_problem_count(cfg), cfg.n_heldout, cfg.data_seed, family=cfg.family)
+    n_dev = cfg.n_dev if cfg.stop_accuracy is not None else 0
+    splits = split_problems(sft_problem_count(cfg), cfg.n_heldout, cfg.data_seed, family=cfg.family, n_dev=n_dev)
     demos, rejected = build_family_demos(cfg, splits["sft_train"])
     if not demos:
         raise RuntimeError("no demonstration survived the check against the ground truth")
@@ -412,8 +454,8 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
     features = _Features([encode_demo(d, tokenizer, builder) for d in demos])
     data_s = time.perf_counter() - t0
     model = build_model(tokenizer, cfg.model, seed=cfg.init_seed)
-    history: dict[str, Any] = {"loss": [], "lr": [], "evals": []}
-    recorder = _make_callback(cfg, tokenizer, splits["heldout"], history)
+    history: dict[str, Any] = {"loss": [], "lr": [], "evals": [], "checks": [], "stopped_at": None}
+    recorder = _make_callback(cfg, tokenizer, splits["heldout"], history, splits.get("sft_dev", ()))
     args = TrainingArguments(
         output_dir=str(out / "trainer"),
         max_steps=cfg.steps,
@@ -442,6 +484,7 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
     t1 = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t1 - recorder.eval_s
+    steps = int(trainer.state.global_step)
     shutil.rmtree(out / "trainer", ignore_errors=True)
     model.eval()
     save_model(model, tokenizer, out)
@@ -457,9 +500,13 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
         "demo_tokens_mean": sum(len(r[0]) for r in features.rows) / len(features),
         "model_tokens_mean": sum(sum(r[1]) for r in features.rows) / len(features),
         "n_params": int(sum(p.numel() for p in model.parameters())),
-        "steps": cfg.steps,
+        "steps": steps,
+        "max_steps": cfg.steps,
+        "stopped_at": history["stopped_at"],
+        "checks": history["checks"],
         "train_s": round(train_s, 2),
-        "steps_per_s": round(cfg.steps / train_s, 3) if train_s > 0 else None,
+        "steps_per_s": round(steps / train_s, 3) if train_s > 0 else None,
+        "check_eval_s": round(recorder.eval_s, 2),
         "data_s": round(data_s, 2),
         "eval_s": round(time.perf_counter() - t2, 2),
         "loss": losses,
@@ -564,6 +611,21 @@ def load_checkpoint(path: str | Path):
     return model, load_tokenizer(path)
 
 
+def _stop_accuracy_arg(text: str) -> float | str:
+    """``--stop-accuracy``: ``off`` or a number in (0, 1]."""
+    import argparse
+
+    if text == "off":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m stare_verl.jobs.demo.sft --out DIR [--steps N] ...``: train (or reuse) and print held-out accuracy.
 
@@ -585,6 +647,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="linear lr decay over the last N steps, to 0 after the last (default 0: constant lr)")
     ap.add_argument("--max-response-tokens", type=int, default=None,
                     help="episode token budget of the held-out evaluation")
+    ap.add_argument("--stop-accuracy", default=None, type=_stop_accuracy_arg,
+                    help="end early at the first check whose greedy accuracy on the dev split reaches this "
+                         "('off': run all --steps; default: the family's)")
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--init-seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=0, help="greedy held-out check every N steps (0: off)")
@@ -595,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     given = {k: getattr(a, k) for k in ("steps", "n_train", "n_heldout", "lr", "batch_size", "warmup_steps",
                                          "decay_steps", "max_response_tokens") if getattr(a, k) is not None}  # fmt: skip
+    if a.stop_accuracy is not None:
+        given["stop_accuracy"] = None if a.stop_accuracy == "off" else a.stop_accuracy
     cfg = SFTConfig(
         family=a.family, cache_dir=a.out, data_seed=a.data_seed, init_seed=a.init_seed, eval_every=a.eval_every,
         num_threads=a.threads, progress=not a.no_progress, **given,
@@ -602,7 +669,8 @@ def main(argv: list[str] | None = None) -> int:
     path = ensure_sft_checkpoint(cfg, force=a.force)
     rep = read_report(path)
     print(f"checkpoint: {path}")
-    print(f"steps {rep['steps']}, {rep['steps_per_s']} steps/s, loss {rep['first_loss']} -> {rep['final_loss']}")
+    stop = f" (early stop at step {rep['stopped_at']} of {rep['max_steps']})" if rep.get("stopped_at") else ""
+    print(f"steps {rep['steps']}{stop}, {rep['steps_per_s']} steps/s, loss {rep['first_loss']} -> {rep['final_loss']}")
     for key, r in rep["heldout"].items():
         print(f"held-out {key}: accuracy {r['accuracy']:.3f} (n {r['n']}), mean turns {r['mean_turns']:.2f}, "
               f"tool calls {r['mean_tool_calls']:.2f}, tool errors/call {r['tool_error_rate']:.3f}")
