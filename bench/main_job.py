@@ -72,10 +72,11 @@ def sft_line(sft_dir: Path) -> str:
     except (OSError, ValueError) as err:
         return f"(no SFT report: {err})"
     stop = f", early stop at {rep['stopped_at']} of {rep['max_steps']}" if rep.get("stopped_at") else ""
+    checks = f", dev checks {rep['check_eval_s']:.0f} s" if rep.get("checks") else ""
     held = rep.get("heldout", {})
     accs = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in held.items())
-    return (f"{rep['steps']} steps{stop}, {rep['steps_per_s']} steps/s, training {rep['train_s']:.0f} s, "
-            f"dev checks {rep.get('check_eval_s', 0):.0f} s; held-out {accs}")
+    return (f"{rep['steps']} steps{stop}, {rep['steps_per_s']} steps/s, training {rep['train_s']:.0f} s{checks}; "
+            f"held-out {accs}")
 
 
 def report(label: str, summary: dict, run_dir: Path) -> str:
@@ -95,7 +96,9 @@ def report(label: str, summary: dict, run_dir: Path) -> str:
     def accs(ev):
         return " / ".join(f"{k} {v['accuracy']:.3f}" for k, v in (ev or {}).items() if isinstance(v, dict))
 
-    lines.append(f"  held-out before RL {accs(summary.get('eval_before'))}; after {accs(summary.get('eval_after'))}")
+    if summary.get("eval_before") or summary.get("eval_after"):
+        before, after = accs(summary.get("eval_before")) or "-", accs(summary.get("eval_after")) or "-"
+        lines.append(f"  held-out before RL {before}; after {after}")
     rest = summary["total_s"] - sum(phases.values())
     lines.append(f"  other (start, data, plots) {rest:7.1f} s")
     return "\n".join(lines)

@@ -162,8 +162,8 @@ def load_tokenizer(path: str | Path):
 
 class TinyModelConfig(BaseModel):
     """Architecture of a tiny Qwen2 model. The defaults are the CPU demo's calibrated model (~0.84 M parameters
-    with a 384-token vocabulary; ``docs/cpu-demo-calibration.md``); every field is part of the demo's SFT cache
-    key."""
+    with a 384-token vocabulary; ``docs/cpu-demo-calibration.md``), which the CoT families train; the tool-use
+    family trains 2 layers of it (its SFT's family defaults). Every field is part of the demo's SFT cache key."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -298,6 +298,8 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         sft_kw["steps"] = args.sft_steps
     if args.sft_cache:
         sft_kw["cache_dir"] = args.sft_cache
+    if args.sft_stop_accuracy is not None:
+        sft_kw["stop_accuracy"] = args.sft_stop_accuracy
     sft_cfg = SFTConfig(family=family, **sft_kw)
     if model:
         print(f"[{name}] MODEL={model}: RL from it (no cold-start SFT, no held-out evaluation)", flush=True)
@@ -544,6 +546,11 @@ def bad_option(args: argparse.Namespace) -> str | None:
     acc = getattr(args, "min_sft_accuracy", None)
     if acc is not None and not 0.0 <= acc <= 1.0:
         return f"--min-sft-accuracy must be in [0, 1] (got {acc})"
+    stop = getattr(args, "sft_stop_accuracy", None)
+    if stop is not None and not 0.0 < stop <= 1.0:
+        return f"--sft-stop-accuracy must be in (0, 1] (got {stop})"
+    if stop is not None and 0 < getattr(args, "sft_steps", 0) <= 100:
+        return f"--sft-stop-accuracy checks every 100 steps: --sft-steps {args.sft_steps} would run none"
     run_dir = getattr(args, "run_dir", None) or os.environ.get("RUN_DIR")
     if run_dir:
         blocker = _file_on_path(Path(run_dir))
@@ -599,6 +606,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-threads", type=int, default=0, help="torch threads of the SFT (0: torch's default)")
     p.add_argument(
         "--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the family's calibrated count)"
+    )
+    p.add_argument(
+        "--sft-stop-accuracy", type=float, default=None,
+        help="end the cold-start SFT early at the first check (every 100 steps) whose greedy accuracy on 64 dev "
+             "problems reaches this; --sft-steps is then the most steps (default: off)",
     )
     p.add_argument(
         "--sft-cache", default=None,

@@ -152,7 +152,11 @@ def test_sft_config_family_defaults_and_cache_key():
     assert S.SFTConfig(family="shortcot", steps=7).steps == 7
     assert (tool.steps, tool.decay_steps, tool.max_response_tokens, tool.stop_accuracy) == (1000, 0, 128, None)
     # tool use trains a 2-layer model (it leaves the copy plateau earlier); the CoT families the calibrated 4-layer one
-    assert tool.model == TinyModelConfig(num_hidden_layers=2) and S.SFTConfig(family="tooluse", model={}).model == TinyModelConfig()
+    assert tool.model == TinyModelConfig(num_hidden_layers=2)
+    assert S.SFTConfig(model=TinyModelConfig()).model == TinyModelConfig()  # an instance is taken whole
+    # a partial architecture (a dict) goes on top of the family's: still 2 layers
+    assert S.SFTConfig(model={"hidden_size": 64}).model == TinyModelConfig(num_hidden_layers=2, hidden_size=64)
+    assert S.SFTConfig(family="shortcot", model={"hidden_size": 64}).model == TinyModelConfig(hidden_size=64)
     assert short.model == long.model == TinyModelConfig()
     assert S.sft_problem_count(tool) == 4096 and S.sft_problem_count(short) == 4096 // C.COT_DEMOS_PER_PROBLEM
     assert S.key_config(short)["config"]["demos_per_problem"] == C.COT_DEMOS_PER_PROBLEM

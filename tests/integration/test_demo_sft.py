@@ -215,9 +215,31 @@ def test_early_stop_config_and_cache_key():
     assert S.config_hash(on) != S.config_hash(base)
     assert S.config_hash(on.model_copy(update={"check_every": 50})) != S.config_hash(on)
     assert S.config_hash(on.model_copy(update={"n_dev": 32})) != S.config_hash(on)
-    for bad in ({"stop_accuracy": 0.0}, {"stop_accuracy": 1.5}, {"check_every": 0}, {"n_dev": 0},
-                {"stop_accuracy": 0.8, "decay_steps": 100}):
+    for bad in ({"stop_accuracy": 0.0}, {"stop_accuracy": 1.5}, {"stop_accuracy": float("nan")}, {"check_every": 0},
+                {"n_dev": 0}, {"stop_accuracy": 0.8, "decay_steps": 100}):
         with pytest.raises(ValueError):
             S.SFTConfig(**bad)
+    # an early stop that could never check is an error, not a silent no-op
+    with pytest.raises(ValueError, match="no dev check would run"):
+        S.SFTConfig(stop_accuracy=0.5, steps=100)
+    with pytest.raises(ValueError, match="no dev check would run"):
+        S.SFTConfig(stop_accuracy=0.5, steps=1000, check_every=1000)
+    assert S.SFTConfig(stop_accuracy=0.5, steps=101).check_every == 100
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--stop-accuracy", "0.5", "--decay-steps", "10"], "cannot be combined with decay_steps"),
+    (["--stop-accuracy", "0.5", "--steps", "50"], "no dev check would run"),
+    (["--steps", "0"], "steps: Input should be greater than or equal to 1"),
+    (["--stop-accuracy", "2"], "expected 'off' or a number in (0, 1]"),
+    (["--n-dev", "0", "--stop-accuracy", "0.5"], "n_dev: Input should be greater than or equal to 1"),
+])
+def test_sft_cli_rejects_bad_settings_with_a_usage_error(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        S.main(["--out", str(tmp_path), *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # nothing trained
     # off by default (issue 16: with 0.9 on 128 dev problems the default seed never stopped before 1500 steps)
     assert S.SFTConfig().stop_accuracy is None and S.SFTConfig(stop_accuracy=0.85).n_dev == 64

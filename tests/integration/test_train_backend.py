@@ -185,6 +185,9 @@ def test_cpu_run_env_keeps_the_cpu_platform(tmp_path):
         (["--sft-steps", "-5"], "--sft-steps must be >= 0"),
         (["--sft-threads", "-3"], "--sft-threads must be >= 0"),
         (["--min-sft-accuracy", "2"], "--min-sft-accuracy must be in [0, 1]"),
+        (["--sft-stop-accuracy", "0"], "--sft-stop-accuracy must be in (0, 1]"),
+        (["--sft-stop-accuracy", "nan"], "--sft-stop-accuracy must be in (0, 1]"),
+        (["--sft-stop-accuracy", "0.8", "--sft-steps", "100"], "would run none"),
     ],
 )
 def test_out_of_range_options_fail_before_anything_runs(argv, message):

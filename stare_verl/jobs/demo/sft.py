@@ -42,8 +42,8 @@ n_dev=128``, seeds 1 and 2 never stopped (dev checks 28 / 52 % at step 1000, 80 
 greedy 84 / 86.5 % (T = 1.0 71 / 75.5 %); seed 0 (2 threads) never stopped either (dev 85-90 % from step 800 on,
 89.8 % at its best) and ended at 92 % / 84.5 %, but its 14 checks cost 60 s and its 1500 steps 332 s, which breaks
 the first run's 10 minutes. So the default stays at 1000 steps without checks; a machine whose SFT misses the
-check before RL can train longer (``--sft-steps 1500``), or stop early on a lower bar (``python -m
-stare_verl.jobs.demo.sft --steps 1500 --stop-accuracy 0.85``). A machine with another floating-point order (CPU,
+check before RL can train longer (``make train-tooluse ARGS="--sft-steps 1500"``), or stop early on a lower bar
+(``ARGS="--sft-steps 1500 --sft-stop-accuracy 0.85"``; untested as a default). A machine with another floating-point order (CPU,
 thread count, library versions) acts like another seed, which is also why the 4-layer checkpoint of one
 configuration measured 65 % on some machines and 71.5 % on others.
 The measurements below, up to the CoT families, are of the 4-layer model. ``decay_steps``
@@ -63,7 +63,7 @@ A higher constant lr does not bring the drop forward either (issue 16, 700 steps
 runs side by side): lr 3e-3 and 4e-3 both ended on the plateau (loss 0.57 / 0.55, held-out greedy 1.5 %, T = 1.0
 1 % on 200 problems; 0-3 % on 64 problems at every 100 steps).
 
-Measured here (defaults, 4096 demonstrations of 111 tokens on average, 41.5 of them model tokens, 0.84 M
+Measured here (4-layer model, otherwise the defaults, 4096 demonstrations of 111 tokens on average, 41.5 of them model tokens, 0.84 M
 parameters; 2-core machine shared with other jobs, load average 4-17, 1 torch thread): 0.64 steps/s over the
 whole run; greedy accuracy on 64 held-out problems 0 / 3 / 5 / 36 / 47 / 58 / 61 / 70 / 70 % at steps
 200 / 300 / 400 / 500 / 600 / 700 / 800 / 900 / 1000 (loss ~0.5 -> ~0.05 between steps 450 and 650); after
@@ -92,7 +92,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from envs.tiny_hf import TinyModelConfig, build_model, build_tokenizer, load_tokenizer, save_model
 from stare_verl.jobs.demo.demos import FAMILIES, Demo, build_demos, split_problems
@@ -194,9 +194,12 @@ class SFTConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _family_defaults(cls, data: Any) -> Any:
-        """Fill fields the caller left unset with ``FAMILY_DEFAULTS[family]``."""
+        """Fill fields the caller left unset with ``FAMILY_DEFAULTS[family]``; a ``model`` given as a dict is
+        merged over the family's (a ``TinyModelConfig`` instance is taken whole)."""
         if isinstance(data, dict):
             for k, v in FAMILY_DEFAULTS.get(data.get("family", "tooluse"), {}).items():
+                if k == "model" and isinstance(data.get(k), dict):  # a partial architecture: on top of the family's
+                    data = {**data, k: {**v, **data[k]}}
                 data = data if k in data else {**data, k: v}
         return data
 
@@ -206,6 +209,9 @@ class SFTConfig(BaseModel):
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) + decay_steps ({self.decay_steps}) exceed steps ({self.steps})"
             )
+        if self.stop_accuracy is not None and self.check_every >= self.steps:
+            raise ValueError(f"stop_accuracy: no dev check would run (check_every {self.check_every} >= steps "
+                             f"{self.steps}); lower check_every or turn the early stop off")
         if self.decay_steps and self.stop_accuracy is not None:
             raise ValueError("stop_accuracy (an early stop) cannot be combined with decay_steps (a schedule that "
                              "needs the run's end): set one of them")
@@ -369,7 +375,8 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any], 
 
         def __init__(self):
             self.t0 = time.perf_counter()
-            self.eval_s = 0.0
+            self.eval_s = 0.0  # all evaluations along the way (dev checks and eval_every)
+            self.check_s = 0.0  # the dev checks alone
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
@@ -392,7 +399,9 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any], 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             step = int(state.global_step)
             if cfg.stop_accuracy is not None and dev and step % cfg.check_every == 0 and step < cfg.steps:
+                t = time.perf_counter()
                 acc = self._greedy_accuracy(model, dev)
+                self.check_s += time.perf_counter() - t
                 history["checks"].append({"step": step, "dev_greedy_acc": acc})
                 if acc >= cfg.stop_accuracy:
                     history["stopped_at"] = step
@@ -415,7 +424,7 @@ def train_sft(cfg: SFTConfig, out_dir: str | Path) -> dict[str, Any]:
 
     Report keys: ``hash``, ``n_demos``, ``rejected_demos``, ``steps`` (trained), ``max_steps`` (``cfg.steps``),
     ``stopped_at`` (the early stop's step, or None), ``checks`` (the early stop's ``{"step", "dev_greedy_acc"}``),
-    ``train_s`` (without the checks), ``steps_per_s``, ``check_eval_s`` (seconds of the checks along the way),
+    ``train_s`` (without any evaluation along the way), ``steps_per_s``, ``check_eval_s`` (seconds of the dev checks),
     ``loss`` (list of ``[step, loss]``), ``first_loss``, ``final_loss``, ``evals`` (with ``eval_every``),
     ``heldout`` (``{"T=0.0": EvalReport dict, "T=1.0": ...}``), ``data_s``, ``eval_s``.
 
@@ -506,7 +515,7 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
         "checks": history["checks"],
         "train_s": round(train_s, 2),
         "steps_per_s": round(steps / train_s, 3) if train_s > 0 else None,
-        "check_eval_s": round(recorder.eval_s, 2),
+        "check_eval_s": round(recorder.check_s, 2),
         "data_s": round(data_s, 2),
         "eval_s": round(time.perf_counter() - t2, 2),
         "loss": losses,
@@ -558,7 +567,9 @@ def ensure_sft_checkpoint(cfg: SFTConfig | None = None, *, force: bool = False) 
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".sft-{digest}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"[sft] cache miss: training {final} ({cfg.steps} steps)", file=sys.stderr, flush=True)
+    plan = f"{cfg.steps} steps" if cfg.stop_accuracy is None else (
+        f"at most {cfg.steps} steps, early stop at dev greedy accuracy >= {cfg.stop_accuracy}")
+    print(f"[sft] cache miss: training {final} ({plan})", file=sys.stderr, flush=True)
     try:
         train_sft(cfg, tmp)
         if final.exists():
@@ -649,7 +660,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="episode token budget of the held-out evaluation")
     ap.add_argument("--stop-accuracy", default=None, type=_stop_accuracy_arg,
                     help="end early at the first check whose greedy accuracy on the dev split reaches this "
-                         "('off': run all --steps; default: the family's)")
+                         "(default: off; checks every --check-every steps on --n-dev problems; --steps is then the "
+                         "most steps). make train-* take it as ARGS=\"--sft-stop-accuracy X\"")
+    ap.add_argument("--check-every", type=int, default=None, help="steps between the early stop's checks (100)")
+    ap.add_argument("--n-dev", type=int, default=None, help="dev problems of each early-stop check (64)")
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--init-seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=0, help="greedy held-out check every N steps (0: off)")
@@ -659,13 +673,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-accuracy", type=float, default=None)
     a = ap.parse_args(argv)
     given = {k: getattr(a, k) for k in ("steps", "n_train", "n_heldout", "lr", "batch_size", "warmup_steps",
-                                         "decay_steps", "max_response_tokens") if getattr(a, k) is not None}  # fmt: skip
+                                         "decay_steps", "max_response_tokens", "check_every", "n_dev")
+             if getattr(a, k) is not None}  # fmt: skip
     if a.stop_accuracy is not None:
         given["stop_accuracy"] = None if a.stop_accuracy == "off" else a.stop_accuracy
-    cfg = SFTConfig(
-        family=a.family, cache_dir=a.out, data_seed=a.data_seed, init_seed=a.init_seed, eval_every=a.eval_every,
-        num_threads=a.threads, progress=not a.no_progress, **given,
-    )
+    try:
+        cfg = SFTConfig(
+            family=a.family, cache_dir=a.out, data_seed=a.data_seed, init_seed=a.init_seed, eval_every=a.eval_every,
+            num_threads=a.threads, progress=not a.no_progress, **given,
+        )
+    except ValidationError as err:
+        ap.error("; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in err.errors()))
     path = ensure_sft_checkpoint(cfg, force=a.force)
     rep = read_report(path)
     print(f"checkpoint: {path}")
