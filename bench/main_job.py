@@ -65,6 +65,11 @@ def step_breakdown(metrics_path: Path) -> dict[str, float]:
     return out
 
 
+def _accuracies(evals: dict | None, sep: str = " / ") -> str:
+    """``"<key> <accuracy>"`` of each evaluation in ``evals`` (``{"T=0": {"accuracy": ..}, ...}``), joined."""
+    return sep.join(f"{k} {v['accuracy']:.3f}" for k, v in (evals or {}).items() if isinstance(v, dict))
+
+
 def sft_line(sft_dir: Path) -> str:
     """The SFT's steps (and early stop), speed and held-out accuracy, from its ``sft_report.json``."""
     try:
@@ -73,10 +78,8 @@ def sft_line(sft_dir: Path) -> str:
         return f"(no SFT report: {err})"
     stop = f", early stop at {rep['stopped_at']} of {rep['max_steps']}" if rep.get("stopped_at") else ""
     checks = f", dev checks {rep['check_eval_s']:.0f} s" if rep.get("checks") else ""
-    held = rep.get("heldout", {})
-    accs = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in held.items())
     return (f"{rep['steps']} steps{stop}, {rep['steps_per_s']} steps/s, training {rep['train_s']:.0f} s{checks}; "
-            f"held-out {accs}")
+            f"held-out {_accuracies(rep.get('heldout'), ', ')}")
 
 
 def report(label: str, summary: dict, run_dir: Path) -> str:
@@ -93,11 +96,9 @@ def report(label: str, summary: dict, run_dir: Path) -> str:
         lines.append(f"    {steps['n_steps']} steps                  {steps['steps_total']:7.1f} s")
     parts = ", ".join(f"{k} {steps[k]:.2f}" for k in STEP_KEYS if k in steps and k != "step")
     lines.append(f"  median RL step {steps.get('step', float('nan')):.2f} s ({parts})")
-    def accs(ev):
-        return " / ".join(f"{k} {v['accuracy']:.3f}" for k, v in (ev or {}).items() if isinstance(v, dict))
-
     if summary.get("eval_before") or summary.get("eval_after"):
-        before, after = accs(summary.get("eval_before")) or "-", accs(summary.get("eval_after")) or "-"
+        before = _accuracies(summary.get("eval_before")) or "-"
+        after = _accuracies(summary.get("eval_after")) or "-"
         lines.append(f"  held-out before RL {before}; after {after}")
     rest = summary["total_s"] - sum(phases.values())
     lines.append(f"  other (start, data, plots) {rest:7.1f} s")

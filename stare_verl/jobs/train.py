@@ -549,8 +549,12 @@ def bad_option(args: argparse.Namespace) -> str | None:
     stop = getattr(args, "sft_stop_accuracy", None)
     if stop is not None and not 0.0 < stop <= 1.0:
         return f"--sft-stop-accuracy must be in (0, 1] (got {stop})"
-    if stop is not None and 0 < getattr(args, "sft_steps", 0) <= 100:
-        return f"--sft-stop-accuracy checks every 100 steps: --sft-steps {args.sft_steps} would run none"
+    if stop is not None and getattr(args, "sft_steps", 0) > 0:
+        from stare_verl.jobs.demo.sft import SFTConfig
+
+        every = SFTConfig.model_fields["check_every"].default
+        if args.sft_steps <= every:
+            return f"--sft-stop-accuracy checks every {every} steps: --sft-steps {args.sft_steps} would run none"
     run_dir = getattr(args, "run_dir", None) or os.environ.get("RUN_DIR")
     if run_dir:
         blocker = _file_on_path(Path(run_dir))

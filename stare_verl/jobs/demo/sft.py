@@ -384,7 +384,8 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any], 
             if logs and "learning_rate" in logs:
                 history["lr"].append((int(state.global_step), float(logs["learning_rate"])))
 
-        def _greedy_accuracy(self, model, problems) -> float:
+        def _greedy_accuracy(self, model, problems) -> tuple[float, float]:
+            """Greedy accuracy on ``problems`` and the seconds it took (also added to ``eval_s``)."""
             from stare_verl.jobs.demo.evaluate import evaluate_model
 
             t = time.perf_counter()
@@ -393,15 +394,15 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any], 
             res = evaluate_model(model, tokenizer, problems, (0.0,), max_response_tokens=cfg.max_response_tokens,
                                  family=cfg.family)
             model.train(was_training)
-            self.eval_s += time.perf_counter() - t
-            return res[0.0][0].accuracy
+            seconds = time.perf_counter() - t
+            self.eval_s += seconds
+            return res[0.0][0].accuracy, seconds
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             step = int(state.global_step)
             if cfg.stop_accuracy is not None and dev and step % cfg.check_every == 0 and step < cfg.steps:
-                t = time.perf_counter()
-                acc = self._greedy_accuracy(model, dev)
-                self.check_s += time.perf_counter() - t
+                acc, seconds = self._greedy_accuracy(model, dev)
+                self.check_s += seconds
                 history["checks"].append({"step": step, "dev_greedy_acc": acc})
                 if acc >= cfg.stop_accuracy:
                     history["stopped_at"] = step
@@ -410,7 +411,7 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any], 
                           f"{cfg.stop_accuracy}: early stop", file=sys.stderr, flush=True)
             stopping = bool(control.should_training_stop)
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps or stopping) and model is not None:
-                acc = self._greedy_accuracy(model, heldout[: cfg.eval_every_n])
+                acc, _ = self._greedy_accuracy(model, heldout[: cfg.eval_every_n])
                 train_s = time.perf_counter() - self.t0 - self.eval_s
                 history["evals"].append({"step": step, "greedy_acc": acc, "train_s": round(train_s, 1)})
                 print(f"[sft] step {step}: greedy held-out accuracy {acc:.3f} ({cfg.eval_every_n} problems, "
