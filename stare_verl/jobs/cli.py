@@ -84,6 +84,9 @@ DELEGATED = {
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stare-verl`` script; returns the exit status."""
+    from stare_verl.jobs.procs import interrupt_on_termination
+
+    interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal: one clean-up
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in DELEGATED:
         import importlib

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     from stare_verl.jobs.train import GPU_RECIPES, bad_option, train_cpu
     from stare_verl.jobs.train import build_parser as train_parser
 
-    interrupt_on_termination()  # kill / timeout / a closed terminal stop the current run as Ctrl-C does
+    interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal stop the current run
 
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse", help="the CPU default task")

@@ -114,8 +114,9 @@ def leftover_processes(tag: str, prefix: bool = False, grace_s: float = 0.0) -> 
     return describe(pids)
 
 
-TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-"""Signals a driver treats as Ctrl-C: ``kill``, ``timeout``, a job scheduler, a closed terminal or ssh session."""
+TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals a driver treats as Ctrl-C: Ctrl-C itself (and ``kill -INT``), ``kill``, ``timeout``, a job scheduler, a
+closed terminal or ssh session."""
 
 
 def _raise_interrupt(signum, frame):
@@ -123,9 +124,18 @@ def _raise_interrupt(signum, frame):
 
 
 def interrupt_on_termination() -> None:
-    """Make SIGTERM and SIGHUP raise ``KeyboardInterrupt`` in this (main-thread) driver, so that they run the same
-    clean-up as Ctrl-C: ``main_ppo``'s process group and every process tagged with the run's tag are stopped.
-    Without this the driver dies at once and the run's Ray cluster keeps training, detached (``main_ppo`` runs in
-    its own session)."""
+    """Make SIGINT, SIGTERM and SIGHUP raise ``KeyboardInterrupt`` in this (main-thread) driver, so that all three run
+    the same clean-up as Ctrl-C: ``main_ppo``'s process group and every process tagged with the run's tag are
+    stopped (``run_main_ppo``: SIGTERM, then SIGKILL after 20 s, then every tagged process).
+
+    SIGINT is installed explicitly, whatever the inherited disposition: a job started with ``&`` from a
+    non-interactive shell (nohup, CI runners, ``make ... &``) inherits SIGINT as *ignored*, and Python keeps an
+    ignored SIGINT ignored, so without this a Ctrl-C or ``kill -INT`` of such a driver did nothing while
+    ``main_ppo`` trained on. Without the SIGTERM/SIGHUP handlers the driver dies at once and the run's Ray cluster
+    keeps training, detached (``main_ppo`` runs in its own session).
+
+    Raises:
+        ValueError: called outside the main thread (Python installs signal handlers only there).
+    """
     for sig in TERMINATION_SIGNALS:
         signal.signal(sig, _raise_interrupt)

@@ -448,6 +448,9 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI (module docstring). Returns the exit status."""
+    from stare_verl.jobs.procs import interrupt_on_termination
+
+    interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal end torchrun too
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m stare_verl.jobs.sft", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -626,8 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point (``python -m stare_verl.jobs.train``); returns the exit status."""
+    interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, timeout, a closed terminal: one clean-up
     args = build_parser().parse_args(argv)
-    interrupt_on_termination()  # kill / timeout / a closed terminal clean up as Ctrl-C does
     probe = probe_gpu()
     backend = choose_backend(probe, force_cpu=args.cpu)
     warning = probe.idle_gpu_warning()

@@ -76,13 +76,21 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _ignore_sigint():
+    """What a shell does to a job started with ``&`` without job control (nohup, CI runners, ``make ... &``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_terminated_driver_stops_main_ppo_as_ctrl_c_does(tmp_path, sig):
+def test_a_terminated_driver_stops_main_ppo_as_ctrl_c_does(tmp_path, sig, inherited):
     """kill / timeout / a closed terminal (SIGTERM, SIGHUP) stop the run's processes as Ctrl-C (SIGINT) does,
-    instead of leaving main_ppo (its own session) training detached."""
+    instead of leaving main_ppo (its own session) training detached; also when the driver inherited SIGINT as
+    ignored (a background job of a non-interactive shell), where Python alone would keep ignoring Ctrl-C."""
     tag = f"test-{uuid.uuid4().hex[:8]}"
     driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tmp_path), tag], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+                              stderr=subprocess.DEVNULL, text=True,
+                              preexec_fn=_ignore_sigint if inherited == "ignored" else None)  # fmt: skip
     try:
         deadline = time.time() + 120
         while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
@@ -101,3 +109,50 @@ def test_a_terminated_driver_stops_main_ppo_as_ctrl_c_does(tmp_path, sig):
         if driver.poll() is None:
             driver.kill()
         kill_tagged(tag)
+
+
+# Each driver's entry point, with its long-running work replaced by a stand-in that reports the SIGINT disposition
+# it runs under and then waits: the entry point itself must have installed the handler.
+_ENTRY = """
+import signal, sys, time
+def work(*a, **k):
+    print("ready", signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.SIG_DFL), flush=True)
+    time.sleep(120)
+    return 0
+which = sys.argv[1]
+if which in ("train", "compare"):
+    from stare_verl.jobs import train
+    train.train_cpu = work
+    if which == "train":
+        sys.exit(train.main(["--cpu"]))
+    from stare_verl.jobs import compare
+    compare.run_stats = lambda *a, **k: {}
+    sys.exit(compare.main(["--family", "shortcot", "--seeds", "0", "--out", sys.argv[2]]))
+if which == "sft":
+    from stare_verl.jobs import sft
+    sft._train = work
+    sys.exit(sft.main(["train", "--device", "cpu"]))
+if which == "eval":
+    from stare_verl.jobs.evaluation import cli
+    cli.run = work
+    sys.exit(cli.main([]))
+if which == "stare-verl":
+    from stare_verl.jobs import cli, train
+    train.train_cpu = work
+    sys.exit(cli.main(["train", "--cpu"]))
+"""
+
+
+@pytest.mark.parametrize("entry", ["train", "compare", "sft", "eval", "stare-verl"])
+def test_every_driver_turns_an_inherited_ignored_sigint_into_an_interrupt(tmp_path, entry):
+    """train, compare, sft, eval (and the stare-verl script) started with SIGINT ignored still stop on SIGINT."""
+    proc = subprocess.Popen([sys.executable, "-c", _ENTRY, entry, str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_ignore_sigint)  # fmt: skip
+    try:
+        assert proc.stdout.readline().split() == ["ready", "True"]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -327,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m stare_verl.jobs.demo.evaluate CKPT [--n N] [--data-seed S --n-heldout M]``: print the reports."""
     import argparse
 
+    from stare_verl.jobs.procs import interrupt_on_termination
+
+    interrupt_on_termination()
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("checkpoint")
     ap.add_argument("--n", type=int, default=None)

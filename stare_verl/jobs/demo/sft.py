@@ -646,6 +646,9 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
+    from stare_verl.jobs.procs import interrupt_on_termination
+
+    interrupt_on_termination()
     ap = argparse.ArgumentParser(description="Cold-start SFT of the tiny model of a CPU family (cached by config).")
     ap.add_argument("--family", choices=FAMILIES, default="tooluse")
     ap.add_argument("--out", default=None, help="cache directory (default $STARE_CACHE_DIR or runs/cache)")

@@ -240,4 +240,7 @@ def run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse ``argv`` and :func:`run`; returns the exit status."""
+    from stare_verl.jobs.procs import interrupt_on_termination
+
+    interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal: keep what was answered
     return run(build_parser().parse_args(argv))
