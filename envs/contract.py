@@ -4,9 +4,10 @@
   ``actor_rollout_ref.rollout.agent.default_agent_loop`` of a recipe); registered by ``envs.plugin``.
 - ``MODEL_TEXT_KEY``: the ``extra_info`` key under which the agent loop hands the model-generated text
   (response_mask == 1 tokens, tool calls removed) to the reward.
-- ``FAMILIES``: the environment families as the data and the reward spell them (``extra_info["family"]``,
-  ``reward_kwargs.family``); ``JOB_FAMILIES`` maps the job spelling (``--family``, recipe and run-folder
-  names: ``tooluse``, ``shortcot``, ``longcot``) to them.
+- ``FAMILIES``: the built-in environment families as the data and the reward spell them (``extra_info["family"]``,
+  ``reward_kwargs.family``); each is described by an ``envs.family.EnvFamily`` (``envs.cot``, ``envs.tool_use``),
+  and the jobs' own spelling (``--family``, recipe and run-folder names: ``tooluse``, ``shortcot``, ``longcot``)
+  by a ``stare_verl.jobs.families.JobFamily`` that names its environment family.
 - ``END_OF_TURN_TOKENS``: token strings that end a model turn besides the tokenizer's EOS (a base model's
   tokenizer may name ``<|endoftext|>`` as EOS while its chat template ends turns with ``<|im_end|>``); the
   agent loop stops a turn and the reward manager decides "EOS hit" on them.
@@ -18,7 +19,6 @@ __all__ = [
     "AGENT_NAME",
     "END_OF_TURN_TOKENS",
     "FAMILIES",
-    "JOB_FAMILIES",
     "LONG_COT",
     "MODEL_TEXT_KEY",
     "SHORT_COT",
@@ -32,9 +32,6 @@ SHORT_COT = "short_cot"
 LONG_COT = "long_cot"
 TOOL_USE = "tool_use"
 FAMILIES = (SHORT_COT, LONG_COT, TOOL_USE)
-
-# job spelling -> data/reward spelling, in the order the jobs list them (tool use is their default)
-JOB_FAMILIES = {"tooluse": TOOL_USE, "shortcot": SHORT_COT, "longcot": LONG_COT}
 
 END_OF_TURN_TOKENS = (
     "<|im_end|>",

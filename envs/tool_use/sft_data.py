@@ -24,7 +24,7 @@ Sources:
   final answer is in ``<answer>...</answer>``. Each code block becomes a ``code_interpreter`` call, each
   interpreter block a ``tool`` message. Broken rows are rejected with a reason (never an exception).
 - :func:`conversation_from_demo`: one programmatic demonstration (question, code, the sandbox's real output,
-  answer), e.g. ``stare_verl.jobs.demo.demos.Demo``.
+  answer), e.g. ``stare_verl.jobs.families.tooluse.Demo``.
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ same rows ``envs.datasets`` writes for ``--family tool_use`` plus ``agent_name``
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
 import re
 import sys
@@ -89,15 +88,19 @@ TOOL_STAT_KEYS: dict[str, Any] = {
 # ----------------------------------------------------------------------------------------------- rows
 
 
-def to_tool_use_row(row: Mapping[str, Any], create_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Make a verl row a tool-use row: ``agent_name``, ``extra_info.tools_kwargs``, ``family: tool_use``,
-    and ``TOOL_USE_SYSTEM`` as the system message (replacing any other).
+def to_tool_use_row(
+    row: Mapping[str, Any], create_kwargs: Mapping[str, Any] | None = None, system: str | None = TOOL_USE_SYSTEM
+) -> dict[str, Any]:
+    """Make a verl row a tool-use row (``envs.tool_use.TOOL_USE_FAMILY.make_row``): ``agent_name``,
+    ``extra_info.tools_kwargs``, ``family: tool_use``, and ``system`` (default ``TOOL_USE_SYSTEM``; None: none) as
+    the system message (replacing any other).
 
     Args:
         row: an ``envs.datasets`` row (``prompt``, ``reward_model``, ``extra_info``, ...).
         create_kwargs: passed to the tool's ``create`` for this row (``tools_kwargs[tool]["create_kwargs"]``);
             default ``{"data_source": <row data_source>}`` (informational: ``code_interpreter`` takes no
             per-row options; parquet cannot store an empty struct).
+        system: the system message (None: the prompt without one, e.g. the CPU demo's rows).
 
     Returns:
         a new row (the input is not changed).
@@ -105,21 +108,9 @@ def to_tool_use_row(row: Mapping[str, Any], create_kwargs: Mapping[str, Any] | N
     Raises:
         ValueError: the row has no user message.
     """
-    out = copy.deepcopy(dict(row))
-    msgs = [m for m in out.get("prompt", []) if m.get("role") != "system"]
-    if not any(m.get("role") == "user" for m in msgs):
-        raise ValueError("a tool-use row needs a user message in its prompt")
-    out["prompt"] = [{"role": "system", "content": TOOL_USE_SYSTEM}, *msgs]
-    out["agent_name"] = AGENT_NAME
-    info = dict(out.get("extra_info") or {})
-    info["family"] = TOOL_USE
-    kwargs = (
-        dict(create_kwargs) if create_kwargs is not None else {"data_source": str(out.get("data_source", ""))}
-    )
-    info["tools_kwargs"] = {TOOL_NAME: {"create_kwargs": kwargs}}
-    info["need_tools_kwargs"] = True
-    out["extra_info"] = info
-    return out
+    from envs.tool_use import TOOL_USE_FAMILY
+
+    return TOOL_USE_FAMILY.make_row(row, system=system, create_kwargs=create_kwargs)
 
 
 def build_offline_tool_use(

@@ -18,14 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
 from stare_verl.jobs.runlog import RunFolder, step_axis
 
-# Default RL steps of a comparison per family (shortcot: the 3-seed STARE-effect comparison of the README; the
-# entropy of GRPO-ds and STARE separate only after ~50 steps).
-COMPARE_STEPS = {"shortcot": 100}
-# Default seeds per family (else 0 1 2): short CoT's 100-step runs take 7-9.6 minutes each on 2 cores, so two
-# seeds per method fit the comparison's 40 minutes (33 measured) and three take 47.
-COMPARE_SEEDS = {"shortcot": [0, 1]}
+# The defaults of a comparison per family (RL steps per run, seeds per method, output folder) are the family's
+# (stare_verl.jobs.families.JobFamily: compare_steps, compare_seeds, compare_dir; short CoT: 100 steps, seeds 0 1).
 
 
 def run_stats(run_dir: Path) -> dict[str, Any]:
@@ -77,7 +74,7 @@ def _fmt_mean_sd(xs: list[float | None]) -> str:
     return f"{statistics.fmean(xs):.4f}" + (f" ± {statistics.stdev(xs):.4f}" if len(xs) > 1 else "")
 
 
-def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tooluse") -> str:
+def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = DEFAULT_FAMILY) -> str:
     """Write table.md, table.json, entropy_overlay.png and (when the runs logged it) cov_overlay.png, the
     reweighted Cov(log pi, A) per run (titled with ``family``); returns the markdown table."""
     import matplotlib
@@ -177,13 +174,13 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = "tool
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status."""
     from stare_verl.jobs.procs import interrupt_on_termination
-    from stare_verl.jobs.train import GPU_RECIPES, bad_option, train_cpu
+    from stare_verl.jobs.train import bad_option, train_cpu
     from stare_verl.jobs.train import build_parser as train_parser
 
     interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal stop the current run
 
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse", help="the CPU default task")
+    p.add_argument("--family", choices=sorted(job_family_names()), default=DEFAULT_FAMILY, help="the CPU default task")
     p.add_argument(
         "--seeds",
         type=int,
@@ -209,13 +206,14 @@ def main(argv: list[str] | None = None) -> int:
         "overrides", nargs="*", default=[], help="Hydra overrides for every run (the GRPO-ds runs keep W = M = 1)"
     )
     args = p.parse_args(argv)
+    fam = job_family(args.family)
     if args.steps is None:
-        args.steps = COMPARE_STEPS.get(args.family, 30)
+        args.steps = fam.compare_steps
     # a seed given twice would be one run counted twice in the table's mean and sd
     args.seeds = list(
-        dict.fromkeys(COMPARE_SEEDS.get(args.family, [0, 1, 2]) if args.seeds is None else args.seeds)
+        dict.fromkeys(list(fam.compare_seeds) if args.seeds is None else args.seeds)
     )
-    default_out = Path("runs") / ("compare" if args.family == "tooluse" else f"compare-{args.family}")
+    default_out = Path("runs") / fam.compare_dir
     out = Path(args.out or default_out).resolve()
 
     def run_args(method: str, seed: int, run_dir: Path) -> argparse.Namespace:

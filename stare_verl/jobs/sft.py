@@ -4,7 +4,7 @@ Two subcommands::
 
     python -m stare_verl.jobs.sft data [--out data/sft] [--demos 512] [--retool] [--retool-file F] [--n-val 64]
         writes tooluse_train.parquet / tooluse_val.parquet (``envs.tool_use.sft_data`` rows: messages + tools) from
-        programmatic demonstrations (real sandbox output, ``stare_verl.jobs.demo.demos``) and, with --retool, the
+        programmatic demonstrations (real sandbox output, ``stare_verl.jobs.families.tooluse``) and, with --retool, the
         public ReTool-SFT set (Hugging Face, or a local copy with --retool-file); rejected rows are counted.
 
     python -m stare_verl.jobs.sft train [--nproc N] [--model PATH] [--recipe NAME] [--dry-run] [key=value ...]
@@ -400,7 +400,8 @@ def build_sft_data(
     rows: list[dict[str, Any]] = []
     counts: dict[str, Any] = {}
     if n_demos > 0:
-        from stare_verl.jobs.demo.demos import build_demos, sample_problems
+        from stare_verl.jobs.families.problems import sample_problems
+        from stare_verl.jobs.families.tooluse import build_demos
 
         demos, wrong = build_demos(sample_problems(n_demos, demo_seed))
         kept = 0

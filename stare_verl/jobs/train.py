@@ -39,17 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
+from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, interrupt_on_termination, kill_tagged
 from stare_verl.jobs.runlog import RunFolder
 from stare_verl.recipe_files import recipes_dir
 
-# Held-out greedy accuracy the cold-start SFT checkpoint needs before RL (default of --min-sft-accuracy).
-MIN_SFT_ACCURACY = {"tooluse": 0.5, "shortcot": 0.4, "longcot": 0.4}
-GPU_RECIPES = {
-    "tooluse": "tooluse_qwen2.5-7b-sft",
-    "shortcot": "shortcot_qwen2.5-math-7b",
-    "longcot": "longcot_r1-distill-qwen-1.5b",
-}
+# Per family (stare_verl.jobs.families.JobFamily): the held-out greedy accuracy the cold-start SFT checkpoint needs
+# before RL (min_sft_accuracy, the default of --min-sft-accuracy), the CPU and GPU recipes (cpu_recipe, gpu_recipe),
+# whether --max-turns applies (multi_turn).
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -155,7 +152,7 @@ def _evaluate(path: Path, sft_cfg, n: int, max_turns: int, samples: int = 1) -> 
     from stare_verl.jobs.demo.evaluate import evaluate_checkpoint
 
     kw: dict[str, Any] = {"family": sft_cfg.family, "samples": samples}
-    if sft_cfg.family == "tooluse":
+    if job_family(sft_cfg.family).multi_turn:
         kw["max_assistant_turns"] = max_turns
 
     reports = evaluate_checkpoint(path, n=n, data_seed=sft_cfg.data_seed, n_heldout=sft_cfg.n_heldout, **kw)
@@ -166,7 +163,7 @@ def _evaluate_sft(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: int =
     """:func:`_evaluate` of the cached SFT checkpoint, itself cached next to it (``eval_n<n>_turns<t>.json``):
     every run from that checkpoint shares one held-out evaluation before RL (greedy and T = 1 sampling with a
     fixed seed, so a rerun would give the same numbers). Written atomically, as runs may share the cache."""
-    turns = max_turns if sft_cfg.family == "tooluse" else 1
+    turns = job_family(sft_cfg.family).eval_turns(max_turns)
     cached = sft_dir / (f"eval_n{n}_turns{turns}" + (f"_k{samples}" if samples > 1 else "") + ".json")
     if cached.is_file():
         try:
@@ -191,7 +188,7 @@ def _sft_report_eval(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: in
 
     if samples != 1 or n != sft_cfg.n_heldout:
         return None
-    if sft_cfg.family == "tooluse" and max_turns != DEFAULT_MAX_ASSISTANT_TURNS:
+    if job_family(sft_cfg.family).multi_turn and max_turns != DEFAULT_MAX_ASSISTANT_TURNS:
         return None
     try:
         heldout = read_report(sft_dir)["heldout"]
@@ -239,7 +236,8 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
 
     backend = backend or choose_backend(probe_gpu(), force_cpu=True)
     model = os.environ.get("MODEL") if backend.path == "gpu-hf" else None
-    family = getattr(args, "family", "tooluse")
+    family = getattr(args, "family", DEFAULT_FAMILY)
+    fam = job_family(family)
     name = f"train-{family}"
     # a GPU run (and each MODEL) gets a folder of its own: never resumed from, or answered by, the CPU run's
     where = "" if backend.path == "cpu" else "-gpu" + (f"-{Path(model).name}" if model else "")
@@ -256,7 +254,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     t0 = time.time()
     what = "CPU default" if backend.path == "cpu" else f"GPU ({backend.path}: no SGLang installed)"
     print(f"[{name}] {what}, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
-    recipe = f"{family}_tiny_{args.method}"
+    recipe = f"{fam.cpu_recipe}_{args.method}"
     # verl's import-time warnings (optional engines, the accelerator probe) go to train.log, not the console
     noise = tempfile.TemporaryFile()
     try:  # a bad override fails now, not after the SFT and the held-out evaluation
@@ -308,7 +306,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     with _timed(phases, "sft"):
         sft_dir = ensure_sft_checkpoint(sft_cfg)
     sft_acc = read_report(sft_dir)["heldout"]["T=0.0"]["accuracy"]
-    min_acc = MIN_SFT_ACCURACY[family] if args.min_sft_accuracy is None else args.min_sft_accuracy
+    min_acc = fam.min_sft_accuracy if args.min_sft_accuracy is None else args.min_sft_accuracy
     if sft_acc < min_acc:
         print(
             f"error: the cold-start SFT checkpoint {sft_dir} has held-out greedy accuracy {sft_acc:.3f} < "
@@ -351,7 +349,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         f"trainer.save_freq={args.save_freq or args.steps}",
         *(
             [f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}"]
-            if family == "tooluse"
+            if job_family(family).multi_turn
             else []
         ),
         f"data.seed={args.seed}",
@@ -491,7 +489,11 @@ def train_gpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     if bad or err:
         print(f"error: {bad or err}", file=sys.stderr)
         return 2
-    recipe = f"{GPU_RECIPES[args.family]}_{args.method}"
+    fam = job_family(args.family)
+    if fam.gpu_recipe is None:
+        print(f"error: family {args.family} has no GPU recipe; run it on the CPU (--cpu)", file=sys.stderr)
+        return 2
+    recipe = f"{fam.gpu_recipe}_{args.method}"
     run = RunFolder(Path(
         args.run_dir or os.environ.get("RUN_DIR") or Path("runs") / f"{args.family}-{args.method}-seed{args.seed}-sglang"
     ).resolve())  # fmt: skip
@@ -502,8 +504,7 @@ def train_gpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     ]  # fmt: skip
     backend = dataclasses.replace(
         backend or choose_backend(probe_gpu()),
-        sandbox=sandbox_backend(recipes_dir() / "tool_use" / "tool_config.yaml") if args.family == "tooluse"
-        else "none",
+        sandbox=sandbox_backend(recipes_dir() / fam.tool_config) if fam.tool_config else "none",
     )  # fmt: skip
     name = f"train-{args.family}"
     print(f"[{name}] GPU recipe {recipe}: {backend.line()}; run folder {run.path}", flush=True)
@@ -583,7 +584,7 @@ def _file_on_path(path: Path) -> Path | None:
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``stare-verl train``."""
     p = argparse.ArgumentParser(prog="stare-verl train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", choices=sorted(GPU_RECIPES), default="tooluse")
+    p.add_argument("--family", choices=sorted(job_family_names()), default=DEFAULT_FAMILY)
     p.add_argument(
         "--method", choices=["stare", "grpo"], default="stare", help="grpo: the GRPO-ds twin (W = M = 1)"
     )

@@ -14,6 +14,7 @@ from envs.tiny_hf import TinyModelConfig, build_tokenizer
 from stare_verl.jobs.demo import cot as C
 from stare_verl.jobs.demo import demos as D
 from stare_verl.jobs.demo import sft as S
+from stare_verl.jobs.families import job_family
 
 FAMILIES = ("shortcot", "longcot")
 
@@ -88,7 +89,7 @@ def test_demos_score_one_under_their_family_and_vary_the_order(splits, family):
     problems = splits["sft_train"]
     demos, rejected = C.build_cot_demos(problems, family, seed=1, per_problem=4)
     assert rejected == [] and len(demos) == 4 * len(problems)
-    fam = D.REWARD_FAMILY[family]
+    fam = job_family(family).env
     for d in demos:
         res = compute_score(
             data_source=d.problem.data_source,
@@ -148,7 +149,7 @@ def test_sft_config_family_defaults_and_cache_key():
     assert "family" not in S.key_config(tool)["config"]  # tool-use keys predate the field
     short, long = S.SFTConfig(family="shortcot"), S.SFTConfig(family="longcot")
     assert len({S.config_hash(tool), S.config_hash(short), S.config_hash(long)}) == 3
-    assert (short.steps, short.max_response_tokens) == (S.FAMILY_DEFAULTS["shortcot"]["steps"], 48)
+    assert (short.steps, short.max_response_tokens) == (job_family("shortcot").sft_defaults["steps"], 48)
     assert S.SFTConfig(family="shortcot", steps=7).steps == 7
     assert (tool.steps, tool.decay_steps, tool.max_response_tokens, tool.stop_accuracy) == (1000, 0, 128, None)
     # tool use trains a 2-layer model (it leaves the copy plateau earlier); the CoT families the calibrated 4-layer one
@@ -203,7 +204,7 @@ def test_rl_rows_use_verls_single_turn_agent_and_our_family(tmp_path, family):
     assert len(train) == 12 and len(val) == 6
     for df in (train, val):
         assert set(df["agent_name"]) == {"single_turn_agent"}
-        assert {e["family"] for e in df["extra_info"]} == {D.REWARD_FAMILY[family]}
+        assert {e["family"] for e in df["extra_info"]} == {job_family(family).env}
         assert all("tools_kwargs" not in e for e in df["extra_info"])
         assert all(len(p) == 1 and p[0]["role"] == "user" for p in df["prompt"])
     sp = D.split_problems(48, 24, 5, n_rl=12, family=family)
@@ -230,9 +231,9 @@ def test_cpu_recipes_compose_validate_and_differ_only_in_reweighting(family, mon
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
     assert cfg.reward.custom_reward_function.path == "pkg://envs.reward"
     kw = cfg.reward.custom_reward_function.reward_kwargs
-    assert kw.family == D.REWARD_FAMILY[family] and kw.max_response_length == cfg.data.max_response_length
+    assert kw.family == job_family(family).env and kw.max_response_length == cfg.data.max_response_length
     assert cfg.reward.reward_manager.name == "MathRewardManager"
-    assert cfg.data.max_response_length == S.FAMILY_DEFAULTS[family]["max_response_tokens"]
+    assert cfg.data.max_response_length == job_family(family).sft_defaults["max_response_tokens"]
     grpo = validate_recipe(compose_recipe(f"{family}_tiny_grpo", fill, cpu))
     assert (grpo.reweight_w, grpo.reweight_m) == (1.0, 1.0)
     twin = compose_recipe(f"{family}_tiny_stare", fill, cpu, resolve=False)

@@ -146,10 +146,11 @@ def test_multiturn_sft_parquet_loads_in_verls_sft_dataset(demos_tok, tmp_path):
     """The same demonstrations in verl's MultiTurnSFTDataset layout (for verl's own SFT trainer)."""
     from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 
-    from stare_verl.jobs.demo.demos import write_sft_parquet
+    from envs.tool_use.sft_data import sft_row, write_sft_parquet
 
     demos, tok = demos_tok
-    data = MultiTurnSFTDataset(str(write_sft_parquet(demos[:3], tmp_path / "sft.parquet")), tok, {"max_length": 256})
+    rows = [sft_row(d.messages(), d.problem.data_source) for d in demos[:3]]  # envs.tool_use's writer, one path
+    data = MultiTurnSFTDataset(str(write_sft_parquet(rows, tmp_path / "sft.parquet")), tok, {"max_length": 256})
     assert len(data) == 3
     nl = tok.encode("\n", add_special_tokens=False)
     for i, d in enumerate(demos[:3]):

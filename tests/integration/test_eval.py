@@ -438,8 +438,9 @@ def test_run_data_is_taken_from_the_checkpoints_run_folder_only(tmp_path):
 
 @pytest.mark.parametrize("family", ["shortcot", "longcot"])
 def test_cot_sft_checkpoint_is_evaluated_as_its_family(tmp_path, capsys, family):
-    from stare_verl.jobs.demo.demos import REWARD_FAMILY, heldout_problems
+    from stare_verl.jobs.demo.demos import heldout_problems
     from stare_verl.jobs.evaluation.local import demo_family, heldout_data_for_sft
+    from stare_verl.jobs.families import job_family
     from stare_verl.jobs.tiny import build_tiny_model
 
     ck = Path(build_tiny_model(tmp_path / "sft-cot"))
@@ -448,7 +449,7 @@ def test_cot_sft_checkpoint_is_evaluated_as_its_family(tmp_path, capsys, family)
     probs = load_problems(data)
     expected = heldout_problems(3, 2, family=family)
     assert [p.ground_truth for p in probs] == [e.answer for e in expected]
-    assert all(not p.tool_use and p.extra_info["family"] == REWARD_FAMILY[family] for p in probs)
+    assert all(not p.tool_use and p.extra_info["family"] == job_family(family).env for p in probs)
     assert {demo_family(p) for p in probs} == {family}
     args = ["--checkpoint", str(ck), "--data", str(data), "--k", "2", "--max-tokens", "16", "--no-progress",
             "--out", str(tmp_path / "out")]

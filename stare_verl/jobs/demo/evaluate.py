@@ -34,15 +34,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stare_verl.jobs.demo.demos import (
-    DATA_SOURCE_PREFIX,
-    REWARD_FAMILY,
-    TOOL_NAME,
-    Problem,
-    heldout_problems,
-)
+from envs.tools.schema import TOOL_NAME
 from stare_verl.jobs.evaluation.engine import TokenPolicy
 from stare_verl.jobs.evaluation.episode import EvalProblem, EvalRecord
+from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
+from stare_verl.jobs.families.problems import DATA_SOURCE_PREFIX, Problem, heldout_problems
 
 __all__ = [
     "EvalReport",
@@ -142,11 +138,12 @@ def sandbox_tool(timeout_s: float) -> Any:
 
 def heldout_problem(p: Problem, position: int, family: str) -> EvalProblem:
     """Held-out problem ``p`` as the driver's row: the question alone as the prompt, the family's reward
-    options, ``problem_id`` ``<data_source>/<position>``; tool use for ``tooluse``."""
+    options, ``problem_id`` ``<data_source>/<position>``; the tool loop when the family's episodes use a tool."""
+    env = job_family(family).env_family
     return EvalProblem(
         index=position, problem_id=f"{p.data_source}/{position}", data_source=p.data_source,
         prompt=[{"role": "user", "content": p.question}], ground_truth=p.answer,
-        extra_info={"family": REWARD_FAMILY[family], "task": p.task}, tool_use=family == "tooluse",
+        extra_info={"family": env.name, "task": p.task}, tool_use=env.tool_use,
     )
 
 
@@ -165,7 +162,7 @@ async def run_episodes(
     max_response_tokens: int = 128,
     max_tool_response_chars: int = 256,
     tool_timeout_s: float = 5.0,
-    family: str = "tooluse",
+    family: str = DEFAULT_FAMILY,
     max_parallel_calls: int = 1,
     tool_response_truncate_side: str = "middle",
 ) -> list[EvalRecord]:
@@ -188,8 +185,8 @@ async def run_episodes(
             5 s more).
         max_parallel_calls: calls run per turn (verl's ``multi_turn.max_parallel_calls``, 1 as in training);
             later ones are answered with an error.
-        family: ``tooluse`` (multi-turn with the tool), or ``shortcot`` / ``longcot`` (one turn, no tool;
-            the tool arguments are unused).
+        family: a registered family: multi-turn with the tool when its episodes use one (``tooluse``), else one
+            turn without a tool (``shortcot`` / ``longcot``; the tool arguments are unused).
     Returns:
         one ``EvalRecord`` per problem, in order (``problem_index`` = position, ``seed`` = the episode's seed).
     Raises:
@@ -199,12 +196,11 @@ async def run_episodes(
     from stare_verl.jobs.evaluation.engine import EngineGenerate
     from stare_verl.jobs.evaluation.episode import Sample, run_samples
 
-    if family not in REWARD_FAMILY:
-        raise ValueError(f"unknown family {family!r}; expected one of {sorted(REWARD_FAMILY)}")
+    fam = job_family(family)  # ValueError for an unknown one
     engine_generate = EngineGenerate(tokenizer, generate, temperature=temperature)
     samples = [Sample(heldout_problem(p, i, family), 0, seed + i) for i, p in enumerate(problems)]
     tool = runner = None
-    if family == "tooluse":
+    if fam.env_family.tool_use:
         tool = sandbox_tool(tool_timeout_s)
         # the loop-side deadline leaves the sandbox's own limit 5 s to report first
         runner = ToolCallRunner({TOOL_NAME: tool}, max_parallel_calls=max_parallel_calls,
@@ -293,7 +289,7 @@ def evaluate_checkpoint(
         path: checkpoint directory.
         n: problems to evaluate (None: all ``n_heldout``).
         data_seed, n_heldout: see above.
-        family: the task family (None: ``sft_config.json``'s, else ``tooluse``).
+        family: the task family (None: ``sft_config.json``'s, else ``DEFAULT_FAMILY``, tool use).
         samples: episodes per problem at temperatures > 0 (adds pass@k, see :func:`evaluate_model`).
         temperatures, seed, episode_kwargs: see :func:`evaluate_model`.
     Returns:
@@ -312,7 +308,7 @@ def evaluate_checkpoint(
     n_heldout = saved.get("n_heldout") if n_heldout is None else n_heldout
     if data_seed is None or n_heldout is None:
         raise ValueError(f"{path} has no sft_config.json: give data_seed and n_heldout")
-    family = family or saved.get("family") or "tooluse"
+    family = family or saved.get("family") or DEFAULT_FAMILY
     problems = heldout_problems(int(n_heldout), int(data_seed), family)[: n or None]
     model = load_model(str(path))
     tokenizer = load_tokenizer(path)
@@ -335,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--data-seed", type=int, default=None)
     ap.add_argument("--n-heldout", type=int, default=None)
-    ap.add_argument("--family", choices=sorted(REWARD_FAMILY), default=None,
+    ap.add_argument("--family", choices=sorted(job_family_names()), default=None,
                     help="task family (default: the checkpoint's sft_config.json, else tooluse)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     args = ap.parse_args(argv)

@@ -1,8 +1,8 @@
 """Cold-start SFT of the tiny model of a CPU default family, cached by its configuration.
 
 Families (``SFTConfig.family``): ``tooluse`` (tool-use demonstrations with real sandbox output,
-``stare_verl.jobs.demo.demos``), ``shortcot`` / ``longcot`` (chain-of-thought sums with a sampled order of the terms,
-``stare_verl.jobs.demo.cot``; single turn, no tool). The rest of the pipeline is shared.
+``stare_verl.jobs.families.tooluse``), ``shortcot`` / ``longcot`` (chain-of-thought sums with a sampled order of the terms,
+``stare_verl.jobs.families.cot``; single turn, no tool). The rest of the pipeline is shared.
 
 Pipeline (:func:`ensure_sft_checkpoint`): problems and demonstrations -> tokenizer trained on the rendered demonstrations -> tiny Qwen2 model ->
 supervised fine-tuning with ``transformers.Trainer`` (AdamW, tqdm progress bar) on an assistant-only loss ->
@@ -26,7 +26,7 @@ Loss: mean token cross-entropy over mask-1 tokens only (labels -100 elsewhere).
 
 Defaults follow the calibration (``docs/cpu-demo-calibration.md``): batch 32, AdamW lr 2e-3, 1000
 steps at a constant lr after warm-up; held-out greedy accuracy >= 0.5 is the check before RL. Tool use trains a
-2-layer model (0.44 M parameters; ``FAMILY_DEFAULTS``), the CoT families the calibrated 4-layer one (0.84 M).
+2-layer model (0.44 M parameters; ``JobFamily.sft_defaults``), the CoT families the calibrated 4-layer one (0.84 M).
 
 Why 2 layers for tool use (issue 16; 1 torch thread each, two runs side by side, held-out greedy accuracy on 64
 problems every 100 steps): the 2-layer model left the copy plateau earlier, 0 / 0 / 2 / 34 / 56 / 64 / 69 / 84 /
@@ -71,7 +71,7 @@ whole run; greedy accuracy on 64 held-out problems 0 / 3 / 5 / 36 / 47 / 58 / 61
 On a busy machine one torch thread was 5x faster than two (1.27 vs 0.26 steps/s, load ~4.5): set
 ``num_threads=1`` when other jobs run.
 
-CoT families (``FAMILY_DEFAULTS``; 4096 demonstrations = 1024 problems x 4 sampled orders; same model, batch and
+CoT families (``JobFamily.sft_defaults``; 4096 demonstrations = 1024 problems x 4 sampled orders; same model, batch and
 lr; 1 torch thread, 2-core machine shared with other jobs). Short CoT (59 tokens per demonstration, 30.5 model
 tokens): 2.9-4.5 steps/s; greedy accuracy on 64 held-out problems 0 / 11 / 17 / 16 / 31 / 36 / 41 / 47 % at
 steps 100-800; after 800 steps on 200 problems greedy 57.5 %, T = 1.0 40.5 %; after 1000 steps (341 s) greedy
@@ -82,6 +82,7 @@ T = 1.0 44 %.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -90,12 +91,14 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from envs.tiny_hf import TinyModelConfig, build_model, build_tokenizer, load_tokenizer, save_model
-from stare_verl.jobs.demo.demos import FAMILIES, Demo, build_demos, split_problems
+from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
+from stare_verl.jobs.families.problems import split_problems
+from stare_verl.jobs.families.tooluse import Demo
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
@@ -120,16 +123,6 @@ FORMAT_VERSION = 1
 CONFIG_FILE = "sft_config.json"
 REPORT_FILE = "sft_report.json"
 
-# Per-family defaults of fields the caller did not set (else the fields' own defaults). SFT steps: where
-# held-out greedy accuracy passes ~0.5 on the 2-core machine (module docstring); max_response_tokens: the
-# family's CPU recipe's data.max_response_length; tool use's model: 2 layers instead of the calibrated 4 (it
-# leaves the copy plateau earlier at half the cost per step; module docstring, issue 16).
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tooluse": {"model": {"num_hidden_layers": 2}},
-    "shortcot": {"steps": 1000, "max_response_tokens": 48},
-    "longcot": {"steps": 800, "max_response_tokens": 128},
-}
-
 # Fields that do not change the checkpoint (left out of the cache key).
 _NOT_IN_KEY = {"cache_dir", "eval_every", "eval_every_n", "num_threads", "progress", "eval_temperatures"}
 # The early stop's fields: in the key only when the early stop is on.
@@ -139,13 +132,14 @@ _EARLY_STOP_FIELDS = {"stop_accuracy", "check_every", "n_dev"}
 class SFTConfig(BaseModel):
     """Everything that determines the cold-start SFT checkpoint (and a few run-only knobs).
 
-    Family: ``family`` (``tooluse``, ``shortcot``, ``longcot``; left out of the cache key when ``tooluse``, so
-    tool-use keys are the same as before the field existed).
+    Family: ``family`` (a registered ``stare_verl.jobs.families`` name: ``tooluse``, ``shortcot``, ``longcot``;
+    left out of the cache key for tool use (``JobFamily.legacy_sft_key``), so tool-use keys are the same as before
+    the field existed).
     Data: ``data_seed`` (reasoning-gym seeds of all splits), ``n_train`` demonstrations (CoT families: from
     ``n_train // COT_DEMOS_PER_PROBLEM`` problems, see :func:`sft_problem_count`), ``n_heldout`` held-out
     problems (evaluated after SFT; the RL val set of the same seed). Tokenizer: ``vocab_size``.
-    Model: ``model`` (architecture), ``init_seed``. ``steps`` and ``max_response_tokens`` default per family
-    (``FAMILY_DEFAULTS``). Training: ``steps``, ``batch_size``, ``lr`` (AdamW),
+    Model: ``model`` (architecture), ``init_seed``. Fields the caller leaves unset default per family
+    (``JobFamily.sft_defaults``: tool use's 2-layer model, the CoT families' ``steps`` and ``max_response_tokens``). Training: ``steps``, ``batch_size``, ``lr`` (AdamW),
     ``weight_decay``, ``warmup_steps`` (then constant lr), ``decay_steps`` (the lr falls linearly over the
     last ``decay_steps`` steps, by lr / decay_steps a step, reaching 0 just after the last; 0: constant to the end,
     and left out of the cache key; warm-up plus decay must fit in ``steps``),
@@ -164,7 +158,7 @@ class SFTConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    family: Literal[FAMILIES] = "tooluse"  # the job spelling of envs.contract.JOB_FAMILIES
+    family: str = DEFAULT_FAMILY  # a registered job family (stare_verl.jobs.families)
     data_seed: int = 0
     n_train: int = Field(4096, ge=1)
     n_heldout: int = Field(200, ge=1)
@@ -194,14 +188,24 @@ class SFTConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _family_defaults(cls, data: Any) -> Any:
-        """Fill fields the caller left unset with ``FAMILY_DEFAULTS[family]``; a ``model`` given as a dict is
+        """Fill fields the caller left unset with the family's ``sft_defaults``; a ``model`` given as a dict is
         merged over the family's (a ``TinyModelConfig`` instance is taken whole)."""
         if isinstance(data, dict):
-            for k, v in FAMILY_DEFAULTS.get(data.get("family", "tooluse"), {}).items():
+            try:
+                defaults = copy.deepcopy(dict(job_family(data.get("family", DEFAULT_FAMILY)).sft_defaults))
+            except ValueError:  # an unknown family: the field's check names it
+                defaults = {}
+            for k, v in defaults.items():
                 if k == "model" and isinstance(data.get(k), dict):  # a partial architecture: on top of the family's
                     data = {**data, k: {**v, **data[k]}}
                 data = data if k in data else {**data, k: v}
         return data
+
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, value: str) -> str:
+        job_family(value)  # ValueError naming the registered families
+        return value
 
     @model_validator(mode="after")
     def _schedule_fits(self) -> SFTConfig:
@@ -240,39 +244,31 @@ def _versions() -> dict[str, str]:
 def key_config(cfg: SFTConfig) -> dict[str, Any]:
     """The part of the configuration (plus library versions) that the cache key hashes.
 
-    ``family`` is left out when it is ``tooluse`` (the keys of tool-use checkpoints predate the field); the
-    CoT families add their demonstrations-per-problem count.
+    ``family`` is left out for a family with ``legacy_sft_key`` (tool use: the keys of its checkpoints predate the
+    field); the others add their demonstrations-per-problem count.
     """
     exclude = _NOT_IN_KEY | ({"decay_steps"} if cfg.decay_steps == 0 else set())  # keys from before the field
     if cfg.stop_accuracy is None:  # keys from before the early stop
         exclude = exclude | _EARLY_STOP_FIELDS
-    if cfg.family == "tooluse":
+    fam = job_family(cfg.family)
+    if fam.legacy_sft_key:
         return {"config": cfg.model_dump(mode="json", exclude=exclude | {"family"}), "versions": _versions()}
-    from stare_verl.jobs.demo.cot import COT_DEMOS_PER_PROBLEM
-
-    conf = {**cfg.model_dump(mode="json", exclude=exclude), "demos_per_problem": COT_DEMOS_PER_PROBLEM}
+    conf = {**cfg.model_dump(mode="json", exclude=exclude), "demos_per_problem": fam.demos_per_problem}
     return {"config": conf, "versions": _versions()}
 
 
 def sft_problem_count(cfg: SFTConfig) -> int:
-    """Problems behind ``cfg``'s ``n_train`` demonstrations: ``n_train`` for tool use (one demonstration each),
-    ``max(1, n_train // COT_DEMOS_PER_PROBLEM)`` for the CoT families (several sampled orders per problem)."""
-    if cfg.family == "tooluse":
-        return cfg.n_train
-    from stare_verl.jobs.demo.cot import COT_DEMOS_PER_PROBLEM
-
-    return max(1, cfg.n_train // COT_DEMOS_PER_PROBLEM)
+    """Problems behind ``cfg``'s ``n_train`` demonstrations: ``max(1, n_train // demos_per_problem)`` of the family
+    (tool use: ``n_train``, one demonstration each; the CoT families: several sampled orders per problem)."""
+    return max(1, cfg.n_train // job_family(cfg.family).demos_per_problem)
 
 
 def build_family_demos(cfg: SFTConfig, problems) -> tuple[list, list]:
-    """``(demos, rejected)`` of ``cfg.family`` for ``problems``: :func:`stare_verl.jobs.demo.demos.build_demos`
-    (tool use, real sandbox output) or :func:`stare_verl.jobs.demo.cot.build_cot_demos` (CoT families,
-    ``COT_DEMOS_PER_PROBLEM`` sampled orders per problem under ``train_seed``)."""
-    if cfg.family == "tooluse":
-        return build_demos(problems)
-    from stare_verl.jobs.demo.cot import COT_DEMOS_PER_PROBLEM, build_cot_demos
-
-    return build_cot_demos(problems, cfg.family, seed=cfg.train_seed, per_problem=COT_DEMOS_PER_PROBLEM)
+    """``(demos, rejected)`` of ``cfg.family`` for ``problems``: the family's ``demonstrations`` with its
+    ``demos_per_problem`` under ``train_seed`` (tool use: ``stare_verl.jobs.families.tooluse.build_demos``, real
+    sandbox output; the CoT families: ``stare_verl.jobs.families.cot.CotDemonstrations``, sampled orders)."""
+    fam = job_family(cfg.family)
+    return fam.demonstrations(problems, seed=cfg.train_seed, per_problem=fam.demos_per_problem)
 
 
 def config_hash(cfg: SFTConfig) -> str:
@@ -432,7 +428,7 @@ def train_sft(cfg: SFTConfig, out_dir: str | Path) -> dict[str, Any]:
     ``num_threads`` applies to this call only (torch's thread count is restored afterwards).
 
     Raises:
-        stare_verl.jobs.demo.demos.DemoError: the sandbox could not produce the demonstrations.
+        stare_verl.jobs.families.problems.DemoError: the sandbox could not produce the demonstrations.
     """
     import torch
 
@@ -555,7 +551,7 @@ def ensure_sft_checkpoint(cfg: SFTConfig | None = None, *, force: bool = False) 
     Returns:
         the checkpoint directory (``pathlib.Path``).
     Raises:
-        stare_verl.jobs.demo.demos.DemoError: the sandbox could not produce the demonstrations.
+        stare_verl.jobs.families.problems.DemoError: the sandbox could not produce the demonstrations.
     """
     cfg = cfg or SFTConfig()
     digest = config_hash(cfg)
@@ -599,10 +595,10 @@ def write_rl_data(
 
     Training problems are disjoint from ``cfg``'s demonstrations and held-out set; ``val.parquet`` holds the
     first ``n_val`` (default all) of the held-out problems ``cfg``'s SFT report was measured on.
-    See :func:`stare_verl.jobs.demo.demos.write_rl_parquet`; ``agent_name`` defaults to the family's
+    See :func:`stare_verl.jobs.families.problems.write_rl_parquet`; ``agent_name`` defaults to the family's
     (``stare_tool_agent`` for tool use, ``single_turn_agent`` for the CoT families).
     """
-    from stare_verl.jobs.demo.demos import write_rl_parquet
+    from stare_verl.jobs.families.problems import write_rl_parquet
 
     cfg = cfg or SFTConfig()
     return write_rl_parquet(out_dir, n_train=n_train, n_val=n_val, seed=cfg.data_seed, agent_name=agent_name,
@@ -650,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
 
     interrupt_on_termination()
     ap = argparse.ArgumentParser(description="Cold-start SFT of the tiny model of a CPU family (cached by config).")
-    ap.add_argument("--family", choices=FAMILIES, default="tooluse")
+    ap.add_argument("--family", choices=job_family_names(), default=DEFAULT_FAMILY)
     ap.add_argument("--out", default=None, help="cache directory (default $STARE_CACHE_DIR or runs/cache)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--n-train", type=int, default=None)

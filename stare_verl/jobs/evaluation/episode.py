@@ -203,19 +203,19 @@ def score_sample(problem: EvalProblem, text: str, info: Mapping[str, Any], rewar
         info: episode fields (``hit_eos``, ``response_length``, tool counters) as the training loop reports them.
         reward_kwargs: options of ``envs.reward`` (as the recipe's ``reward_kwargs``).
     Returns:
-        ``envs.tool_use.task.compute_score``'s dict for tool-use rows (it scores ``model_response_text``),
-        ``envs.reward.compute_score``'s otherwise.
+        the dict of the row's family's reward (``envs.family.row_env_family``: ``envs.tool_use.task.compute_score``
+        for tool-use rows, which scores ``model_response_text``; ``envs.reward.compute_score`` for the CoT rows).
     Raises:
         ValueError: invalid reward options.
     """
-    extra = {**problem.extra_info, **info}
-    if problem.tool_use:
-        from envs.tool_use.task import compute_score
+    from envs.contract import MODEL_TEXT_KEY
+    from envs.family import row_env_family
 
-        extra["model_response_text"] = text
-    else:
-        from envs.reward import compute_score
-    return compute_score(problem.data_source, text, problem.ground_truth, extra, **dict(reward_kwargs))
+    fam = row_env_family(problem.extra_info.get("family"), problem.tool_use)
+    extra = {**problem.extra_info, **info}
+    if fam.tool_use:
+        extra[MODEL_TEXT_KEY] = text
+    return fam.compute_score(problem.data_source, text, problem.ground_truth, extra, **dict(reward_kwargs))
 
 
 def tool_schema_dicts(runner: Any) -> list[dict[str, Any]]:

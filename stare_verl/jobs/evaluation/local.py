@@ -111,8 +111,8 @@ def find_run_data(checkpoint: str | Path) -> Path:
 
 def heldout_data_for_sft(checkpoint: str | Path, out_dir: str | Path) -> Path | None:
     """For a cold-start SFT checkpoint (``sft_config.json`` inside, ``stare_verl.jobs.demo.sft``): write its held-out
-    problems (``stare_verl.jobs.demo.demos.heldout_problems`` with the saved ``n_heldout``/``data_seed``, rows as
-    ``problem_row`` writes them) to ``<out_dir>/val.parquet`` and return that path; None for other checkpoints."""
+    problems (``stare_verl.jobs.families.problems.heldout_problems`` with the saved family, ``n_heldout`` and
+    ``data_seed``, rows as ``problem_row`` writes them) to ``<out_dir>/val.parquet`` and return that path; None for other checkpoints."""
     import json
 
     cfg_file = Path(checkpoint) / "sft_config.json"
@@ -122,20 +122,22 @@ def heldout_data_for_sft(checkpoint: str | Path, out_dir: str | Path) -> Path | 
     if saved.get("data_seed") is None or saved.get("n_heldout") is None:
         return None
     from envs.datasets import write_parquet
-    from stare_verl.jobs.demo.demos import heldout_problems, problem_row
+    from stare_verl.jobs.families import DEFAULT_FAMILY
+    from stare_verl.jobs.families.problems import heldout_problems, problem_row
 
-    family = str(saved.get("family", "tooluse"))
+    family = str(saved.get("family", DEFAULT_FAMILY))
     probs = heldout_problems(int(saved["n_heldout"]), int(saved["data_seed"]), family=family)
     rows = [problem_row(p, "test", i, family=family) for i, p in enumerate(probs)]
     return write_parquet(rows, Path(out_dir) / "val.parquet")
 
 
 def demo_family(p: EvalProblem) -> str:
-    """The CPU task family of an evaluation row: ``tooluse`` for tool-use rows, else ``longcot`` when
-    ``extra_info.family`` is ``long_cot`` and ``shortcot`` otherwise (the reward's default family)."""
-    if p.tool_use:
-        return "tooluse"
-    return "longcot" if p.extra_info.get("family") == "long_cot" else "shortcot"
+    """The CPU task family of an evaluation row (``stare_verl.jobs.families.row_job_family``): the family of its
+    ``extra_info.family`` when that family's tool use matches the row's, else ``tooluse`` for tool-use rows and
+    ``shortcot`` (the reward's default family) for the others."""
+    from stare_verl.jobs.families import row_job_family
+
+    return row_job_family(p.extra_info.get("family"), p.tool_use).name
 
 
 def _local_prompt(p: EvalProblem) -> EvalProblem:

@@ -40,6 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.contract import AGENT_NAME
+from envs.family import is_tool_family
 from stare_verl.jobs.evaluation.client import ChatClient, ChatResult, RequestFailed
 from stare_verl.jobs.evaluation.episode import (
     CONTEXT_FULL,
@@ -232,7 +233,7 @@ def load_problems(path: str | Path, limit: int | None = None, tools: str = "auto
         else:
             pid = f"{src}/row{i}"
         is_tool = (
-            row.get("agent_name") == AGENT_NAME or info.get("family") == "tool_use" or bool(info.get("tools_kwargs"))
+            row.get("agent_name") == AGENT_NAME or is_tool_family(info.get("family")) or bool(info.get("tools_kwargs"))
         )
         msgs = [{"role": m["role"], "content": m["content"]} for m in prompt]
         problems.append(EvalProblem(i, pid, src, msgs, gt, info, tools == "on" or (tools == "auto" and is_tool)))
