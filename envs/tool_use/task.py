@@ -42,6 +42,7 @@ from typing import Any
 from envs.contract import AGENT_NAME, MODEL_TEXT_KEY, TOOL_USE
 from envs.datasets import BadRow, BuildReport, build_hub, make_row, write_parquet
 from envs.prompts import TOOL_USE_SYSTEM
+from envs.tool_use.episode import EpisodeStats
 from envs.tools.schema import TOOL_NAME
 
 __all__ = [
@@ -72,16 +73,12 @@ OFFLINE_TOOL_TASKS: list[tuple[str, dict[str, Any]]] = [
 ]
 _SPLIT_SEED = {"train": 0, "test": 1_000_003}
 
-# Per-episode tool statistics the agent loop reports; compute_score returns them (defaults when absent)
-# so they reach verl's reward metrics with the same keys on every sample.
+# Per-episode tool statistics the agent loop reports (``EpisodeStats.counters()``'s numbers: turns, calls, errors by
+# kind, tool seconds) with their values in an episode without calls; compute_score returns them (these defaults when
+# absent) so they reach verl's reward metrics with the same keys on every sample.
 TOOL_STAT_KEYS: dict[str, Any] = {
-    "num_assistant_turns": 0,
-    "num_tool_calls": 0,
-    "num_tool_executed": 0,
-    "num_malformed_calls": 0,
-    "num_tool_timeouts": 0,
-    "num_tool_errors": 0,
-    "tool_time_s": 0.0,
+    key: value for key, value in EpisodeStats().counters().items()
+    if isinstance(value, (int, float)) and not isinstance(value, bool)
 }
 
 

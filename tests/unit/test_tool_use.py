@@ -148,6 +148,11 @@ def test_compute_score_uses_model_text_not_tool_output():
     assert good["score"] == 1.0 and good["acc"] is True
     assert set(res) == set(good)  # the same keys every call (verl stacks them)
     assert set(TOOL_STAT_KEYS) <= set(res)
+    assert list(TOOL_STAT_KEYS) == [  # EpisodeStats.counters()'s numbers, num_tool_exceptions included
+        "num_assistant_turns", "num_tool_calls", "num_tool_executed", "num_malformed_calls", "num_tool_exceptions",
+        "num_tool_timeouts", "num_tool_errors", "tool_time_s",
+    ]  # fmt: skip
+    assert all(v == 0 for v in TOOL_STAT_KEYS.values()) and isinstance(TOOL_STAT_KEYS["tool_time_s"], float)
     # a truncated episode (hit_eos False) earns nothing even with a box in the model text
     assert (
         compute_score("t", "", "42", {**info, "model_response_text": "\\boxed{42}", "hit_eos": False})[
