@@ -25,8 +25,6 @@ schema); :class:`EvalReport` aggregates them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 import statistics
 from collections.abc import Sequence
@@ -37,6 +35,7 @@ from typing import Any
 from envs.tools.schema import TOOL_NAME
 from stare_verl.jobs.evaluation.engine import TokenPolicy
 from stare_verl.jobs.evaluation.episode import EvalProblem, EvalRecord
+from stare_verl.jobs.evaluation.sandbox import loop_deadline_s, sandbox_tool
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
 from stare_verl.jobs.families.problems import DATA_SOURCE_PREFIX, Problem, heldout_problems
 
@@ -122,20 +121,6 @@ def _pass_at_ks(records: Sequence[EvalRecord], n_problems: int, k: int) -> dict[
     return {kk: statistics.fmean(pass_at_k(k, c, kk) for c in correct) for kk in default_ks(k)}
 
 
-def sandbox_tool(timeout_s: float) -> Any:
-    """The real ``code_interpreter`` tool (``envs.tools``, native sandbox) with a ``timeout_s`` wall-clock limit
-    per program (CPU limit the same, at least 1 s). Close it with ``await tool.aclose()``.
-
-    Raises:
-        envs.sandbox.SandboxUnavailable: no sandbox backend works here.
-    """
-    from envs.tools.code_interpreter import CodeInterpreterTool
-
-    with contextlib.redirect_stdout(io.StringIO()):  # verl's BaseTool prints its schema when built
-        return CodeInterpreterTool({"type": "native", "sandbox": {"limits": {
-            "timeout_s": timeout_s, "cpu_s": max(1, int(timeout_s))}}})
-
-
 def heldout_problem(p: Problem, position: int, family: str) -> EvalProblem:
     """Held-out problem ``p`` as the driver's row: the question alone as the prompt, the family's reward
     options, ``problem_id`` ``<data_source>/<position>``; the tool loop when the family's episodes use a tool."""
@@ -182,7 +167,7 @@ async def run_episodes(
             ``tool_response_truncate_side`` (verl's ``multi_turn.max_tool_response_length`` /
             ``tool_response_truncate_side``, default "middle" as in training).
         tool_timeout_s: wall-clock limit of one tool call (the sandbox's ``timeout_s``; the runner's deadline is
-            5 s more).
+            ``evaluation.sandbox.loop_deadline_s`` of it, 5 s more).
         max_parallel_calls: calls run per turn (verl's ``multi_turn.max_parallel_calls``, 1 as in training);
             later ones are answered with an error.
         family: a registered family: multi-turn with the tool when its episodes use one (``tooluse``), else one
@@ -202,9 +187,8 @@ async def run_episodes(
     tool = runner = None
     if fam.env_family.tool_use:
         tool = sandbox_tool(tool_timeout_s)
-        # the loop-side deadline leaves the sandbox's own limit 5 s to report first
         runner = ToolCallRunner({TOOL_NAME: tool}, max_parallel_calls=max_parallel_calls,
-                                tool_timeout_s=tool_timeout_s + 5, max_tool_response_chars=max_tool_response_chars,
+                                tool_timeout_s=loop_deadline_s(tool_timeout_s), max_tool_response_chars=max_tool_response_chars,
                                 truncate_side=tool_response_truncate_side)
     try:
         return await run_samples(samples, engine_generate, concurrency=max(1, len(samples)),

@@ -161,7 +161,7 @@ def run_local_eval(
     (``engine.EngineGenerate`` over a continuous-batching ``GenerationEngine``): ``max_batch_size`` episodes
     in flight, decoded together; each record is written as soon as it is scored. Tool-use rows run the tool
     loop with the real ``code_interpreter`` tool in the sandbox (its limit ``settings.tool_timeout_s``, the
-    loop-side deadline 5 s more); CoT rows one turn without the tool. ``settings.max_tokens`` is the episode
+    loop-side deadline ``sandbox.loop_deadline_s`` of it, 5 s more); CoT rows one turn without the tool. ``settings.max_tokens`` is the episode
     budget (model + tool tokens; default: the checkpoint's ``sft_config.json`` value, else 128); sample j of
     problem i is drawn with seed ``sample_seed(settings.seed or 0, i, j)`` (+ 7919 per later turn).
 
@@ -175,8 +175,8 @@ def run_local_eval(
 
     from envs.tiny_hf import load_tokenizer
     from stare_verl.cpu.hf_server import load_model
-    from stare_verl.jobs.demo.evaluate import sandbox_tool
     from stare_verl.jobs.evaluation.engine import EngineGenerate, build_engine, engine_policy
+    from stare_verl.jobs.evaluation.sandbox import loop_deadline_s, sandbox_tool
 
     ck = Path(checkpoint)
     if not _has_weights(ck):
@@ -201,7 +201,7 @@ def run_local_eval(
     tool = runner = None
     if any(s.problem.tool_use for s in todo):
         tool = sandbox_tool(settings.tool_timeout_s)
-        runner = tool_runner({TOOL_NAME: tool}, settings, tool_timeout_s=settings.tool_timeout_s + 5)
+        runner = tool_runner({TOOL_NAME: tool}, settings, tool_timeout_s=loop_deadline_s(settings.tool_timeout_s))
 
     async def go() -> list[dict[str, Any]]:
         try:
