@@ -346,3 +346,19 @@ def test_gpu_runs_get_their_own_default_folder(monkeypatch, tmp_path):
     train.main(["--family", "shortcot", "--steps", "2"])
     assert any(c == f"trainer.default_local_dir={tmp_path / 'runs' / 'shortcot-stare-seed0-gpu-llm' / 'checkpoints'}"
                for c in seen["cmd"])  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "turns"), [("tooluse", True), ("shortcot", False), ("longcot", False)])
+def test_the_tiny_recipe_and_its_turn_override_come_from_the_family(monkeypatch, tmp_path, family, turns):
+    """The family's descriptor names the CPU recipe and says whether --max-turns reaches it (issue 28)."""
+    launched = {}
+    monkeypatch.setattr(train, "probe_gpu", lambda: H200)
+    monkeypatch.setattr(train, "run_main_ppo", lambda cmd, *a: launched.setdefault("cmd", cmd) and 0)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    monkeypatch.setenv("MODEL", str(tmp_path / "m"))
+    assert train.main(["--family", family, "--run-dir", str(tmp_path / "run"), "--steps", "1", "--n-train", "8",
+                       "--n-eval", "4", "--max-turns", "2"]) == 0  # fmt: skip
+    cmd = launched["cmd"]
+    assert f"--config-name={family}_tiny_stare" in cmd
+    assert ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2" in cmd) is turns
