@@ -47,6 +47,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envs.contract import AGENT_NAME
+from envs.tool_use.history import assistant_message, with_reasoning
 from stare_verl.jobs.evaluation.client import ChatClient, ChatResult, RequestFailed
 from stare_verl.jobs.evaluation.episode import (
     CONTEXT_FULL,
@@ -456,9 +457,7 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
 def _turn_text(res: ChatResult) -> str:
     """The assistant turn as the model wrote it: reasoning back inside think tags, structured tool calls back
     as hermes blocks (so ``parse_tool_calls`` applies the training loop's rules to them)."""
-    text = res.content
-    if res.reasoning:
-        text = f"<think>{res.reasoning}</think>{text}"
+    text = with_reasoning(res.content, res.reasoning)
     for tc in res.tool_calls:
         fn = tc.get("function") or {}
         text += "\n<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": fn.get("arguments")}) + "\n</tool_call>"
@@ -471,8 +470,11 @@ class ChatGenerate:
 
     The request carries ``max_tokens`` (what is left of the episode budget), ``temperature``, ``top_p``, the
     sample's ``seed`` (the same on every turn) and, for tool-use rows, ``tools`` (and ``tool_choice`` unless
-    "omit"). The answer becomes the turn's text (:func:`_turn_text`); a server that parsed the calls gets them
-    back in its own format (assistant ``tool_calls``, each observation with its ``tool_call_id``).
+    "omit"). The answer becomes the turn's text (:func:`_turn_text`) and the next turn's history message
+    (``envs.tool_use.history.assistant_message``, the training loop's): a turn's ``reasoning_content`` stays in
+    the history, back inside ``<think>...</think>`` in front of the content, as training keeps the turn's own
+    tokens; a server that parsed the calls gets them back in its own format (assistant ``tool_calls``, each
+    observation with its ``tool_call_id``).
 
     Errors: a 400 whose message gives the context numbers is asked again with the ``max_tokens`` that fits; a
     400 about ``tool_choice`` is re-raised with what to do; a context-window 400 on a later turn ends the
@@ -526,10 +528,9 @@ class ChatGenerate:
             if req.turn == 0 or "HTTP 400" not in str(err) or not _CONTEXT_ERR.search(str(err)):
                 raise  # the first turn must fit: a setting (--max-tokens) or the data is wrong
             return TurnResult(generated=False, finish_reason=CONTEXT_FULL, error=str(err)[:300])
-        if res.tool_calls:  # the server parsed the calls: send them back in its format
-            message = {"role": "assistant", "content": res.content or "", "tool_calls": res.tool_calls}
-        else:
-            message = {"role": "assistant", "content": res.content}
+        # the training loop's history message: the reasoning the server split off goes back in front of the
+        # content; calls the server parsed go back in its format (ids included), others stay in the text
+        message = assistant_message(res.content, res.tool_calls or None, reasoning=res.reasoning)
         return TurnResult(
             text=_turn_text(res),
             finish_reason=res.finish_reason,
