@@ -65,6 +65,7 @@ from verl.utils.ray_utils import get_event_loop
 
 from envs.contract import AGENT_NAME, MODEL_TEXT_KEY
 from envs.tool_use.episode import EpisodeStats, ToolCallRunner, end_token_ids, turn_termination
+from envs.tool_use.history import assistant_message, tool_call_dicts
 from envs.tool_use.parser import (
     ParsedCall,
     model_response_text,
@@ -263,8 +264,9 @@ class StareToolAgentLoop(ToolAgentLoop):
         text = await self.loop.run_in_executor(
             None, lambda: self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         )
-        content, calls = parse_tool_calls(text, {name: tool.tool_schema for name, tool in active.items()})
-        agent_data.messages.append(self._assistant_message(content, calls))
+        _, calls = parse_tool_calls(text, {name: tool.tool_schema for name, tool in active.items()})
+        # the history message of every path (reasoning kept, as the ids above keep it)
+        agent_data.messages.append(assistant_message(text, tool_call_dicts(calls)))
         reason = turn_termination(
             st,
             calls=calls,
@@ -278,22 +280,6 @@ class StareToolAgentLoop(ToolAgentLoop):
             return self._terminate(agent_data, reason)
         st.pending = calls
         return AgentState.PROCESSING_TOOLS
-
-    @staticmethod
-    def _assistant_message(content: str, calls: list[ParsedCall]) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": c.name or "invalid_tool_call",
-                        "arguments": c.arguments if c.ok else {"raw": c.raw[:200]},
-                    },
-                }
-                for c in calls
-            ]
-        return message
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
         """Answer every call of the turn (run the well-formed ones, explain the malformed ones), append the
