@@ -136,7 +136,7 @@ def format_observation(result: ExecResult, stderr_tail_lines: int = 8, max_chars
         status = result.exit_code
         name = _signal_name(status - 128) if status is not None and status > 128 else None
         if name is not None:
-            notes = {"SIGSEGV": ", segmentation fault", "SIGXCPU": ", CPU time limit"}
+            notes = {"SIGSEGV": ", segmentation fault", "SIGXCPU": ", CPU time limit", "SIGPROF": ", CPU time limit"}
             parts.append(f"The program was killed by {name} (exit status {status}{notes.get(name, '')}).")
         elif status is not None and not (status == 1 and _EXCEPTION_REPORT_RE.search(err_tail)):
             parts.append(f"The program exited with status {status}.")
