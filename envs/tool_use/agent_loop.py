@@ -12,6 +12,9 @@ selection and output assembly it reuses):
   calls written inside ``<think>...</think>`` are ignored (``envs.tool_use.parser.parse_tool_calls``; a call
   ends where its JSON ends, so markup inside the call's strings ends nothing). Calls are answered, counted and
   the episode ended by the runner shared with the evaluations (``envs.tool_use.episode``).
+- Observations are cut to ``max_tool_response_length`` characters, marker included, errors and warnings too, and
+  no text (tool output, the model's own text in the history, tool-call arguments included) can become one of
+  the tokenizer's control tokens (``envs.tools.observation``, applied by that runner).
 - A malformed call (bad JSON, no name, unknown tool, arguments not an object, a missing or mistyped
   required argument, an unclosed ``<tool_call>``, more calls than ``max_parallel_calls``) is answered by
   an error observation the model can read, and counted (``num_malformed_calls``), instead of being
@@ -73,6 +76,7 @@ from envs.tool_use.parser import (
     remove_tool_calls,
     strip_thinking,
 )
+from envs.tools.observation import tokenizer_control_tokens
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -129,6 +133,7 @@ class StareToolAgentLoop(ToolAgentLoop):
             raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
         self.tool_timeout_s = float(tool_timeout_s)
         self._stop_ids = end_token_ids(self.tokenizer) | set(self.tool_parser.stop_token_ids)
+        self._control_tokens = tokenizer_control_tokens(self.tokenizer)
         self._agent_data: AgentData | None = None
 
     # -- trajectory ---------------------------------------------------------------------------------
@@ -161,6 +166,7 @@ class StareToolAgentLoop(ToolAgentLoop):
             tool_timeout_s=self.tool_timeout_s,
             max_tool_response_chars=self.max_tool_response_length,
             truncate_side=self.tool_response_truncate_side,
+            control_tokens=self._control_tokens,
         )
 
     async def _release_trajectory(self) -> None:
@@ -265,8 +271,9 @@ class StareToolAgentLoop(ToolAgentLoop):
             None, lambda: self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         )
         _, calls = parse_tool_calls(text, {name: tool.tool_schema for name, tool in active.items()})
-        # the history message of every path (reasoning kept, as the ids above keep it)
-        agent_data.messages.append(assistant_message(text, tool_call_dicts(calls)))
+        # the history message of every path (reasoning kept, as the ids above keep it; the context keeps the
+        # model's own ids), its control-token strings broken (the runner's rule)
+        agent_data.messages.append(self._runner(agent_data).history_message(assistant_message(text, tool_call_dicts(calls))))
         reason = turn_termination(
             st,
             calls=calls,

@@ -322,7 +322,8 @@ async def run_episode(
             if reason is not None:
                 break
             observations = await runner.answer_turn(calls, st, context)
-            messages.append(res.message or assistant_message(res.text, tool_call_dicts(calls)))
+            # the model's text goes back into the history with its control-token strings broken (the runner's rule)
+            messages.append(runner.history_message(res.message or assistant_message(res.text, tool_call_dicts(calls))))
             for i, obs in enumerate(observations):
                 msg = {"role": "tool", "content": obs}
                 if i < len(res.tool_call_ids) and res.tool_call_ids[i]:
