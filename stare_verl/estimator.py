@@ -10,6 +10,7 @@ this module never runs verl's plugin loader (and with it ``stare_verl.plugin``) 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 
 from stare_verl.config import parse_stare_config
 from stare_verl.controller import StareController
-from stare_verl.core import group_codes, zero_variance_groups
+from stare_verl.core import ZERO_VARIANCE_TOL, group_codes, zero_variance_groups
 from stare_verl.stare import stare_reweight
 
 ESTIMATOR_NAME = "stare"
@@ -33,6 +34,74 @@ def register() -> None:
     from verl.trainer.ppo.core_algos import register_adv_est
 
     register_adv_est(ESTIMATOR_NAME)(compute_stare_advantage)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupConfig:
+    """The settings of GRPO's group baseline (STARE step 1) for methods without a config of their own for it.
+
+    Attributes:
+        norm_adv_by_std_in_grpo: divide by the group std (GRPO) or not (Dr.GRPO); verl's key of that name.
+        epsilon: added to the group std. zero_variance_tol: see ``StareConfig.zero_variance_tol``.
+    """
+
+    norm_adv_by_std_in_grpo: bool = True
+    epsilon: float = 1e-6
+    zero_variance_tol: float = ZERO_VARIANCE_TOL
+
+    @classmethod
+    def from_algorithm(cls, algorithm_config: Any) -> GroupConfig:
+        get = getattr(algorithm_config, "get", None)
+        norm = get("norm_adv_by_std_in_grpo", True) if get else getattr(algorithm_config, "norm_adv_by_std_in_grpo", True)
+        return cls(norm_adv_by_std_in_grpo=norm is not False)
+
+
+def grpo_base(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    algorithm_config: Any,
+    metrics: dict,
+    cfg: Any = None,
+) -> torch.Tensor:
+    """GRPO's advantage, the base every entropy-control method starts from (``[B, T]`` float, 0 where the mask is
+    0): verl's ``grpo_vectorized`` bit for bit except for zero-variance groups and non-finite rewards (see
+    :func:`_group_advantage`). ``cfg`` (``epsilon``, ``norm_adv_by_std_in_grpo``, ``zero_variance_tol``) defaults
+    to :meth:`GroupConfig.from_algorithm`. Logs ``entropy_control/nonfinite_rewards`` (responses) and
+    ``entropy_control/zero_variance_groups`` (share of groups) into ``metrics``.
+
+    Raises:
+        ValueError: ``index`` is None.
+    """
+    if index is None:
+        raise ValueError("the advantage needs `index` (the group uid of each response)")
+    cfg = cfg or GroupConfig.from_algorithm(algorithm_config)
+    adv, n_bad, zero_var_share = _group_advantage(token_level_rewards, response_mask, index, cfg)
+    metrics["entropy_control/nonfinite_rewards"] = float(n_bad)
+    metrics["entropy_control/zero_variance_groups"] = zero_var_share
+    return adv
+
+
+def stare_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    old_log_probs: torch.Tensor,
+    entropys: torch.Tensor,
+    controller: StareController,
+    metrics: dict,
+    inplace: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """STARE steps 1-6: ``(grpo_advantages, omega * grpo_advantages)``, both ``[B, T]``; with ``inplace`` the first is
+    the second's storage (overwritten: one ``[B, T]`` copy less, for callers that need only the second). Adds the
+    ``stare/*`` metrics (see :func:`compute_stare_advantage`) to ``metrics``."""
+    cfg = controller.config
+    base, n_bad, zero_var_share = _group_advantage(token_level_rewards, response_mask, index, cfg)
+    eff, step_metrics = stare_reweight(base, response_mask, old_log_probs, entropys, controller, inplace=inplace)
+    step_metrics["stare/nonfinite_rewards"] = float(n_bad)
+    step_metrics["stare/zero_variance_groups"] = zero_var_share
+    metrics.update(step_metrics)
+    return base, eff
 
 
 def compute_stare_advantage(
@@ -82,13 +151,9 @@ def compute_stare_advantage(
         raise ValueError("the stare estimator needs `index` (the group uid of each response)")
     if controller is None:
         controller = StareController(parse_stare_config(config))
-    cfg = controller.config
-    advantages, n_bad, zero_var_share = _group_advantage(token_level_rewards, response_mask, index, cfg)
-    advantages, step_metrics = stare_reweight(
-        advantages, response_mask, old_log_probs, entropys, controller, inplace=True  # ours: no copy needed
-    )
-    step_metrics["stare/nonfinite_rewards"] = float(n_bad)
-    step_metrics["stare/zero_variance_groups"] = zero_var_share
+    step_metrics: dict = {}
+    _, advantages = stare_advantages(token_level_rewards, response_mask, index, old_log_probs, entropys, controller,
+                                     step_metrics, inplace=True)  # fmt: skip  # ours: no copy needed
     if metrics is not None:
         metrics.update(step_metrics)
     return advantages, advantages

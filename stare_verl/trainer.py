@@ -1,24 +1,21 @@
-"""verl V1 trainer modes that feed STARE: ``stare_sync`` and ``stare_colocate_async``.
+"""verl V1 trainer modes that feed entropy-control methods: ``stare_sync`` and ``stare_colocate_async``.
 
 verl's own ``_compute_advantage`` hands estimators only rewards, mask, uid and config. These modes behave
 exactly like verl's ``sync`` and ``colocate_async`` (they read the same ``trainer.v1.<mode>`` sections and
-replay buffers), except that with ``algorithm.adv_estimator=stare`` they also fetch the pre-update
-policy's ``old_log_probs`` and ``entropy``, call the estimator with them, and keep STARE's controller state in
-verl's checkpoints (``global_step_N/stare_state.json``). For every other estimator they defer to verl
-unchanged.
+replay buffers), except that when ``algorithm.adv_estimator`` names one of our methods
+(:data:`stare_verl.methods.ESTIMATORS`: STARE, the forking-token rule, the entropy advantage, the adaptive entropy
+coefficient) they also fetch the pre-update policy's ``old_log_probs`` and ``entropy``, let the method compute the
+advantages, log the shared ``entropy_control/*`` metrics (:func:`stare_verl.methods.metrics.entropy_dynamics`),
+pass the method's per-step settings to the actor update, and keep its controller state in verl's checkpoints
+(``global_step_N/<method.state_file>``, e.g. ``stare_state.json``). For every other estimator they defer to verl
+unchanged. ``stare_sync`` / ``stare_colocate_async`` are the names (kept from when STARE was the only method).
 
 Registered by :func:`register` (called from ``stare_verl.plugin``). verl is imported only inside functions:
 the two trainer classes subclass verl's, so they are built on first use (:func:`trainer_classes`, also reached
 as the module attributes ``StareTrainerSync`` / ``StareTrainerColocateAsync``), and importing this module
-first never runs verl's plugin loader half-way through it.
-
-Why the estimator is called directly rather than through ``verl.trainer.ppo.ray_trainer.compute_advantage``:
-in verl 0.9.1 that function, for a registered estimator (any name but ``gae``/``grpo``), only fills a missing
-``response_mask``, passes ``token_level_rewards``, ``response_mask``, ``config`` and, when present, ``uid`` as
-``index`` and ``reward_baselines`` (extras only for ``gdpo`` and the optimal-token baselines), and stores the
-returned pair as ``advantages`` / ``returns``; the V1 trainer's ``compute_advantage_for_multi_trajectories``
-hands every estimator but ``grpo`` to it unchanged. Nothing else happens there, so the direct call below is
-the same computation without smuggling tensors through ``config``.
+first never runs verl's plugin loader half-way through it. verl's own steps around the estimator (TransferQueue
+reads and writes, KL in reward, rollout correction) are reproduced in ``stare_verl.verl_compat``, behind its
+version gate.
 """
 
 from __future__ import annotations
@@ -30,22 +27,19 @@ import os
 
 import numpy as np
 
-from stare_verl.config import parse_stare_config
-from stare_verl.controller import StareController
-from stare_verl.estimator import (
-    ESTIMATOR_NAME,
-    STARE_TRAINER_MODES,
-    StareInputsMissing,
-    compute_stare_advantage,
-)
+from stare_verl.estimator import STARE_TRAINER_MODES, StareInputsMissing
+from stare_verl.methods import EntropyControl, method_for_config
+from stare_verl.methods.metrics import entropy_dynamics
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "stare_state.json"
+"""STARE's controller state file in a ``global_step_N`` folder (each method names its own: ``state_file``)."""
 
 
 class StareTrainerMixin:
-    """Adds STARE's inputs, metrics and checkpointed state to a verl V1 trainer.
+    """Adds an entropy-control method's inputs, metrics, per-step actor settings and checkpointed state to a verl
+    V1 trainer.
 
     Subclasses set ``VERL_MODE`` to the verl mode they reproduce; verl's trainer code branches on
     ``self.trainer_mode`` ("sync" vs the async modes), so it reads as that mode.
@@ -62,95 +56,72 @@ class StareTrainerMixin:
         pass
 
     def __init__(self, config):
-        self.stare_controller = None
         algo = config.algorithm
-        if algo.adv_estimator == ESTIMATOR_NAME:
-            # Validate at start-up: a bad algorithm.stare stops the run before any worker starts.
-            self.stare_controller = StareController(parse_stare_config(algo))
+        # Validate at start-up: a bad algorithm.<method> stops the run before any worker starts.
+        self.entropy_method: EntropyControl | None = method_for_config(algo)
+        if self.entropy_method is not None:
             rc = algo.get("rollout_correction", None)
             if rc is not None and rc.get("bypass_mode", False):
                 raise ValueError(
-                    "algorithm.adv_estimator=stare needs the actor's entropy, which verl does not compute with "
-                    "algorithm.rollout_correction.bypass_mode=true; set it to false"
+                    f"algorithm.adv_estimator={algo.adv_estimator} needs the actor's entropy, which verl does not "
+                    "compute with algorithm.rollout_correction.bypass_mode=true; set it to false"
                 )
         super().__init__(config)
 
+    @property
+    def stare_controller(self):
+        """STARE's controller when the method is STARE (None otherwise)."""
+        return getattr(self.entropy_method, "controller", None)
+
+    def _setup(self):
+        super()._setup()
+        if self.entropy_method is not None and self.entropy_method.actor_extra():
+            from stare_verl.verl_compat import install_step_settings_loss
+
+            install_step_settings_loss(self)
+
     # --- advantage ---------------------------------------------------------------------------------
     def _compute_advantage(self, batch, metrics: dict):
-        if self.stare_controller is None:
+        if self.entropy_method is None:
             return super()._compute_advantage(batch, metrics)
-        import transfer_queue as tq
-        from tensordict import TensorDict
-        from verl.protocol import DataProto
-        from verl.trainer.ppo.ray_trainer import apply_kl_penalty
-        from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
-        from verl.workers.utils.padding import response_to_nested
+        from stare_verl.verl_compat import fetch_advantage_inputs, put_advantages
 
-        fields = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "entropy"]
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        nested_mask = data["response_mask"]
-        data = DataProto(batch=data.to_padded_tensor())
-        data.batch["token_level_scores"] = data.batch["rm_scores"]
-        uid = np.array(data.batch.pop("uid").tolist(), dtype=object)
-        data.non_tensor_batch["uid"] = uid
-
-        algo = self.config.algorithm
-        if algo.use_kl_in_reward:
-            data, kl_metrics = apply_kl_penalty(
-                data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty
-            )
-            metrics.update(kl_metrics)
-        else:
-            data.batch["token_level_rewards"] = data.batch["token_level_scores"]
-
-        rc = algo.get("rollout_correction", None)
-        rollout_correction = rc is not None and "rollout_log_probs" in data.batch
-        if rollout_correction:
-            data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rc)
-            metrics.update(is_metrics)
-
-        advantages, returns = compute_stare_advantage(
-            token_level_rewards=data.batch["token_level_rewards"],
-            response_mask=data.batch["response_mask"],
-            index=uid,
-            config=algo,
-            old_log_probs=data.batch["old_log_probs"],
-            entropys=data.batch["entropy"],
-            controller=self.stare_controller,
-            metrics=metrics,
+        data, nested_mask, out_fields = fetch_advantage_inputs(self, batch, metrics)
+        mask, lp, ent = data.batch["response_mask"], data.batch["old_log_probs"], data.batch["entropy"]
+        base, eff = self.entropy_method.advantage(
+            data.batch["token_level_rewards"], mask, data.non_tensor_batch["uid"], self.config.algorithm, lp, ent,
+            metrics,
         )
-        data.batch["advantages"], data.batch["returns"] = advantages, returns
+        metrics.update(entropy_dynamics(base, eff, mask, lp, ent))
+        target = self.entropy_method.target_entropy()
+        if target is not None:
+            metrics["entropy_control/target_entropy"] = target
+        data.batch["advantages"], data.batch["returns"] = eff, eff
         metrics.update(reward_extra_means(batch))
+        return put_advantages(batch, data, nested_mask, out_fields)
 
-        out_fields = ["advantages", "returns"]
-        if algo.use_kl_in_reward:
-            out_fields.append("token_level_rewards")
-        if rollout_correction:
-            out_fields.append("response_mask")
-            if "rollout_is_weights" in data.batch:
-                out_fields.append("rollout_is_weights")
-        output = TensorDict(
-            {f: response_to_nested(data.batch[f], nested_mask) for f in out_fields}, batch_size=len(batch)
-        )
-        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+    def _update_actor(self, batch, metrics: dict):
+        if self.entropy_method is not None:
+            batch.extra_info.update(self.entropy_method.actor_extra())
+        return super()._update_actor(batch, metrics)
 
     # --- checkpoints -------------------------------------------------------------------------------
     def _save_checkpoint(self):
-        if self.stare_controller is not None:
+        if self.entropy_method is not None and self.entropy_method.state_file:
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
             os.makedirs(folder, exist_ok=True)
-            save_controller_state(self.stare_controller, folder)
+            save_method_state(self.entropy_method, folder)
         return super()._save_checkpoint()
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
-        if self.stare_controller is not None and self.global_steps > 0:
+        if self.entropy_method is not None and self.entropy_method.state_file and self.global_steps > 0:
             trainer_cfg = self.config.trainer
             if trainer_cfg.resume_mode == "resume_path":
                 folder = trainer_cfg.resume_from_path
             else:
                 folder = os.path.join(trainer_cfg.default_local_dir, f"global_step_{self.global_steps}")
-            load_controller_state(self.stare_controller, os.path.abspath(folder))
+            load_method_state(self.entropy_method, os.path.abspath(folder))
         return result
 
 
@@ -181,45 +152,68 @@ def reward_extra_means(batch) -> dict[str, float]:
         return {}
 
 
-def save_controller_state(controller: StareController, folder: str) -> str:
-    """Write the controller state as JSON into a ``global_step_N`` folder (atomically); returns the path."""
-    path = os.path.join(folder, STATE_FILE)
+def save_method_state(method: EntropyControl, folder: str) -> str:
+    """Write the method's controller state as JSON into a ``global_step_N`` folder (atomically), as
+    ``method.state_file``; returns the path."""
+    path = os.path.join(folder, method.state_file)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(controller.state_dict(), f)
+        json.dump(method.state_dict(), f)
     os.replace(tmp, path)
     return path
 
 
-def load_controller_state(controller: StareController, folder: str) -> bool:
-    """Restore the controller from ``folder/stare_state.json``; False (with a warning) when there is none.
+def load_method_state(method: EntropyControl, folder: str) -> bool:
+    """Restore the method's controller from ``folder/<method.state_file>``; False (with a warning) when there is
+    none.
 
     Raises:
-        ValueError: the file exists but is not a valid controller state.
+        ValueError: the file exists but is not a valid state of this method.
     """
-    path = os.path.join(folder, STATE_FILE)
+    path = os.path.join(folder, method.state_file)
     if not os.path.exists(path):
-        logger.warning(
-            "no %s in %s: STARE controller starts fresh (W, M at their configured values)", STATE_FILE, folder
-        )
+        logger.warning("no %s in %s: the %s controller starts fresh (its configured values)", method.state_file,
+                       folder, method.name)  # fmt: skip
         return False
     with open(path) as f:
-        controller.load_state_dict(json.load(f))
-    logger.info("restored STARE controller state from %s: W=%.4f M=%.4f", path, controller.w, controller.m)
+        method.load_state_dict(json.load(f))
+    logger.info("restored the %s controller state from %s: %s", method.name, path, method.state_dict())
     return True
+
+
+def save_controller_state(controller, folder: str) -> str:
+    """STARE's controller state into ``folder/stare_state.json`` (:func:`save_method_state` of a STARE method)."""
+    from stare_verl.methods.stare import Stare
+
+    method = Stare(controller.config)
+    method.controller = controller
+    return save_method_state(method, folder)
+
+
+def load_controller_state(controller, folder: str) -> bool:
+    """Restore STARE's ``controller`` from ``folder/stare_state.json`` (see :func:`load_method_state`)."""
+    from stare_verl.methods.stare import Stare
+
+    method = Stare(controller.config)
+    method.controller = controller
+    return load_method_state(method, folder)
 
 
 def refuse_stare_without_inputs(trainer, config) -> None:
     """The trainer guard (installed on verl's ``PPOTrainer.__init__`` by :func:`register`, through
-    ``stare_verl.verl_compat``): ``adv_estimator=stare`` with a trainer that cannot feed it (any mode but
-    ``stare_*``) stops at start-up. The estimator refuses such calls too.
+    ``stare_verl.verl_compat``): an ``algorithm.adv_estimator`` of ours (a method that needs token statistics)
+    with a trainer that cannot feed it (any mode but ``stare_*``) stops at start-up. The estimators refuse such
+    calls too.
 
     Raises:
-        StareInputsMissing: the estimator is ``stare`` and ``trainer`` is not a STARE trainer mode.
+        StareInputsMissing: the estimator is one of ours and ``trainer`` is not one of our trainer modes.
     """
-    if config.algorithm.get("adv_estimator") == ESTIMATOR_NAME and not isinstance(trainer, StareTrainerMixin):
+    from stare_verl.methods import ESTIMATORS
+
+    estimator = config.algorithm.get("adv_estimator")
+    if estimator in ESTIMATORS and not isinstance(trainer, StareTrainerMixin):
         raise StareInputsMissing(
-            f"algorithm.adv_estimator=stare with trainer.v1.trainer_mode="
+            f"algorithm.adv_estimator={estimator} with trainer.v1.trainer_mode="
             f"{config.trainer.v1.get('trainer_mode')}: this trainer does not pass old log-probs and entropy "
             f"to advantage estimators. Use trainer.v1.trainer_mode={' or '.join(STARE_TRAINER_MODES)}."
         )
@@ -233,12 +227,12 @@ def trainer_classes() -> dict[str, type]:
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     class StareTrainerSync(StareTrainerMixin, PPOTrainerSync):
-        """verl's ``sync`` trainer that feeds the ``stare`` estimator (``trainer.v1.trainer_mode=stare_sync``)."""
+        """verl's ``sync`` trainer that feeds our methods' estimators (``trainer.v1.trainer_mode=stare_sync``)."""
 
         VERL_MODE = "sync"
 
     class StareTrainerColocateAsync(StareTrainerMixin, PPOTrainerColocateAsync):
-        """verl's ``colocate_async`` trainer that feeds the ``stare`` estimator."""
+        """verl's ``colocate_async`` trainer that feeds our methods' estimators."""
 
         VERL_MODE = "colocate_async"
 

@@ -6,14 +6,20 @@ the standard library and run on any CPython >= 3.8 (the sandbox interpreter is n
 
 Modes:
 - ``cold``: read the whole program from stdin, point fd 0 at /dev/null, lower the resource limits
-  (soft = hard, so the program cannot raise them again; for CPU the hard limit is one second higher so
-  SIGXCPU comes first), run the program once and exit with its status.
+  (soft = hard for every one, so the program cannot raise any of them again; RLIMIT_CPU is one second above
+  the CPU budget and a CPU-time interval timer, ITIMER_PROF, ends the process with SIGPROF at the budget
+  itself, so the cause of death is visible; code that ignores SIGPROF is SIGKILLed by the kernel one second
+  later), run the program once and exit with its status.
 - ``session``: a small REPL server. Requests arrive as JSON lines on the original stdin
   (``{"code": str, "nonce": str}``); the program's stdout/stderr go to fd 1/2 (pipes read by the host),
   followed by the nonce so the host knows where one call's output ends; the reply
   (``{"exit_code": int, "error": str | null}``) is written as a JSON line to fd CTL_FD. Globals persist
-  between requests. When PIDNS is 1 (the driver runs in its own PID namespace) every other process of
-  the namespace is killed after each request, so nothing started by one call outlives it.
+  between requests. The session's RLIMIT_CPU (soft = hard) is its CPU budget over all its calls
+  (``RLIMIT_CPU`` in LIMITS is the per-call budget, ``SESSION_CPU`` the session's); each call gets a fresh
+  ITIMER_PROF of the per-call budget. When PIDNS is 1 (the driver runs in its own PID namespace) every other
+  process of the namespace is killed after each request. None of this is trusted: the model's code runs in
+  this interpreter and can replace any of it, so the host checks from outside after every call (it kills
+  what outlived the call and accounts the session's CPU, ``local.PythonSession``).
 """
 
 import faulthandler
@@ -28,10 +34,17 @@ CODE_FILENAME = "<code>"
 
 
 def _apply_limits(limits):
+    # soft = hard for every resource: the program can lower a limit, never raise it back.
     for name, value in limits.items():
-        # CPU: SIGXCPU (a visible cause of death) at the soft limit, SIGKILL one second later.
-        hard = value + 1 if name == "RLIMIT_CPU" else value
-        resource.setrlimit(getattr(resource, name), (value, hard))
+        resource.setrlimit(getattr(resource, name), (value, value))
+
+
+def _cpu_timer(seconds):
+    # ITIMER_PROF counts the process's CPU time (every thread); its SIGPROF (default action: terminate) ends
+    # the program at its CPU budget. Not a limit (the program can cancel it): RLIMIT_CPU is.
+    import _signal
+
+    _signal.setitimer(_signal.ITIMER_PROF, float(seconds))
 
 
 def _null_stdin():
@@ -92,7 +105,12 @@ def main_cold(limits):
     src = sys.stdin.buffer.read()
     _null_stdin()
     faulthandler.enable()
+    cpu_s = limits.get("RLIMIT_CPU")
+    if cpu_s is not None:
+        limits["RLIMIT_CPU"] = cpu_s + 1  # the kernel's kill, one second after the timer's SIGPROF
     _apply_limits(limits)
+    if cpu_s is not None:
+        _cpu_timer(cpu_s)
     sys.argv = [CODE_FILENAME]
     status, _ = _run(src, _fresh_globals())
     _flush()
@@ -147,7 +165,10 @@ def main_session(limits, ctl_fd, in_pidns):
     _null_stdin()
     out_fd, err_fd = os.dup(1), os.dup(2)
     faulthandler.enable()
-    cpu_s = limits.pop("RLIMIT_CPU", None)
+    cpu_s = limits.get("RLIMIT_CPU")
+    session_cpu = limits.pop("SESSION_CPU", None)
+    if session_cpu is not None:
+        limits["RLIMIT_CPU"] = session_cpu  # the whole session's budget, soft = hard
     _apply_limits(limits)
     sys.argv = [CODE_FILENAME]
     glb = _fresh_globals()
@@ -159,10 +180,10 @@ def main_session(limits, ctl_fd, in_pidns):
         os.dup2(err_fd, 2)
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         if cpu_s is not None:
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            budget = int(usage.ru_utime + usage.ru_stime) + int(cpu_s) + 1
-            resource.setrlimit(resource.RLIMIT_CPU, (budget, resource.RLIM_INFINITY))
+            _cpu_timer(cpu_s)
         status, error = _run(request["code"], glb)
+        if cpu_s is not None:
+            _cpu_timer(0)
         _flush()
         if in_pidns:
             _kill_others()

@@ -140,3 +140,101 @@ async def clear_uid(uid: int, grace_s: float = 3.0) -> None:
     deadline = time.monotonic() + grace_s
     while kill_uid(uid) and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
+
+
+# ---------------------------------------------------------------------------------------------------- from outside
+# What the host reads about a running sandbox, from /proc (never from the sandboxed interpreter, whose code the model
+# controls): its processes, their CPU time, the threads of one of them, the bytes of its private tmpfs mounts.
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def all_children(pid: int) -> list[int]:
+    """The children of ``pid``, whichever of its threads started them ([] when it is gone)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids.extend(int(x) for x in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (breadth first). Orphans of a PID namespace are reparented to its init,
+    which is below ``pid`` for the namespaced backends, so they are found too."""
+    out, todo, seen = [], [pid], set()
+    while todo:
+        p = todo.pop(0)
+        if p in seen:
+            continue
+        seen.add(p)
+        out.append(p)
+        todo.extend(all_children(p))
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system, every thread) of ``pids`` and of their children that have been waited for."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime (fields 14-17 of proc(5))
+    return total / _CLK_TCK
+
+
+def thread_count(pid: int) -> int:
+    """Threads of ``pid`` (0 when it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
+async def kill_pids_until_gone(pids, grace_s: float = 3.0) -> None:
+    """SIGKILL ``pids()`` (a function listing what must die) until it lists nothing alive (at most ``grace_s``)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        live = [p for p in pids() if _alive(p)]
+        if not live or time.monotonic() > deadline:
+            return
+        for p in live:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        await asyncio.sleep(0.002)
+
+
+def tmpfs_bytes(pid: int, mounts: tuple[str, ...] = ("tmp", "dev/shm")) -> int:
+    """Bytes used in the given mounts as process ``pid`` sees them (its own mount namespace, through
+    /proc/PID/root); 0 for a mount that cannot be read."""
+    used = 0
+    for mount in mounts:
+        try:
+            st = os.statvfs(f"/proc/{pid}/root/{mount}")
+        except OSError:
+            continue
+        used += (st.f_blocks - st.f_bfree) * st.f_frsize
+    return used
+
+
+def uid_pids(uid: int) -> list[int]:
+    """Live processes owned by ``uid``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid == uid and _alive(int(name)):
+                out.append(int(name))
+        except OSError:
+            continue
+    return out

@@ -14,14 +14,24 @@ class ExecLimits(BaseModel):
 
     Units: seconds for times, MiB for sizes, bytes for ``max_output_bytes``. The wall-clock
     ``timeout_s`` is enforced by the host (the whole process tree is killed at the deadline); the others
-    are rlimits set inside the sandbox before the model's code runs (soft = hard, so they cannot be raised;
-    RLIMIT_CPU's hard limit is one second above, so SIGXCPU is the visible cause of death).
+    are rlimits set inside the sandbox before the model's code runs, soft = hard for every one (the code can
+    never raise them again), in cold calls and sessions, on every local backend. CPU: a CPU-time timer ends the
+    program with SIGPROF at ``cpu_s`` (a visible cause) and RLIMIT_CPU, one second above, is the kernel's kill.
+
+    Sessions: ``cpu_s`` is per call; ``session_cpu_s`` is the session interpreter's RLIMIT_CPU over all its
+    calls. The host also accounts the session's CPU from outside (every process of the sandbox): a call that
+    used more than ``cpu_s`` + 1 s, CPU used between calls, or a thread still alive after its call ends the
+    session (the next call starts a fresh interpreter and says so).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout_s: float = Field(10.0, gt=0, le=3600, description="wall-clock limit per call (s)")
-    cpu_s: int = Field(10, ge=1, le=3600, description="RLIMIT_CPU per process (s)")
+    cpu_s: int = Field(10, ge=1, le=3600, description="CPU seconds per process and call")
+    session_cpu_s: int | None = Field(
+        None, ge=1, le=86400,
+        description="CPU seconds of a session's interpreter over all its calls (None: 10 x cpu_s)",
+    )
     memory_mb: int = Field(1024, ge=64, le=1 << 20, description="RLIMIT_AS address space (MiB)")
     file_size_mb: int = Field(32, ge=1, le=1 << 20, description="RLIMIT_FSIZE largest file written (MiB)")
     open_files: int = Field(64, ge=16, le=65536, description="RLIMIT_NOFILE")
@@ -47,6 +57,13 @@ class ExecLimits(BaseModel):
         if with_nproc:
             out["RLIMIT_NPROC"] = int(self.max_processes)
         return out
+
+    @property
+    def session_cpu_budget(self) -> int:
+        """CPU seconds of a session's interpreter over all its calls (``session_cpu_s``, default 10 x cpu_s;
+        never below one call's ``cpu_s`` + 1)."""
+        budget = self.session_cpu_s if self.session_cpu_s is not None else 10 * int(self.cpu_s)
+        return max(int(budget), int(self.cpu_s) + 1)
 
 
 class RemoteConfig(BaseModel):
@@ -81,6 +98,14 @@ class SandboxConfig(BaseModel):
     max_sessions: int = Field(64, ge=1, le=4096, description="live persistent sessions; the idlest is evicted")
     session_idle_s: float = Field(
         900.0, gt=0, description="a session unused this long is closed (its trajectory is assumed finished)"
+    )
+    idle_tmp_mb: int = Field(
+        1024, ge=1, le=1 << 20,
+        description=(
+            "the files idle sessions hold in their private /tmp and /dev/shm (tmpfs: host memory, outside each "
+            "call's memory_mb) are counted after every call; beyond this total the least recently used idle "
+            "sessions are closed (bwrap, unshare; the subprocess backend's files are on disk and not counted)"
+        ),
     )
     python: str = Field(
         "auto",

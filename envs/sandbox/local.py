@@ -24,7 +24,20 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from ._io import OutputCapture, clear_uid, kill_tree, looks_like_oom, normalize_status
+from . import _io
+from ._io import (
+    OutputCapture,
+    clear_uid,
+    cpu_seconds,
+    descendants,
+    kill_pids_until_gone,
+    kill_tree,
+    looks_like_oom,
+    normalize_status,
+    thread_count,
+    tmpfs_bytes,
+    uid_pids,
+)
 from .config import ExecLimits, ExecResult, SandboxConfig
 from .interpreter import resolve_python, venv_root
 
@@ -47,6 +60,9 @@ _READ_CHUNK = 1 << 16
 # keep the host's event loop busy pumping data until the deadline.
 _FLOOD_FACTOR = 64
 _FLOOD_MIN = 4 << 20
+# A session's processes may use this much CPU between two calls (clock-tick granularity, exit bookkeeping of
+# the processes killed after a call); more means something kept running after its call ended.
+_IDLE_CPU_SLACK_S = 0.25
 
 
 
@@ -123,7 +139,10 @@ class LocalSandbox:
     # ------------------------------------------------------------------ command lines
     def _python_argv(self, limits: ExecLimits, mode: str, ctl_fd: int | None, uid: int | None) -> list[str]:
         with_nproc = uid is not None
-        rlimits = ",".join(f"{k}={v}" for k, v in limits.rlimits(with_nproc).items())
+        values = limits.rlimits(with_nproc)
+        if mode == "session":
+            values["SESSION_CPU"] = limits.session_cpu_budget
+        rlimits = ",".join(f"{k}={v}" for k, v in values.items())
         argv = [self.python, "-I", "-c", DRIVER_SOURCE, mode, rlimits]
         if mode == "session":
             argv += [str(ctl_fd), "1" if self.network_isolated else "0"]
@@ -330,7 +349,27 @@ class LocalSandbox:
             for old in evicted:
                 await old.close()
         self._sessions.move_to_end(key)
-        return await session.run(code, limits)
+        result = await session.run(code, limits)
+        await self._enforce_idle_tmp()
+        return result
+
+    async def _enforce_idle_tmp(self) -> None:
+        """Close the least recently used idle sessions while the files all idle sessions hold in their tmpfs
+        mounts (counted after each of their calls) exceed ``config.idle_tmp_mb``."""
+        budget = self.config.idle_tmp_mb << 20
+        idle = [(k, s) for k, s in self._sessions.items() if not s.busy]
+        held = sum(s.tmp_bytes for _, s in idle)
+        for key, session in idle:  # least recently used first
+            if held <= budget:
+                return
+            held -= session.tmp_bytes
+            if self._sessions.get(key) is session:
+                await self.close_session(key)
+
+    @property
+    def idle_tmp_bytes(self) -> int:
+        """Bytes the idle sessions' private /tmp and /dev/shm held after their last calls."""
+        return sum(s.tmp_bytes for s in self._sessions.values() if not s.busy)
 
     async def close_session(self, key: str) -> None:
         """Kill the session of ``key`` (no-op when there is none)."""
@@ -351,9 +390,18 @@ class LocalSandbox:
 class PythonSession:
     """One long-lived sandboxed interpreter whose globals persist between calls.
 
-    The rlimits are those given at construction; each call has its own wall-clock deadline
-    (``limits.timeout_s``) and output cap. A call that times out, floods its output or kills the
-    interpreter ends the process; the next call starts a fresh one (state lost, reported).
+    The rlimits are those given at construction (soft = hard; RLIMIT_CPU is the session's budget over all its
+    calls, ``ExecLimits.session_cpu_budget``); each call has its own wall-clock deadline (``limits.timeout_s``),
+    CPU timer (``cpu_s``) and output cap. A call that times out, floods its output or kills the interpreter
+    ends the process; the next call starts a fresh one (state lost, reported).
+
+    Checked by the host after every call, from outside the sandboxed interpreter (whose code the model
+    controls, driver included): every process of the sandbox that is not the launcher chain or the
+    interpreter is SIGKILLed before the call returns (so nothing a call started outlives it, whatever the code
+    did to the driver); a thread still alive, a call whose interpreter used more than ``cpu_s`` + 1 s of CPU, or a
+    session whose processes used more than its budget in all, ends the session after the call (a note is added
+    to stderr). Before a call, CPU used since the previous call ended (something kept running) restarts it.
+    The bytes in the session's private /tmp and /dev/shm are counted after each call (``tmp_bytes``).
     """
 
     def __init__(self, sandbox: LocalSandbox, limits: ExecLimits):
@@ -367,6 +415,9 @@ class PythonSession:
         self._lock = asyncio.Lock()
         self.started_once = False
         self.last_used = time.monotonic()
+        self._chain: list[int] = []  # host pids of the launcher chain, the interpreter last
+        self._cpu_idle_mark = 0.0  # the sandbox's CPU seconds when the last call ended
+        self.tmp_bytes = 0  # bytes in the private /tmp and /dev/shm after the last call
 
     @property
     def busy(self) -> bool:
@@ -401,7 +452,61 @@ class PythonSession:
             err = await asyncio.wait_for(self._proc.stderr.read(4096), timeout=5)
             await self.close()
             raise SandboxUnavailable(f"session failed to start: {err.decode('utf-8', 'replace')[-500:]}")
+        # Before any model code ran, the sandbox is one chain: launcher(s), then the interpreter.
+        chain = [self._proc.pid]
+        while kids := _io.all_children(chain[-1]):
+            chain.append(kids[0])
+        self._chain = chain
+        self._cpu_idle_mark = cpu_seconds(descendants(self._proc.pid))
         self.started_once = True
+
+    # ---------------------------------------------------------------- checks from outside the sandbox
+    @property
+    def _interpreter_pid(self) -> int | None:
+        return self._chain[-1] if self._chain else None
+
+    def _strays(self) -> list[int]:
+        """Processes of the sandbox other than the launcher chain and the interpreter."""
+        if self._proc is None:
+            return []
+        known = set(self._chain)
+        strays = [p for p in descendants(self._proc.pid) if p not in known]
+        if self._uid is not None and self.sandbox.kind == "subprocess":  # no PID namespace: setsid'd orphans
+            strays += [p for p in uid_pids(self._uid) if p not in known and p not in strays]
+        return strays
+
+    def _session_cpu(self) -> float:
+        return cpu_seconds(descendants(self._proc.pid)) if self._proc is not None else 0.0
+
+    @staticmethod
+    def _own_cpu(pid: int | None) -> float:
+        """CPU seconds of ``pid`` itself (every thread, children not included)."""
+        if pid is None:
+            return 0.0
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / _io._CLK_TCK
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    async def _after_call(self, limits: ExecLimits, cpu_before: float) -> str | None:
+        """Kill what outlived the call; return why the session must end now (None: it may go on)."""
+        await kill_pids_until_gone(self._strays)
+        pid = self._interpreter_pid
+        if self.sandbox.kind != "subprocess":
+            self.tmp_bytes = tmpfs_bytes(pid) if pid is not None else 0
+        threads = thread_count(pid) if pid is not None else 0
+        used = self._own_cpu(pid) - cpu_before
+        total = self._session_cpu()
+        self._cpu_idle_mark = total
+        if threads > 1:
+            return f"{threads - 1} thread(s) still running after the call"
+        if used > limits.cpu_s + 1:
+            return f"the call used {used:.1f} s of CPU (limit {limits.cpu_s} s)"
+        if total > self.limits.session_cpu_budget:
+            return f"the session used {total:.1f} s of CPU (budget {self.limits.session_cpu_budget} s)"
+        return None
 
     async def close(self) -> None:
         """Kill the interpreter (idempotent)."""
@@ -414,6 +519,7 @@ class PythonSession:
         await self.sandbox._cleanup_slot(self._uid, self._workdir)
         self.sandbox._uids.give(self._uid)
         self._uid, self._workdir = None, None
+        self._chain, self.tmp_bytes = [], 0
 
     async def run(self, code: str, limits: ExecLimits | None = None) -> ExecResult:
         """Run ``code`` with the session's globals; see the class docstring."""
@@ -424,6 +530,8 @@ class PythonSession:
         async with self._lock:
             self.last_used = time.monotonic()
             restarted = False
+            if self.alive and self._session_cpu() - self._cpu_idle_mark > _IDLE_CPU_SLACK_S:
+                await self.close()  # something ran between calls (a signal handler, a timer): start over
             if not self.alive:
                 restarted = self.started_once  # an earlier interpreter (and its globals) was lost
                 if self._proc is not None or self._uid is not None:
@@ -486,6 +594,7 @@ class PythonSession:
             return json.loads(reply)
 
         t0 = time.monotonic()
+        cpu_before = self._own_cpu(self._interpreter_pid)
         timed_out, reply = False, None
         try:
             reply = await asyncio.wait_for(exchange(), timeout=limits.timeout_s)
@@ -511,8 +620,16 @@ class PythonSession:
             return ExecResult(stdout=stdout, stderr=stderr, exit_code=None if flooded else status,
                               truncated=flooded or out.truncated or err.truncated, duration_s=duration,
                               oom=looks_like_oom(stderr), backend=name)
-        status = int(reply.get("exit_code", 1))
+        try:
+            status = int(reply.get("exit_code", 1))
+        except (AttributeError, TypeError, ValueError):  # the code can forge the reply: only its status is read
+            status = 1
+        ended = await self._after_call(limits, cpu_before)
+        if ended is not None:
+            stderr += f"\n[sandbox: {ended}: the session was ended; the next call starts a fresh interpreter]"
+            await self.close()
+        oom = isinstance(reply, dict) and reply.get("error") == "MemoryError"
         return ExecResult(
-            stdout=stdout, stderr=stderr, exit_code=status, oom=reply.get("error") == "MemoryError",
+            stdout=stdout, stderr=stderr, exit_code=status, oom=oom,
             truncated=out.truncated or err.truncated, duration_s=duration, backend=name,
         )

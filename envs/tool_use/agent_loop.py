@@ -12,6 +12,9 @@ selection and output assembly it reuses):
   calls written inside ``<think>...</think>`` are ignored (``envs.tool_use.parser.parse_tool_calls``; a call
   ends where its JSON ends, so markup inside the call's strings ends nothing). Calls are answered, counted and
   the episode ended by the runner shared with the evaluations (``envs.tool_use.episode``).
+- Observations are cut to ``max_tool_response_length`` characters, marker included, errors and warnings too, and
+  no text (tool output, the model's own text in the history, tool-call arguments included) can become one of
+  the tokenizer's control tokens (``envs.tools.observation``, applied by that runner).
 - A malformed call (bad JSON, no name, unknown tool, arguments not an object, a missing or mistyped
   required argument, an unclosed ``<tool_call>``, more calls than ``max_parallel_calls``) is answered by
   an error observation the model can read, and counted (``num_malformed_calls``), instead of being
@@ -65,6 +68,7 @@ from verl.utils.ray_utils import get_event_loop
 
 from envs.contract import AGENT_NAME, MODEL_TEXT_KEY
 from envs.tool_use.episode import EpisodeStats, ToolCallRunner, end_token_ids, turn_termination
+from envs.tool_use.history import assistant_message, tool_call_dicts
 from envs.tool_use.parser import (
     ParsedCall,
     model_response_text,
@@ -72,6 +76,7 @@ from envs.tool_use.parser import (
     remove_tool_calls,
     strip_thinking,
 )
+from envs.tools.observation import tokenizer_control_tokens
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -128,6 +133,7 @@ class StareToolAgentLoop(ToolAgentLoop):
             raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
         self.tool_timeout_s = float(tool_timeout_s)
         self._stop_ids = end_token_ids(self.tokenizer) | set(self.tool_parser.stop_token_ids)
+        self._control_tokens = tokenizer_control_tokens(self.tokenizer)
         self._agent_data: AgentData | None = None
 
     # -- trajectory ---------------------------------------------------------------------------------
@@ -160,6 +166,7 @@ class StareToolAgentLoop(ToolAgentLoop):
             tool_timeout_s=self.tool_timeout_s,
             max_tool_response_chars=self.max_tool_response_length,
             truncate_side=self.tool_response_truncate_side,
+            control_tokens=self._control_tokens,
         )
 
     async def _release_trajectory(self) -> None:
@@ -263,8 +270,10 @@ class StareToolAgentLoop(ToolAgentLoop):
         text = await self.loop.run_in_executor(
             None, lambda: self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         )
-        content, calls = parse_tool_calls(text, {name: tool.tool_schema for name, tool in active.items()})
-        agent_data.messages.append(self._assistant_message(content, calls))
+        _, calls = parse_tool_calls(text, {name: tool.tool_schema for name, tool in active.items()})
+        # the history message of every path (reasoning kept, as the ids above keep it; the context keeps the
+        # model's own ids), its control-token strings broken (the runner's rule)
+        agent_data.messages.append(self._runner(agent_data).history_message(assistant_message(text, tool_call_dicts(calls))))
         reason = turn_termination(
             st,
             calls=calls,
@@ -278,22 +287,6 @@ class StareToolAgentLoop(ToolAgentLoop):
             return self._terminate(agent_data, reason)
         st.pending = calls
         return AgentState.PROCESSING_TOOLS
-
-    @staticmethod
-    def _assistant_message(content: str, calls: list[ParsedCall]) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": c.name or "invalid_tool_call",
-                        "arguments": c.arguments if c.ok else {"raw": c.raw[:200]},
-                    },
-                }
-                for c in calls
-            ]
-        return message
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
         """Answer every call of the turn (run the well-formed ones, explain the malformed ones), append the

@@ -10,8 +10,15 @@ error", the observation cut, the deadline and the per-turn call limit mean the s
   counted as malformed; nothing is run for them.
 - **deadline**: ``tool_timeout_s`` seconds of wall clock around create -> execute -> release of one call, on top
   of the tool's own limits; a call past it is cancelled and answered "did not finish".
-- **observation cut**: an observation longer than ``max_tool_response_chars`` characters is cut on
-  ``truncate_side`` (``"left"`` keeps the end, ``"right"`` the start, ``"middle"`` both ends), with a marker.
+- **observation cut**: every observation (tool output, a tool's error or warning, a timeout notice, the error
+  written for a malformed call) is cut to at most ``max_tool_response_chars`` characters, marker included, on
+  ``truncate_side`` (``"left"`` keeps the end, ``"right"`` the start, ``"middle"`` both ends): one rule,
+  ``envs.tools.observation.cut_text``.
+- **no control tokens from text**: every observation, and every assistant message put back into the chat
+  history (:meth:`ToolCallRunner.history_message`: content, reasoning, tool-call names and arguments), has its
+  control-token strings broken (``envs.tools.observation``), so a tokenizer encodes them as text, never as
+  ``<|im_end|>`` and the like. This runner is where all three paths (training loop, API evaluation, local and
+  held-out evaluations) get the text they encode, so the rule holds in all of them.
 
 Tools are verl ``BaseTool``-shaped objects (``create``/``execute``/``release``, optional
 ``release_trajectory(request_id)``), read by duck typing.
@@ -22,16 +29,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from envs.contract import END_OF_TURN_TOKENS
 from envs.tool_use.parser import ParsedCall
+from envs.tools.observation import ControlTokenEscaper, cut_text
 
 __all__ = ["EpisodeStats", "ToolCallRunner", "end_token_ids", "turn_termination"]
 
 logger = logging.getLogger(__name__)
+TURN_MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+"""The markup of an assistant turn that its history message keeps (the model's own structure, not forged text)."""
+_MARKUP_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TURN_MARKUP) + ")")
+
+
+def _escape_turn_text(text: str, escape) -> str:
+    """``text`` with ``escape`` applied between the pieces of :data:`TURN_MARKUP` (the tags themselves kept)."""
+    parts = _MARKUP_SPLIT.split(text)
+    return "".join(p if i % 2 else escape(p) for i, p in enumerate(parts))
 
 TruncateSide = Literal["left", "middle", "right"]
 
@@ -143,8 +161,10 @@ class ToolCallRunner:
         tools: name -> tool (verl ``BaseTool`` shape).
         max_parallel_calls: calls run per turn (>= 1).
         tool_timeout_s: deadline of one call in seconds (> 0).
-        max_tool_response_chars: longest observation in characters (>= 1).
+        max_tool_response_chars: longest observation in characters, marker included (>= 1).
         truncate_side: "left" | "middle" | "right".
+        control_tokens: more strings to keep out of the encoded text, besides
+            ``envs.tools.observation``'s defaults (a tokenizer's: ``tokenizer_control_tokens``).
     Raises:
         ValueError: a limit out of range or an unknown side.
     """
@@ -157,6 +177,7 @@ class ToolCallRunner:
         tool_timeout_s: float = 60.0,
         max_tool_response_chars: int = 1024,
         truncate_side: TruncateSide = "middle",
+        control_tokens: tuple[str, ...] | list[str] = (),
     ):
         if not tool_timeout_s or float(tool_timeout_s) <= 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
@@ -169,6 +190,7 @@ class ToolCallRunner:
         self.tool_timeout_s = float(tool_timeout_s)
         self.max_tool_response_chars = int(max_tool_response_chars)
         self.truncate_side = truncate_side
+        self.escape = ControlTokenEscaper(control_tokens)
 
     @property
     def schemas(self) -> dict[str, Any]:
@@ -203,7 +225,7 @@ class ToolCallRunner:
             stats.num_malformed_calls += 1
             entry["error"] = "malformed"
             stats.tool_call_log.append(entry)
-            return call.error
+            return self.observation(call.error or "Error: malformed tool call; nothing was run.")
 
         tool = self.tools[call.name]
         t0 = time.perf_counter()
@@ -227,7 +249,7 @@ class ToolCallRunner:
         stats.tool_time_s += seconds
         entry["seconds"] = round(seconds, 4)
         stats.tool_call_log.append(entry)
-        return self.truncate(text)
+        return self.observation(text)
 
     async def _execute(self, tool: Any, call: ParsedCall, context: Any) -> tuple[str, dict]:
         """create -> execute -> release of one tool (release also on failure/cancellation)."""
@@ -247,16 +269,29 @@ class ToolCallRunner:
         return str(response), metrics
 
     def truncate(self, text: str) -> str:
-        """``text`` cut to ``max_tool_response_chars`` on ``truncate_side`` (with a "(truncated)" marker)."""
-        n = self.max_tool_response_chars
-        if not text or len(text) <= n:
-            return text
-        if self.truncate_side == "left":
-            return "(truncated)..." + text[-n:]
-        if self.truncate_side == "right":
-            return text[:n] + "...(truncated)"
-        half = n // 2
-        return text[:half] + "...(truncated)..." + text[-half:]
+        """``text`` cut to at most ``max_tool_response_chars`` characters (marker included) on ``truncate_side``."""
+        return cut_text(text or "", self.max_tool_response_chars, self.truncate_side)
+
+    def observation(self, text: str) -> str:
+        """The text of one observation as it enters the context: control tokens broken, then cut (every answer
+        of :meth:`answer` goes through here)."""
+        out = self.truncate(self.escape(str(text or "")))
+        again = self.escape(out)  # a cut cannot join pieces into a token; checked anyway
+        return out if again == out else again[: self.max_tool_response_chars]
+
+    def history_message(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A copy of an assistant ``message`` safe to put back into the chat history. The text the model wrote
+        inside its tool calls (names and arguments, in ``tool_calls`` or between ``<tool_call>`` tags of the
+        content) has every control-token string broken; the rest of its text (content, reasoning) too, except the
+        turn's own markup (:data:`TURN_MARKUP`: think and tool-call tags), which stays as the model wrote it, so
+        the history renders to the context the model generated in (what training keeps as token ids)."""
+        out = dict(message)
+        for key in ("content", "reasoning_content"):
+            if isinstance(out.get(key), str):
+                out[key] = _escape_turn_text(out[key], self.escape)
+        if out.get("tool_calls"):
+            out["tool_calls"] = [self.escape.message(c) if isinstance(c, dict) else c for c in out["tool_calls"]]
+        return out
 
     async def release_trajectory(self, request_id: str) -> None:
         """Close per-trajectory tool state (tools with ``release_trajectory``); errors are logged, never raised."""

@@ -9,7 +9,8 @@ Tool config YAML (``multi_turn.tool_config_path``), see ``recipes/tool_use/tool_
 
 The ``config`` dict is validated by :class:`CodeInterpreterConfig` (unknown keys raise). The text returned
 to the model is short: the program's stdout, then (on failure) the last lines of its traceback, or a
-one-line timeout / memory / signal notice, cut to ``max_observation_chars`` with a visible marker.
+one-line timeout / memory / signal notice, cut to at most ``max_observation_chars`` (marker included) by the
+observation rule every tool-use path applies (``envs.tools.observation.cut_text``).
 The step reward is always 0.0: the tool never scores the answer.
 """
 
@@ -26,6 +27,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from envs.sandbox import ExecResult, SandboxConfig, make_sandbox
+from envs.tools.observation import cut_text
 from envs.tools.schema import CODE_INTERPRETER_SCHEMA_JSON, TOOL_NAME  # noqa: F401  (TOOL_NAME re-exported)
 
 logger = logging.getLogger(__name__)
@@ -74,10 +76,8 @@ def strip_code_fence(code: str) -> str:
 
 
 def _cut(text: str, max_chars: int) -> str:
-    if len(text) <= max_chars:
-        return text
-    half = max_chars // 2
-    return text[:half] + f"\n[... {len(text) - 2 * half} characters truncated ...]\n" + text[-half:]
+    # the one observation rule (envs.tools.observation.cut_text): at most max_chars, marker included
+    return cut_text(text, max_chars, "middle")
 
 
 def _tail_lines(text: str, n: int) -> str:
@@ -106,7 +106,7 @@ def format_observation(result: ExecResult, stderr_tail_lines: int = 8, max_chars
 
     stdout first; then, when the program failed, the last ``stderr_tail_lines`` non-empty lines of
     stderr (the end of the traceback) or a notice for timeouts, memory and signals; ``(no output)`` when
-    there is nothing to show. The whole is cut to ``max_chars`` (head and tail kept, marker between).
+    there is nothing to show. The whole is cut to at most ``max_chars`` (head and tail kept, marker between).
 
     A non-zero exit that is not an uncaught exception (``sys.exit(1)``, ``sys.exit("message")``,
     ``os._exit(3)``, a native library exiting) ends with ``The program exited with status N.``; a death by
@@ -136,7 +136,7 @@ def format_observation(result: ExecResult, stderr_tail_lines: int = 8, max_chars
         status = result.exit_code
         name = _signal_name(status - 128) if status is not None and status > 128 else None
         if name is not None:
-            notes = {"SIGSEGV": ", segmentation fault", "SIGXCPU": ", CPU time limit"}
+            notes = {"SIGSEGV": ", segmentation fault", "SIGXCPU": ", CPU time limit", "SIGPROF": ", CPU time limit"}
             parts.append(f"The program was killed by {name} (exit status {status}{notes.get(name, '')}).")
         elif status is not None and not (status == 1 and _EXCEPTION_REPORT_RE.search(err_tail)):
             parts.append(f"The program exited with status {status}.")

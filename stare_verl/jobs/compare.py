@@ -1,18 +1,26 @@
-"""``make compare``: STARE vs GRPO-ds on a CPU default task, several seeds each, one shared SFT checkpoint.
+"""``make compare``: entropy-control methods side by side on a CPU default task, several seeds each, one shared SFT
+checkpoint, the same data order and step budget for every method.
 
 Each run is ``stare_verl.jobs.train`` (the CPU default of ``--family``: ``tooluse`` by default, or ``shortcot`` /
-``longcot``, whose sums can be added in any order: more freedom in the answers, where plain GRPO may collapse
-entropy) with the same budget; the GRPO-ds runs use the identical recipe with W = M = 1. Writes
-``table.md`` / ``table.json`` (mean entropy over the first and the last quarter of steps, mean
-|entropy - target|, share of steps with the gate on, final held-out accuracy greedy and at T = 1 with
-``--eval-samples`` samples per problem, and pass@k at T = 1) and ``entropy_overlay.png`` (every run's entropy,
-the target line) into ``runs/compare`` (tool use) or ``runs/compare-<family>`` under the working directory.
+``longcot``) with ``--method <name>[:key=value,...]`` (``stare_verl.methods``: grpo, stare, entropy_bonus,
+adaptive_entropy, clip_cov, kl_cov, forking, entropy_adv; the default is STARE against its GRPO-ds twin). Same
+seed = same SFT checkpoint, same training data order and same rollout seed for every method. Writes ``table.md``
+/ ``table.json`` (per method, mean +- sd over seeds: entropy over the first and last quarter of steps and their
+ratio, mean |entropy - target| for methods with a target, the forking-token entropy, Cov(log pi, A) after the
+method's change, the PPO clip fraction, held-out greedy accuracy, avg@k and pass@k at T = 1, response length,
+seconds per step; then one row per run), ``entropy_overlay.png`` (every run's entropy, each method's mean, the
+target line), ``accuracy_overlay.png`` (training accuracy per method, held-out accuracies marked) and, when the runs
+logged it, ``cov_overlay.png`` into ``runs/compare`` (tool use) or ``runs/compare-<family>``.
+
+``--mini-batches N`` runs the off-policy regime (N updates per rollout batch: the importance ratio leaves 1, so the
+clip-based methods can act); the default is one update per batch (on-policy), where they can barely act.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -25,18 +33,28 @@ from stare_verl.jobs.runlog import RunFolder, step_axis
 # (stare_verl.jobs.families.JobFamily: compare_steps, compare_seeds, compare_dir; short CoT: 100 steps, seeds 0 1).
 
 
+def _mean(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return statistics.fmean(vals) if vals else None
+
+
 def run_stats(run_dir: Path) -> dict[str, Any]:
     """Per-run figures from a finished run folder (its ``metrics.jsonl`` and ``summary.json``, see
     ``stare_verl.jobs.runlog.RunFolder``).
 
-    Entropy is ``actor/entropy`` (nats, verl's token mean over model tokens); the target is the run's
-    ``stare/target_entropy``. Raises FileNotFoundError when the run did not finish.
+    Entropy is ``actor/entropy`` (nats, verl's token mean over model tokens, the same aggregation for every
+    method); the target is the run's ``entropy_control/target_entropy`` (or ``stare/target_entropy``);
+    ``has_target`` says whether the method itself steers toward it (STARE, the adaptive coefficient). Raises
+    FileNotFoundError when the run did not finish.
     """
+    from stare_verl.methods import parse_method_spec
+
     run = RunFolder(run_dir)
     rows = run.read_metrics()
     summary = run.read_summary()
     ent = [r["actor/entropy"] for r in rows if "actor/entropy" in r]
-    target = next((r["stare/target_entropy"] for r in rows if "stare/target_entropy" in r), float("nan"))
+    target = next((r[k] for r in rows for k in ("entropy_control/target_entropy", "stare/target_entropy") if k in r),
+                  float("nan"))  # fmt: skip
     gate = [r["stare/gate_on"] for r in rows if "stare/gate_on" in r]
     quarter = max(1, len(ent) // 4)
     first, last = ent[:quarter], ent[len(ent) - quarter :]
@@ -45,9 +63,19 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
     t1 = after.get("T=1", {})
     passes = t1.get("pass_at_k") or {}
     k = max((int(x) for x in passes), default=None)
+    method = summary["method"]
+    try:
+        spec = parse_method_spec(method)
+        has_target = spec.target_key is not None
+    except ValueError:
+        has_target = False
+    e_first = statistics.fmean(first) if first else float("nan")
+    e_last = statistics.fmean(last) if last else float("nan")
+    cov_key = "entropy_control/cov_logp_adv_eff" if any("entropy_control/cov_logp_adv_eff" in r for r in rows) \
+        else "stare/cov_logp_adv_eff"  # fmt: skip
     return {
         "run": run.path.name,
-        "method": summary["method"],
+        "method": method,
         "seed": summary["seed"],
         "steps": len(ent),
         "acc_before_greedy": before.get("T=0", {}).get("accuracy"),
@@ -55,16 +83,30 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
         "acc_after_t1": t1.get("accuracy"),
         "pass_k": k,
         "pass_at_k_after_t1": passes.get(str(k), passes.get(k)) if k is not None else None,
-        "entropy_first_quarter": statistics.fmean(first) if first else float("nan"),
-        "entropy_last_quarter": statistics.fmean(last) if last else float("nan"),
+        "pass_at_k_curve": {str(kk): v for kk, v in passes.items()},
+        "entropy_first_quarter": e_first,
+        "entropy_last_quarter": e_last,
+        "entropy_ratio_last_first": e_last / e_first if first and e_first > 0 else float("nan"),
         "mean_abs_entropy_minus_target": statistics.fmean(abs(e - target) for e in ent)
-        if ent
-        else float("nan"),
+        if ent and has_target
+        else None,
+        "has_target": has_target,
         "gate_on_share": statistics.fmean(gate) if gate else float("nan"),
         "target_entropy": target,
+        "forking_entropy": _mean(rows, "entropy_control/forking_entropy"),
+        "cov_logp_adv_mean": _mean(rows, cov_key),
+        "pg_clipfrac": _mean(rows, "actor/pg_clipfrac"),
+        "response_length": _mean(rows, "response_length/mean"),
+        "seconds_per_step": _median([r.get("timing_s/step") for r in rows]),
         "entropy": ent,
-        "cov_logp_adv_eff": [r["stare/cov_logp_adv_eff"] for r in rows if "stare/cov_logp_adv_eff" in r],
+        "train_acc": [r.get("reward/acc/mean", r.get("critic/score/mean")) for r in rows],
+        "cov_logp_adv_eff": [r[cov_key] for r in rows if cov_key in r],
     }
+
+
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if isinstance(x, (int, float))]
+    return statistics.median(xs) if xs else None
 
 
 def _fmt_mean_sd(xs: list[float | None]) -> str:
@@ -74,113 +116,133 @@ def _fmt_mean_sd(xs: list[float | None]) -> str:
     return f"{statistics.fmean(xs):.4f}" + (f" ± {statistics.stdev(xs):.4f}" if len(xs) > 1 else "")
 
 
-def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = DEFAULT_FAMILY) -> str:
-    """Write table.md, table.json, entropy_overlay.png and (when the runs logged it) cov_overlay.png, the
-    reweighted Cov(log pi, A) per run (titled with ``family``); returns the markdown table."""
+TABLE_COLUMNS = [
+    ("entropy_first_quarter", "entropy, first quarter (nats)"),
+    ("entropy_last_quarter", "entropy, last quarter (nats)"),
+    ("entropy_ratio_last_first", "last / first"),
+    ("mean_abs_entropy_minus_target", "mean abs(H - target)"),
+    ("forking_entropy", "forking-token entropy"),
+    ("cov_logp_adv_mean", "Cov(log pi, A)"),
+    ("gate_on_share", "steps with gate on"),
+    ("pg_clipfrac", "clip fraction"),
+    ("acc_after_greedy", "held-out acc (greedy)"),
+    ("acc_after_t1", "avg@k (T=1)"),
+    ("pass_at_k_after_t1", "pass@k (T=1)"),
+    ("response_length", "response length"),
+    ("seconds_per_step", "s / step"),
+]
+"""(key in :func:`run_stats`, column title) of the tables, per method and per run."""
+
+
+def _methods_in_order(stats: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(s["method"] for s in stats))
+
+
+def _colors(methods: list[str]) -> dict[str, Any]:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10"]
+    return {m: ("black" if m == "grpo" else cmap(i % 10)) for i, m in enumerate(methods)}
+
+
+def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = DEFAULT_FAMILY, regime: str = "") -> str:
+    """Write table.md, table.json, entropy_overlay.png, accuracy_overlay.png and (when the runs logged it)
+    cov_overlay.png (titled with ``family`` and ``regime``); returns the markdown table."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ks = {s.get("pass_k") for s in stats} - {None}
-    cols = [
-        ("entropy_first_quarter", "entropy, first quarter (nats)"),
-        ("entropy_last_quarter", "entropy, last quarter (nats)"),
-        ("mean_abs_entropy_minus_target", "mean abs(entropy - target)"),
-        ("gate_on_share", "steps with gate on"),
-        ("acc_after_greedy", "held-out acc (greedy)"),
-        ("acc_after_t1", "held-out acc (T=1)"),
-        ("pass_at_k_after_t1", f"pass@{ks.pop() if len(ks) == 1 else 'k'} (T=1)"),
-    ]
+    k_title = f"{ks.pop()}" if len(ks) == 1 else "k"
+    cols = [(k, t.replace("pass@k", f"pass@{k_title}").replace("avg@k", f"avg@{k_title}")) for k, t in TABLE_COLUMNS]
+    methods = _methods_in_order(stats)
     lines = ["| method | seeds | " + " | ".join(c[1] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
-    for method in ("stare", "grpo"):
+    for method in methods:
         group = [s for s in stats if s["method"] == method]
-        if not group:
-            continue
         cells = [_fmt_mean_sd([s.get(k) for s in group]) for k, _ in cols]
         lines.append(f"| {method} | {len(group)} | " + " | ".join(cells) + " |")
     if stats:
         lines.append("")
         lines.append(
             f"target entropy {stats[0]['target_entropy']:.4f} nats; mean ± sd over seeds; held-out "
-            "accuracy after RL (T=1: the mean over all samples, avg@k)"
+            "accuracy after RL (T=1: the mean over all samples, avg@k); Cov(log pi, A): the run's mean after the "
+            "method's change; mean abs(H - target) only for methods that steer toward the target"
+            + (f"; {regime}" if regime else "")
         )
     lines.append("")
     lines.append("| run | steps | acc before (greedy) | " + " | ".join(c[1] for c in cols) + " |")
     lines.append("|---|---|---|" + "---|" * len(cols))
     for s in stats:
-        cells = [f"{s[k]:.4f}" if s.get(k) is not None else "-" for k, _ in cols]
+        cells = [f"{s[k]:.4f}" if isinstance(s.get(k), (int, float)) else "-" for k, _ in cols]
         before = f"{s['acc_before_greedy']:.4f}" if s["acc_before_greedy"] is not None else "-"
         lines.append(f"| {s['run']} | {s['steps']} | {before} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "table.md").write_text(table + "\n")
     (out_dir / "table.json").write_text(json.dumps(stats, indent=1))
+    colors = _colors(methods)
+    where = f"CPU {family} task" + (f", {regime}" if regime else "")
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for s in stats:
-        color = "tab:blue" if s["method"] == "stare" else "tab:gray"
-        ax.plot(
-            range(1, len(s["entropy"]) + 1),
-            s["entropy"],
-            color=color,
-            alpha=0.35,
-            linewidth=0.8,
-            label=f"{s['method']} seed {s['seed']}",
-        )
-    for method, color in (("stare", "tab:blue"), ("grpo", "black")):
-        curves = [s["entropy"] for s in stats if s["method"] == method and s["entropy"]]
-        if curves:
-            n = min(len(c) for c in curves)
-            mean = [statistics.fmean(c[i] for c in curves) for i in range(n)]
-            ax.plot(
-                range(1, n + 1), mean, color=color, linewidth=2.2, label=f"{method} mean of {len(curves)}"
-            )
-    if stats:
-        ax.axhline(stats[0]["target_entropy"], color="red", linewidth=1, label="target")
-    step_axis(ax)
-    ax.set_ylabel("actor/entropy (nats)")
-    ax.set_title(f"STARE vs GRPO-ds: policy entropy (CPU {family} task)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out_dir / "entropy_overlay.png", dpi=100)
-    plt.close(fig)
-
-    cov_runs = [s for s in stats if s.get("cov_logp_adv_eff")]
-    if cov_runs:  # runs from before the covariance metrics existed have none
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for s in cov_runs:
-            color = "tab:blue" if s["method"] == "stare" else "tab:gray"
-            xs = range(1, len(s["cov_logp_adv_eff"]) + 1)
-            ax.plot(
-                xs,
-                s["cov_logp_adv_eff"],
-                color=color,
-                alpha=0.5,
-                linewidth=0.8,
-                label=f"{s['method']} seed {s['seed']}",
-            )
-        ax.axhline(0.0, color="black", linewidth=0.6)
+    def overlay(key: str, ylabel: str, title: str, name: str, smooth: int = 1, marks: str | None = None) -> None:
+        fig, ax = plt.subplots(figsize=(9, 5))
+        for s in stats:
+            ys = [y for y in s[key] if y is not None]
+            ax.plot(range(1, len(ys) + 1), _rolling(ys, smooth), color=colors[s["method"]], alpha=0.3, linewidth=0.8)
+        for method in methods:
+            curves = [[y for y in s[key] if y is not None] for s in stats if s["method"] == method]
+            curves = [c for c in curves if c]
+            if curves:
+                n = min(len(c) for c in curves)
+                mean = [statistics.fmean(c[i] for c in curves) for i in range(n)]
+                ax.plot(range(1, n + 1), _rolling(mean, smooth), color=colors[method], linewidth=2.2,
+                        label=f"{method} (mean of {len(curves)})")  # fmt: skip
+                if marks:
+                    accs = [s[marks] for s in stats if s["method"] == method and s.get(marks) is not None]
+                    if accs:
+                        ax.scatter([n + 1], [statistics.fmean(accs)], color=colors[method], marker="D", zorder=3)
+        if key == "entropy" and stats and math.isfinite(stats[0]["target_entropy"]):
+            ax.axhline(stats[0]["target_entropy"], color="red", linewidth=1, linestyle="--", label="target")
+        if key == "cov_logp_adv_eff":
+            ax.axhline(0.0, color="black", linewidth=0.6)
         step_axis(ax)
-        ax.set_ylabel("Cov(log pi, A_eff) over model tokens (nats)")
-        ax.set_title(f"Entropy dynamics: dH ~ -eta * Cov; > 0 lowers entropy (CPU {family} task)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} ({where})")
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        fig.savefig(out_dir / "cov_overlay.png", dpi=100)
+        fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
+
+    overlay("entropy", "actor/entropy (nats, model tokens)", "Policy entropy per method", "entropy_overlay.png")
+    overlay("train_acc", "training accuracy (rolling mean of 5 steps)",
+            "Accuracy per method; diamonds: held-out greedy after RL", "accuracy_overlay.png", smooth=5,
+            marks="acc_after_greedy")  # fmt: skip
+    if any(s.get("cov_logp_adv_eff") for s in stats):  # runs from before the covariance metrics existed have none
+        overlay("cov_logp_adv_eff", "Cov(log pi, A_eff) over model tokens",
+                "Entropy dynamics: dH ~ -eta * Cov; > 0 lowers entropy", "cov_overlay.png")  # fmt: skip
     return table
+
+
+def _rolling(ys: list[float], n: int) -> list[float]:
+    if n <= 1:
+        return list(ys)
+    return [statistics.fmean(ys[max(0, i - n + 1) : i + 1]) for i in range(len(ys))]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status."""
     from stare_verl.jobs.procs import interrupt_on_termination
-    from stare_verl.jobs.train import bad_option, train_cpu
+    from stare_verl.jobs.train import _method_arg, bad_option, method_of, train_cpu
     from stare_verl.jobs.train import build_parser as train_parser
 
     interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal stop the current run
 
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(job_family_names()), default=DEFAULT_FAMILY, help="the CPU default task")
+    p.add_argument(
+        "--methods", type=_method_arg, nargs="+", default=["stare", "grpo"], metavar="METHOD[:KEY=VALUE,...]",
+        help="the methods to compare (default: stare grpo); a setting after a colon, e.g. entropy_bonus:coef=0.01",
+    )  # fmt: skip
     p.add_argument(
         "--seeds",
         type=int,
@@ -197,13 +259,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--n-eval", type=int, default=200)
     p.add_argument(
-        "--eval-samples", type=int, default=4, help="samples per held-out problem at T = 1 (pass@k)"
+        "--eval-samples", type=int, default=4, help="samples per held-out problem at T = 1 (pass@k up to this k)"
     )
+    p.add_argument(
+        "--mini-batches", type=int, default=1,
+        help="actor updates per rollout batch (1: on-policy, the importance ratio is 1; 2-4: off-policy)",
+    )  # fmt: skip
+    p.add_argument("--lr", type=float, default=None, help="actor learning rate for every run (default: the recipe's)")
     p.add_argument(
         "--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)"
     )
     p.add_argument(
-        "overrides", nargs="*", default=[], help="Hydra overrides for every run (the GRPO-ds runs keep W = M = 1)"
+        "overrides", nargs="*", default=[], help="Hydra overrides for every run (the GRPO-ds twin keeps W = M = 1)"
     )
     args = p.parse_args(argv)
     fam = job_family(args.family)
@@ -213,6 +280,21 @@ def main(argv: list[str] | None = None) -> int:
     args.seeds = list(
         dict.fromkeys(list(fam.compare_seeds) if args.seeds is None else args.seeds)
     )
+    methods = list(dict.fromkeys(args.methods))
+    if args.mini_batches not in (1, 2, 4, 8):
+        print("error: --mini-batches must divide the 8 prompts of a step: 1, 2, 4 or 8", file=sys.stderr)
+        return 2
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        print(f"error: --lr must be a positive number (got {args.lr})", file=sys.stderr)
+        return 2
+    regime_overrides = []
+    regime = "on-policy (one update per batch)"
+    if args.mini_batches > 1:
+        regime_overrides.append(f"actor_rollout_ref.actor.ppo_mini_batch_size={8 // args.mini_batches}")
+        regime = f"off-policy ({args.mini_batches} updates per batch)"
+    if args.lr is not None:
+        regime_overrides.append(f"actor_rollout_ref.actor.optim.lr={args.lr}")
+        regime += f", lr {args.lr:g}"
     default_out = Path("runs") / fam.compare_dir
     out = Path(args.out or default_out).resolve()
 
@@ -220,18 +302,20 @@ def main(argv: list[str] | None = None) -> int:
         return train_parser().parse_args(
             ["--cpu", "--family", args.family, "--method", method, "--seed", str(seed),
              "--steps", str(args.steps), "--n-eval", str(args.n_eval), "--run-dir", str(run_dir),
-             "--eval-samples", str(args.eval_samples), *args.overrides]
+             "--eval-samples", str(args.eval_samples), *regime_overrides, *args.overrides]
         )  # fmt: skip
 
     # options are checked once, up front (a finished run folder would skip the per-run check)
-    problem = bad_option(run_args("stare", args.seeds[0], out / f"stare-seed{args.seeds[0]}"))
+    problem = bad_option(run_args(methods[0], args.seeds[0], out / f"{method_of(methods[0]).label}-seed{args.seeds[0]}"))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    print(f"[compare] {args.family}: {', '.join(methods)} x seeds {args.seeds}, {args.steps} steps each, {regime}",
+          flush=True)  # fmt: skip
     stats = []
     for seed in args.seeds:
-        for method in ("stare", "grpo"):
-            run_dir = out / f"{method}-seed{seed}"
+        for method in methods:
+            run_dir = out / f"{method_of(method).label}-seed{seed}"
             if not RunFolder(run_dir).is_finished():
                 rc = train_cpu(run_args(method, seed, run_dir))
                 if rc != 0:
@@ -240,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     return rc
             stats.append(run_stats(run_dir))
-    print(write_report(stats, out, args.family))
-    print(f"\n{out}/table.md, table.json, entropy_overlay.png")
+    print(write_report(stats, out, args.family, regime))
+    print(f"\n{out}/table.md, table.json, entropy_overlay.png, accuracy_overlay.png")
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from stare_verl.config import StareConfig, parse_stare_config
+from stare_verl.config import parse_stare_config
 from stare_verl.recipe_files import recipes_dir, register_resolver
 
 __all__ = ["compose_recipe", "recipe_names", "recipes_dir", "validate_recipe"]
@@ -56,7 +56,7 @@ def compose_recipe(
     return cfg
 
 
-def validate_recipe(cfg: DictConfig) -> StareConfig | None:
+def validate_recipe(cfg: DictConfig) -> Any:
     """Validate a composed config with verl's own checks and config dataclasses, plus ours.
 
     Checks verl's ``validate_config``, the rollout section as ``RolloutConfig``, the algorithm section as
@@ -64,7 +64,8 @@ def validate_recipe(cfg: DictConfig) -> StareConfig | None:
     mode are registered and that the reward manager, custom reward function and tool config load.
 
     Returns:
-        The parsed STARE config, or None when the recipe does not use the ``stare`` estimator.
+        The parsed config of the entropy-control method the estimator selects (``StareConfig`` for ``stare``),
+        or None when the estimator is none of ours.
 
     Raises:
         Exception: whatever verl or our validation raises for a config that would fail at launch.
@@ -85,7 +86,10 @@ def validate_recipe(cfg: DictConfig) -> StareConfig | None:
             print(line)
     omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout, dataclass_type=RolloutConfig)
     algo: dict[str, Any] = OmegaConf.to_container(cfg.algorithm, resolve=True)  # type: ignore[assignment]
-    algo.pop("stare", None)
+    from stare_verl.methods import ESTIMATORS, METHODS, method_for_config
+
+    for name in METHODS:  # the methods' own sections (algorithm.stare, algorithm.forking, ...) are ours
+        algo.pop(name, None)
     omega_conf_to_dataclass(OmegaConf.create(algo))
     get_adv_estimator_fn(cfg.algorithm.adv_estimator)
     get_trainer_cls(cfg.trainer.v1.trainer_mode)
@@ -100,20 +104,22 @@ def validate_recipe(cfg: DictConfig) -> StareConfig | None:
         raise FileNotFoundError(
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {mt.tool_config_path}"
         )
-    if cfg.algorithm.adv_estimator == "stare":
+    estimator = cfg.algorithm.adv_estimator
+    if estimator in ESTIMATORS:
         from stare_verl.estimator import STARE_TRAINER_MODES, StareInputsMissing
 
         mode = cfg.trainer.v1.trainer_mode
         if not cfg.trainer.use_v1 or mode not in STARE_TRAINER_MODES:
             raise StareInputsMissing(
-                f"algorithm.adv_estimator=stare needs trainer.use_v1=true and trainer.v1.trainer_mode in "
+                f"algorithm.adv_estimator={estimator} needs trainer.use_v1=true and trainer.v1.trainer_mode in "
                 f"{STARE_TRAINER_MODES} (got use_v1={cfg.trainer.use_v1}, trainer_mode={mode})"
             )
         rc = cfg.algorithm.get("rollout_correction") or {}
         if rc.get("bypass_mode", False):
             raise ValueError(
-                "algorithm.adv_estimator=stare needs the actor's entropy: "
+                f"algorithm.adv_estimator={estimator} needs the actor's entropy: "
                 "algorithm.rollout_correction.bypass_mode must be false"
             )
-        return parse_stare_config(cfg.algorithm)
+        method = method_for_config(cfg.algorithm)
+        return parse_stare_config(cfg.algorithm) if estimator == "stare" else method.config
     return None

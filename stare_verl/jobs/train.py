@@ -51,24 +51,30 @@ from stare_verl.recipe_files import recipes_dir
 
 # --------------------------------------------------------------------------------------------------------------
 # processes
-# What the GRPO-ds twin pins (its recipe sets W = M = 1; an override must not undo that, nor the adaptive schedule
-# move W/M away from 1).
-TWIN_PINNED = {"algorithm.stare.reweight_w": "1.0", "algorithm.stare.reweight_m": "1.0", "algorithm.stare.adaptive": "false"}
-
-
 def method_overrides(method: str, overrides: list[str] | tuple[str, ...]) -> list[str]:
-    """The Hydra overrides a run of ``method`` launches with: the user's, and for ``grpo`` (the GRPO-ds twin) W = M
-    = 1 and no adaptive schedule pinned last (``TWIN_PINNED``), so overrides meant for STARE (``make compare ARGS="algorithm.stare.reweight_w=3"`` applies
-    them to both methods) cannot turn the twin into a STARE run. The twin's other keys (target entropy, P, ...)
-    follow the overrides, so both methods log the same ``stare/*`` metrics. Prints a note when a pinned key was
-    overridden for ``grpo``."""
-    out = list(overrides)
-    if method != "grpo":
-        return out
-    dropped = [o for o in out if o.lstrip("+~").split("=", 1)[0] in TWIN_PINNED]
+    """The Hydra overrides a run of ``method`` (a method name, or ``name:key=value,...``; ``stare_verl.methods``)
+    launches with: the user's, then the method's own (``EntropyControl.compose_overrides``). The methods that run
+    as the GRPO-ds twin (``grpo``, ``entropy_bonus``, ``clip_cov``, ``kl_cov``) keep W = M = 1 and no adaptive
+    schedule whatever the overrides say, so overrides meant for STARE (``make compare ARGS="algorithm.stare.
+    reweight_w=3"`` applies them to every method) cannot turn them into STARE runs; a note is printed when one was
+    dropped.
+
+    Raises:
+        stare_verl.methods.MethodConfigError: an unknown method or an invalid setting.
+    """
+    from stare_verl.methods import parse_method_spec
+
+    out, dropped = parse_method_spec(method).compose_overrides(list(overrides))
     if dropped:
         print(f"note: the GRPO-ds twin keeps W = M = 1; ignored for it: {' '.join(dropped)}", flush=True)
-    return out + [f"++{key}={value}" for key, value in TWIN_PINNED.items()]
+    return out
+
+
+def method_of(spec: str):
+    """The entropy-control method of ``--method`` (``stare_verl.methods.parse_method_spec``)."""
+    from stare_verl.methods import parse_method_spec
+
+    return parse_method_spec(spec)
 
 
 @contextlib.contextmanager
@@ -242,8 +248,9 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     # a GPU run (and each MODEL) gets a folder of its own: never resumed from, or answered by, the CPU run's
     where = "" if backend.path == "cpu" else "-gpu" + (f"-{Path(model).name}" if model else "")
     run_dir = Path(
-        args.run_dir or os.environ.get("RUN_DIR") or Path("runs") / f"{family}-{args.method}-seed{args.seed}{where}"
-    )
+        args.run_dir or os.environ.get("RUN_DIR")
+        or Path("runs") / f"{family}-{method_of(args.method).label}-seed{args.seed}{where}"
+    )  # fmt: skip
     run_dir = run_dir.resolve()
     bad = bad_option(args) or (model_problem(model) if model else None)
     if bad:
@@ -254,7 +261,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     t0 = time.time()
     what = "CPU default" if backend.path == "cpu" else f"GPU ({backend.path}: no SGLang installed)"
     print(f"[{name}] {what}, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
-    recipe = f"{fam.cpu_recipe}_{args.method}"
+    recipe = f"{fam.cpu_recipe}_{method_of(args.method).recipe}"
     # verl's import-time warnings (optional engines, the accelerator probe) go to train.log, not the console
     noise = tempfile.TemporaryFile()
     try:  # a bad override fails now, not after the SFT and the held-out evaluation
@@ -493,9 +500,10 @@ def train_gpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     if fam.gpu_recipe is None:
         print(f"error: family {args.family} has no GPU recipe; run it on the CPU (--cpu)", file=sys.stderr)
         return 2
-    recipe = f"{fam.gpu_recipe}_{args.method}"
+    recipe = f"{fam.gpu_recipe}_{method_of(args.method).recipe}"
     run = RunFolder(Path(
-        args.run_dir or os.environ.get("RUN_DIR") or Path("runs") / f"{args.family}-{args.method}-seed{args.seed}-sglang"
+        args.run_dir or os.environ.get("RUN_DIR")
+        or Path("runs") / f"{args.family}-{method_of(args.method).label}-seed{args.seed}-sglang"
     ).resolve())  # fmt: skip
     cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
@@ -581,13 +589,33 @@ def _file_on_path(path: Path) -> Path | None:
     return None
 
 
+def _method_names() -> list[str]:
+    from stare_verl.methods import METHODS
+
+    return list(METHODS)
+
+
+def _method_arg(spec: str) -> str:
+    """argparse type of ``--method``: the spec itself once it parses (a usage error naming the known methods or
+    the bad setting otherwise)."""
+    from stare_verl.methods import MethodConfigError
+
+    try:
+        method_of(spec)
+    except MethodConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).replace("\n", " ")) from None
+    return spec
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``stare-verl train``."""
     p = argparse.ArgumentParser(prog="stare-verl train", description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(job_family_names()), default=DEFAULT_FAMILY)
     p.add_argument(
-        "--method", choices=["stare", "grpo"], default="stare", help="grpo: the GRPO-ds twin (W = M = 1)"
-    )
+        "--method", type=_method_arg, default="stare", metavar="METHOD[:KEY=VALUE,...]",
+        help="the entropy-control method (settings optional, e.g. entropy_bonus:coef=0.01): "
+             + ", ".join(_method_names()) + "; grpo: the GRPO-ds baseline (STARE's twin, W = M = 1)",
+    )  # fmt: skip
     p.add_argument("--cpu", action="store_true", help="the CPU default even where a GPU is present")
     p.add_argument(
         "--run-dir", default=None, help="run folder (default: $RUN_DIR or runs/<family>-<method>-seed<seed>)"

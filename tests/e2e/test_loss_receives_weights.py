@@ -44,6 +44,14 @@ PLAN = [
 ]
 for _p in PLAN:
     _p.update(top_p_ratio=P, target_entropy=TARGET)
+# the other methods that change what the actor receives, one step each after STARE's
+RHO, ALPHA, KAPPA, COEF0, DELTA = 0.25, 0.4, 2.0, 0.05, 0.01
+PLAN += [
+    {"method": "forking", "rho": RHO},
+    {"method": "entropy_adv", "alpha": ALPHA, "kappa": KAPPA},
+    {"method": "adaptive_entropy", "target_entropy": TARGET, "delta": DELTA, "coef_init": COEF0, "coef_max": 0.1},
+]
+N_STARE = 3
 RUN_TIMEOUT_S = 1200  # start-up alone took 7 min on the 2-core machine at load 36
 
 
@@ -67,6 +75,7 @@ def run(tmp_path_factory):
             "trainer.v1.trainer_mode=stare_probe_sync",
             "actor_rollout_ref.actor.policy_loss.loss_mode=stare_probe",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.actor.calculate_entropy=true",  # the adaptive step's bonus needs the entropy
             f"trainer.total_training_steps={len(PLAN)}",
             f"+algorithm.stare.target_entropy={TARGET}",
         ],
@@ -162,7 +171,7 @@ def _loss_rows(losses: list) -> dict:
     return out
 
 
-@pytest.mark.parametrize("step", range(len(PLAN)), ids=["O1_W3", "C2_W3_M05", "W1_M1"])
+@pytest.mark.parametrize("step", range(N_STARE), ids=["O1_W3", "C2_W3_M05", "W1_M1"])
 def test_loss_receives_stare_advantages(run, step):
     driver, losses = run
     assert [d["step"] for d in driver] == list(range(len(PLAN)))
@@ -197,7 +206,75 @@ def test_every_loss_row_belongs_to_a_step(run):
     driver, losses = run
     keys = set()
     for d in driver:
-        keys.update(r[0] for r in _expected(d)[0])
+        mask = d["response_mask"] > 0
+        keys.update(_key(d["old_log_probs"][i], mask[i]) for i in range(mask.shape[0]))
     at_loss = _loss_rows(losses)
     assert set(at_loss) <= keys
     assert sum(len(v) for v in at_loss.values()) == sum(d["response_mask"].shape[0] for d in driver)
+
+
+def _grpo_rows(d: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's model-token mask and its GRPO advantage per token (float64 reference), ``[B, T]``."""
+    mask = d["response_mask"] > 0
+    ref = _reference_grpo((d["rm_scores"] * mask).sum(-1).double().numpy(), d["uid"])
+    return mask, torch.from_numpy(ref)[:, None].expand(mask.shape) * mask
+
+
+def _step_losses(d: dict, losses: list) -> list[tuple[torch.Tensor, dict]]:
+    """(row index, loss-side record) of each of the step's rows, found by their old log-probs."""
+    mask = d["response_mask"] > 0
+    rows = {_key(d["old_log_probs"][i], mask[i]): i for i in range(mask.shape[0]) if mask[i].any()}
+    out = []
+    for rec in losses:
+        m = rec["response_mask"].bool()
+        for j in range(m.shape[0]):
+            i = rows.get(_key(rec["old_log_prob"][j], m[j]))
+            if i is not None:
+                out.append((i, rec["advantages"][j][m[j]], rec))
+    assert len(out) == len(rows), "a training row never reached the policy loss, or reached it twice"
+    return out
+
+
+def test_loss_receives_forking_token_advantages(run):
+    """80/20: the loss gets the GRPO advantage on the top ceil(rho * n) entropy model tokens of the batch, 0 on
+    the rest."""
+    driver, losses = run
+    d = driver[N_STARE]
+    assert d["stare"] == PLAN[N_STARE]
+    mask, grpo = _grpo_rows(d)
+    ent = d["entropy"]
+    n = int(mask.sum())
+    k = math.ceil(RHO * n)
+    threshold = torch.sort(ent[mask], descending=True).values[k - 1]
+    expected = torch.where(mask & (ent >= threshold), grpo, torch.zeros_like(grpo))
+    kept = 0
+    for i, a, _ in _step_losses(d, losses):
+        np.testing.assert_allclose(a.double().numpy(), expected[i][mask[i]].numpy(), rtol=1e-5, atol=1e-7)
+        kept += int((expected[i][mask[i]] != 0).sum())
+    assert 0 < kept <= k
+
+
+def test_loss_receives_entropy_advantages(run):
+    """Cheng et al.: the loss gets A + min(alpha * H, abs(A) / kappa) on every model token."""
+    driver, losses = run
+    d = driver[N_STARE + 1]
+    mask, grpo = _grpo_rows(d)
+    expected = grpo + torch.minimum(ALPHA * d["entropy"].double(), grpo.abs() / KAPPA) * mask
+    changed = 0
+    for i, a, _ in _step_losses(d, losses):
+        np.testing.assert_allclose(a.double().numpy(), expected[i][mask[i]].numpy(), rtol=1e-5, atol=1e-6)
+        changed += int((expected[i][mask[i]] != grpo[i][mask[i]]).sum())
+    assert changed > 0
+
+
+def test_loss_runs_with_the_adaptive_entropy_coefficient_of_its_step(run):
+    """Adaptive entropy: H < target, so the coefficient rises by delta and the loss of that step (only) runs with
+    it; every other step's loss keeps the recipe's entropy_coeff of 0. The advantage is plain GRPO."""
+    driver, losses = run
+    d = driver[N_STARE + 2]
+    mask, grpo = _grpo_rows(d)
+    for i, a, rec in _step_losses(d, losses):
+        assert rec["entropy_coeff"] == pytest.approx(COEF0 + DELTA)
+        np.testing.assert_allclose(a.double().numpy(), grpo[i][mask[i]].numpy(), rtol=1e-5, atol=1e-7)
+    for other in driver[: N_STARE + 2]:
+        assert {rec["entropy_coeff"] for _, _, rec in _step_losses(other, losses)} == {0.0}

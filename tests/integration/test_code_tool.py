@@ -145,7 +145,7 @@ def test_format_observation_cases():
     assert "segmentation fault" in format_observation(ExecResult(exit_code=128 + 11))
     assert format_observation(ExecResult(sandbox_error="down")) == "Sandbox error: down"
     long = format_observation(ExecResult(stdout="z" * 5000, exit_code=0), max_chars=200)
-    assert len(long) < 260 and "characters truncated" in long
+    assert len(long) == 200 and "...(truncated)..." in long  # the one observation rule: marker included
     warn = ExecResult(stdout="1\n", stderr="a\nb\nc\nd\nUserWarning: w\n", exit_code=0)
     assert format_observation(warn) == "1\nc\nd\nUserWarning: w"
     restarted = ExecResult(stdout="ok\n", exit_code=0, session_restarted=True)

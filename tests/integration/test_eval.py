@@ -332,6 +332,48 @@ def test_cli_end_to_end_table_summary_and_resume(tmp_path, capsys):
     assert summary["groups"]["toy"]["pass@k"]["2"] == pytest.approx(0.5)
 
 
+def test_cli_resume_refuses_stale_samples_and_starts_afresh(tmp_path, capsys, caplog):
+    """Issue 31.11 through the command line: data edited in place, a deleted settings file with another model
+    and temperature, and a corrupt record."""
+    data = _math_parquet(tmp_path)
+    out = tmp_path / "res.jsonl"
+    with ScriptedServer(_known_reply, models=("scripted", "other")) as srv:
+        base = ["--url", srv.url, "--data", str(data), "--k", "4", "--max-tokens", "64", "--out", str(out),
+                "--no-progress"]  # fmt: skip
+        assert cli.main([*base, "--model", "scripted"]) == 0 and srv.chat_requests == 12
+        capsys.readouterr()
+        # the ground truth of "2 + 3" changes in place: the old records were scored against "5"
+        rows = [make_row(q, "6" if a == "5" else a, "toy", i, "test") for i, (q, (a, _)) in enumerate(KNOWN.items())]
+        write_parquet(rows, data)
+        assert cli.main([*base, "--model", "scripted"]) == 1
+        err = capsys.readouterr().err
+        assert "data_sha256 differ" in err and "content changed" in err and "--overwrite" in err
+        assert srv.chat_requests == 12  # nothing asked, nothing reused
+        assert cli.main([*base, "--model", "scripted", "--overwrite"]) == 0 and srv.chat_requests == 24
+        summary = json.loads((tmp_path / "res.summary.json").read_text())
+        assert summary["groups"]["toy"]["avg@k"] == pytest.approx((0 + 1 / 4 + 0) / 3)  # "5" is now wrong
+        capsys.readouterr()
+        # the settings file deleted: another model and temperature must not reuse the old samples
+        (tmp_path / "res.jsonl.meta.json").unlink()
+        assert cli.main([*base, "--model", "other", "--temperature", "0.5"]) == 1
+        err = capsys.readouterr().err
+        assert "settings file" in err and "is missing" in err and "--overwrite" in err
+        assert srv.chat_requests == 24
+        # a corrupt record (JSON-valid, bad field) is skipped and its sample asked again, not a crash
+        assert cli.main([*base, "--model", "other", "--temperature", "0.5", "--overwrite"]) == 0
+        assert srv.chat_requests == 36
+        lines = out.read_text().splitlines()
+        lines[0] = json.dumps({**json.loads(lines[0]), "sample_index": "abc"})
+        lines[1] = json.dumps({**json.loads(lines[1]), "problem_id": [1]})
+        out.write_text("\n".join(lines) + "\n")
+        capsys.readouterr()
+        assert cli.main([*base, "--model", "other", "--temperature", "0.5"]) == 0
+        assert srv.chat_requests == 38  # the two damaged samples only
+        assert any("skipped 2 line(s) that are no valid record (line 1: sample_index" in m for m in caplog.messages)
+    summary = json.loads((tmp_path / "res.summary.json").read_text())
+    assert summary["groups"]["all"]["samples"] == 12 and summary["settings"]["model"] == "other"
+
+
 # -------------------------------------------------------------------------------------- local checkpoint
 
 

@@ -8,7 +8,8 @@ from hydra import compose, initialize_config_module
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
 from stare_verl.config import StareConfig, StareConfigError
-from stare_verl.controller import StareController
+from stare_verl.methods.adaptive_entropy import AdaptiveEntropy, AdaptiveEntropyConfig
+from stare_verl.methods.stare import Stare
 from stare_verl.trainer import STATE_FILE, StareTrainerColocateAsync, StareTrainerSync
 
 
@@ -68,7 +69,7 @@ def test_controller_state_saved_and_restored(tmp_path, monkeypatch):
     cfg_stare = StareConfig(adaptive=True, alpha=0.05, variant="C2")
     trainer = object.__new__(StareTrainerSync)
     trainer.config, trainer.global_steps = cfg, 7
-    trainer.stare_controller = StareController(cfg_stare)
+    trainer.entropy_method = Stare(cfg_stare)
     for h in (0.1, 0.1, 0.5):
         trainer.stare_controller.step(h)
     trainer._save_checkpoint()
@@ -78,7 +79,7 @@ def test_controller_state_saved_and_restored(tmp_path, monkeypatch):
 
     resumed = object.__new__(StareTrainerSync)
     resumed.config = cfg
-    resumed.stare_controller = StareController(cfg_stare)
+    resumed.entropy_method = Stare(cfg_stare)
     resumed._load_checkpoint()
     assert (resumed.stare_controller.w, resumed.stare_controller.m, resumed.stare_controller.steps) == (
         trainer.stare_controller.w,
@@ -90,6 +91,25 @@ def test_controller_state_saved_and_restored(tmp_path, monkeypatch):
     # a checkpoint without STARE state (e.g. from a GRPO run) resumes with a fresh controller
     os.remove(path)
     fresh = object.__new__(StareTrainerSync)
-    fresh.config, fresh.stare_controller = cfg, StareController(cfg_stare)
+    fresh.config, fresh.entropy_method = cfg, Stare(cfg_stare)
     fresh._load_checkpoint()
     assert fresh.stare_controller.steps == 0
+
+
+def test_adaptive_entropy_coefficient_saved_and_restored(tmp_path, monkeypatch):
+    """The adaptive entropy coefficient's controller state goes into verl's checkpoint folder and comes back."""
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", lambda self: None)
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", lambda self: setattr(self, "global_steps", 4))
+    cfg = _compose(f"trainer.default_local_dir={tmp_path}", "trainer.resume_mode=auto")
+    method_cfg = AdaptiveEntropyConfig(target_entropy=0.2, delta=0.01, coef_max=0.05)
+    trainer = object.__new__(StareTrainerSync)
+    trainer.config, trainer.global_steps = cfg, 4
+    trainer.entropy_method = AdaptiveEntropy(method_cfg)
+    trainer.entropy_method.coef, trainer.entropy_method.steps = 0.03, 4
+    trainer._save_checkpoint()
+    saved = json.loads((tmp_path / "global_step_4" / "adaptive_entropy_state.json").read_text())
+    assert saved["coef"] == 0.03 and saved["steps"] == 4
+    resumed = object.__new__(StareTrainerSync)
+    resumed.config, resumed.entropy_method = cfg, AdaptiveEntropy(method_cfg)
+    resumed._load_checkpoint()
+    assert (resumed.entropy_method.coef, resumed.entropy_method.steps) == (0.03, 4)

@@ -9,8 +9,10 @@ Loaded in every process of a ``main_ppo`` run (driver and Ray workers) through
   ``old_log_prob`` it was called with, i.e. what the actor's update actually consumes;
 - ``driver-<n>.pt`` from the trainer mode ``stare_probe_sync``: ``stare_sync`` that, before each advantage
   computation, reads the step's inputs from verl's TransferQueue (rewards, uid, mask, old log-probs,
-  entropy) and sets the STARE config of that step from ``$STARE_PROBE_PLAN`` (a JSON list of
-  ``algorithm.stare`` dicts, one per step), so one launch exercises several settings.
+  entropy) and sets the method of that step from ``$STARE_PROBE_PLAN`` (a JSON list, one per step, of
+  ``algorithm.stare`` dicts, or of another method's config with its name under ``"method"``), so one launch
+  exercises several methods; the workers' loss takes per-step settings (``ppo_loss_with_step_settings``) and
+  the loss-side dump records the ``entropy_coeff`` the loss ran with.
 
 The advantage itself is never read here on the driver side: the test rebuilds the expected one from the
 rewards and compares it with what the loss received.
@@ -27,7 +29,6 @@ from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_po
 
 import stare_verl.plugin  # noqa: F401  (CPU backend and STARE first: verl/__init__ loads this module before plugins)
 from stare_verl.config import StareConfig  # noqa: E402
-from stare_verl.controller import StareController  # noqa: E402
 
 DIR_ENV, PLAN_ENV = "STARE_PROBE_DIR", "STARE_PROBE_PLAN"
 LOSS_NAME, TRAINER_MODE = "stare_probe", "stare_probe_sync"
@@ -51,6 +52,7 @@ def probe_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_ag
             "advantages": advantages.detach().cpu().clone(),
             "response_mask": response_mask.detach().cpu().clone(),
             "old_log_prob": old_log_prob.detach().cpu().clone(),
+            "entropy_coeff": float(config.entropy_coeff),
         },
     )
     return compute_policy_loss_vanilla(
@@ -62,16 +64,26 @@ def _register_trainer() -> None:
     import transfer_queue as tq
     from verl.trainer.ppo.v1.trainer_base import register_trainer
 
+    from stare_verl.methods import METHODS
+    from stare_verl.methods.stare import Stare
     from stare_verl.trainer import StareTrainerSync
+    from stare_verl.verl_compat import install_step_settings_loss
 
     @register_trainer(TRAINER_MODE)
     class StareProbeTrainer(StareTrainerSync):
+        def _setup(self):  # the plan switches methods per step: per-step loss settings from the start
+            super()._setup()
+            install_step_settings_loss(self)
+
         def _compute_advantage(self, batch, metrics):
             plan = json.loads(os.environ[PLAN_ENV])
             i = getattr(self, "_probe_step", 0)
             self._probe_step = i + 1
             stare = plan[min(i, len(plan) - 1)]
-            self.stare_controller = StareController(StareConfig(norm_adv_by_std_in_grpo=True, **stare))
+            spec = dict(stare)
+            cls = METHODS[spec.pop("method", "stare")]
+            cfg = StareConfig(norm_adv_by_std_in_grpo=True, **spec) if cls is Stare else cls.Config(**spec)
+            self.entropy_method = cls(cfg)
             fields = ["uid", "response_mask", "rm_scores", "old_log_probs", "entropy"]
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
             padded = data.to_padded_tensor()

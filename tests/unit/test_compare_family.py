@@ -4,6 +4,8 @@ table/plot come from the runs' metrics."""
 import json
 from pathlib import Path
 
+import pytest
+
 import stare_verl.jobs.train as T
 from stare_verl.jobs import compare
 
@@ -44,9 +46,14 @@ def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
     grpo = next(s for s in stats if s["method"] == "grpo")
     assert grpo["entropy_last_quarter"] == 0.10 and grpo["gate_on_share"] == 0.5
     assert grpo["entropy_first_quarter"] == 0.13 and grpo["pass_at_k_after_t1"] == 0.5 and grpo["pass_k"] == 4
-    assert abs(grpo["mean_abs_entropy_minus_target"] - 0.015) < 1e-12
+    # only methods that steer toward the target are measured against it
+    assert grpo["mean_abs_entropy_minus_target"] is None and not grpo["has_target"]
+    stare = next(s for s in stats if s["method"] == "stare")
+    assert abs(stare["mean_abs_entropy_minus_target"] - 0.005) < 1e-12
+    assert abs(grpo["entropy_ratio_last_first"] - 0.10 / 0.13) < 1e-12
     assert "pass@4 (T=1)" in (out / "table.md").read_text()
     assert grpo["cov_logp_adv_eff"] == [0.01, 0.02] and (out / "cov_overlay.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "accuracy_overlay.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "entropy_overlay.png").stat().st_size > 0 and "| stare | 2 |" in (
         out / "table.md"
     ).read_text()
@@ -68,3 +75,37 @@ def test_compare_checks_options_before_any_run(tmp_path, monkeypatch, capsys):
         assert compare.main(["--family", "shortcot", *bad]) == 2
         err = capsys.readouterr().err
         assert f"error: {word} must be >= 1" in err and "failed" not in err
+
+
+def test_compare_runs_every_named_method_with_its_settings_and_refuses_unknown_ones(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def fake_train_cpu(args):
+        seen.append((args.method, args.seed, Path(args.run_dir).name, tuple(args.overrides)))
+        run = Path(args.run_dir)
+        run.mkdir(parents=True)
+        rows = [{"step": i + 1, "actor/entropy": 0.1, "entropy_control/cov_logp_adv_eff": 0.02,
+                 "entropy_control/forking_entropy": 0.4, "timing_s/step": 3.0 + i} for i in range(4)]  # fmt: skip
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        ev = {"T=0": {"accuracy": 0.5}, "T=1": {"accuracy": 0.25, "pass_at_k": {"1": 0.25, "16": 0.9}}}
+        (run / "summary.json").write_text(json.dumps({"method": args.method, "seed": args.seed, "eval_before": ev,
+                                                      "eval_after": ev}))  # fmt: skip
+        return 0
+
+    monkeypatch.setattr(T, "train_cpu", fake_train_cpu)
+    monkeypatch.chdir(tmp_path)
+    methods = ["grpo", "forking", "entropy_bonus:coef=0.01", "kl_cov"]
+    assert compare.main(["--family", "shortcot", "--steps", "4", "--seeds", "3", "--methods", *methods,
+                         "--mini-batches", "2", "--eval-samples", "16"]) == 0  # fmt: skip
+    assert [(m, d) for m, _, d, _ in seen] == [("grpo", "grpo-seed3"), ("forking", "forking-seed3"),
+                                               ("entropy_bonus:coef=0.01", "entropy_bonus-coef0.01-seed3"),
+                                               ("kl_cov", "kl_cov-seed3")]  # fmt: skip
+    assert all("actor_rollout_ref.actor.ppo_mini_batch_size=4" in o for *_, o in seen)  # off-policy: 2 updates
+    table = (tmp_path / "runs" / "compare-shortcot" / "table.md").read_text()
+    assert "| entropy_bonus:coef=0.01 | 1 |" in table and "pass@16 (T=1)" in table and "off-policy (2 updates" in table
+    stats = json.loads((tmp_path / "runs" / "compare-shortcot" / "table.json").read_text())
+    assert stats[1]["seconds_per_step"] == 4.5 and stats[1]["forking_entropy"] == 0.4
+    with pytest.raises(SystemExit) as exit_:
+        compare.main(["--methods", "stare", "clipcov"])
+    assert exit_.value.code == 2
+    assert "unknown method 'clipcov'; known methods: grpo, stare" in capsys.readouterr().err

@@ -47,11 +47,10 @@ def test_rows_with_a_non_mapping_extra_info_are_named(extra, tmp_path):
 
 
 def _record(pid, j, **kw):
-    from stare_verl.jobs.evaluation.episode import RECORD_KEYS
+    from stare_verl.jobs.evaluation.episode import EvalRecord
 
-    rec = dict.fromkeys(RECORD_KEYS, 0)
-    rec.update(problem_id=pid, sample_index=j, **kw)
-    return rec
+    return EvalRecord(problem_id=pid, problem_index=0, sample_index=j, data_source="x", ground_truth="2",
+                      **kw).model_dump()
 
 
 def test_resume_skips_damaged_lines_and_refuses_a_damaged_settings_file(tmp_path):
@@ -59,6 +58,7 @@ def test_resume_skips_damaged_lines_and_refuses_a_damaged_settings_file(tmp_path
 
     out = tmp_path / "r.jsonl"
     fp = EvalSettings(k=2, max_tokens=8).fingerprint("m", "d")
+    ResultsFile(out, fp).close()  # the settings file of the samples below
     good = [_record("p0", 0), _record("p0", 1)]
     lines = [json.dumps(good[0]), json.dumps({"problem_id": "p1", "sample_index": 0}), "[1, 2]", "not json",
              json.dumps(good[1])]  # fmt: skip
@@ -66,11 +66,12 @@ def test_resume_skips_damaged_lines_and_refuses_a_damaged_settings_file(tmp_path
     rf = ResultsFile(out, fp)
     try:
         assert rf.load() == good  # the incomplete record (no 'correct', ...) is evaluated again, not a KeyError
+        assert rf.skipped == 3
     finally:
         rf.close()
     for meta in ("[1, 2]", "{torn"):
         (tmp_path / "r.jsonl.meta.json").write_text(meta)
-        with pytest.raises(ResumeMismatch, match=r"r.jsonl.meta.json .* is not a JSON object"):
+        with pytest.raises(ResumeMismatch, match=r"r.jsonl.meta.json .* is not a JSON object.*--overwrite"):
             ResultsFile(out, fp)
 
 

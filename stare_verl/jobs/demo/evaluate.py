@@ -178,6 +178,7 @@ async def run_episodes(
         ValueError: unknown family. envs.sandbox.SandboxUnavailable: no sandbox backend works here.
     """
     from envs.tool_use.episode import ToolCallRunner
+    from envs.tools.observation import tokenizer_control_tokens
     from stare_verl.jobs.evaluation.engine import EngineGenerate
     from stare_verl.jobs.evaluation.episode import Sample, run_samples
 
@@ -189,7 +190,8 @@ async def run_episodes(
         tool = sandbox_tool(tool_timeout_s)
         runner = ToolCallRunner({TOOL_NAME: tool}, max_parallel_calls=max_parallel_calls,
                                 tool_timeout_s=loop_deadline_s(tool_timeout_s), max_tool_response_chars=max_tool_response_chars,
-                                truncate_side=tool_response_truncate_side)
+                                truncate_side=tool_response_truncate_side,
+                                control_tokens=tokenizer_control_tokens(tokenizer))
     try:
         return await run_samples(samples, engine_generate, concurrency=max(1, len(samples)),
                                  max_tokens=max_response_tokens, max_turns=max_assistant_turns, runner=runner,

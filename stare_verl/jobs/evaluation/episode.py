@@ -9,7 +9,8 @@ One sample = one episode of one problem (:class:`EvalProblem`), driven by :func:
    calls are read with the training loop's parser (``envs.tool_use.parser.parse_tool_calls``: hermes
    ``<tool_call>``, calls inside ``<think>`` ignored, malformed calls answered with an error observation) and
    answered by the training loop's tool-call runner (``envs.tool_use.episode.ToolCallRunner``: per-turn call
-   limit, loop-side deadline, observation cut); the assistant turn and one ``tool`` message per call are
+   limit, loop-side deadline, observation cut); the assistant turn (the training loop's history message,
+   ``envs.tool_use.history.assistant_message``: its reasoning kept) and one ``tool`` message per call are
    appended to the chat and the loop goes on.
 3. Stop rules (the training loop's, ``envs.tool_use.episode.turn_termination``): a turn without a call
    ("answer"), ``max_turns`` assistant turns ("max_assistant_turns"), the budget spent ("length"); a turn cut
@@ -174,8 +175,9 @@ class TurnResult:
         prompt_tokens: tokens of the context the turn was generated from (prompt + earlier turns and
             observations); None: unknown.
         completion_tokens: tokens of this turn; None: unknown (the episode's token counts are then None).
-        message: the assistant message appended to the chat, in the implementation's format (None:
-            ``{"role": "assistant", "content": <text without thinking and tool calls>}``).
+        message: the assistant message appended to the chat, in the implementation's format, built by
+            ``envs.tool_use.history.assistant_message`` as in training (reasoning kept); None: that function's
+            message of ``text`` with the parsed calls.
         tool_call_ids: ids of the turn's calls when the server parsed them (each observation answers its id).
         generated: False: no turn was made; the episode ends.
         error: why no turn was made (kept in the record).
@@ -262,6 +264,7 @@ async def run_episode(
     """
     from envs.scoring.reflection import REFLECTION_PATTERNS
     from envs.tool_use.episode import EpisodeStats, turn_termination
+    from envs.tool_use.history import assistant_message, tool_call_dicts
     from envs.tool_use.parser import parse_tool_calls, turn_reward_text
 
     p = sample.problem
@@ -310,7 +313,7 @@ async def run_episode(
                 break
             if not p.tool_use:
                 break
-            content, calls = parse_tool_calls(res.text, schemas)
+            _, calls = parse_tool_calls(res.text, schemas)
             reason = turn_termination(
                 st, calls=calls, assistant_turns=st.num_assistant_turns, user_turns=st.num_assistant_turns - 1,
                 max_assistant_turns=max_turns, max_user_turns=None,
@@ -319,7 +322,8 @@ async def run_episode(
             if reason is not None:
                 break
             observations = await runner.answer_turn(calls, st, context)
-            messages.append(res.message or {"role": "assistant", "content": content})
+            # the model's text goes back into the history with its control-token strings broken (the runner's rule)
+            messages.append(runner.history_message(res.message or assistant_message(res.text, tool_call_dicts(calls))))
             for i, obs in enumerate(observations):
                 msg = {"role": "tool", "content": obs}
                 if i < len(res.tool_call_ids) and res.tool_call_ids[i]:

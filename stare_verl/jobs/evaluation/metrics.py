@@ -17,7 +17,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ProblemStats", "aggregate_problems", "avg_at_k", "default_ks", "mean_pass_at_k", "pass_at_k"]
+__all__ = [
+    "ProblemStats",
+    "aggregate_problems",
+    "avg_at_k",
+    "default_ks",
+    "mean_pass_at_k",
+    "pass_at_k",
+    "record_key",
+    "unique_records",
+]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -82,26 +91,43 @@ class ProblemStats:
     pass_at: dict[int, float] = field(default_factory=dict)
 
 
+def record_key(record: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """The sample a record answers: ``(str(problem_id), sample_index)``; None when it has no ``sample_index``
+    (such a record is never a repeat)."""
+    j = record.get("sample_index")
+    return None if j is None else (str(record["problem_id"]), j)
+
+
+def unique_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The de-duplication rule of every count of the evaluation (resume, record order, avg@k / pass@k and the
+    summary's counts): one record per (problem_id, sample_index), the first in order (the file's: the one
+    written first); records without a ``sample_index`` are all kept. Order is preserved."""
+    seen: set[tuple[str, Any]] = set()
+    out = []
+    for r in records:
+        key = record_key(r)
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(r)
+    return out
+
+
 def aggregate_problems(records: Iterable[Mapping[str, Any]], ks: Sequence[int]) -> list[ProblemStats]:
     """Group per-sample records by ``problem_id`` and compute each problem's avg and pass@k.
 
     Args:
         records: dicts with ``problem_id`` (str), ``correct`` (bool) and optionally ``data_source``.
-            A repeated (problem_id, sample_index) pair counts once (the first is kept).
+            A repeated (problem_id, sample_index) pair counts once (:func:`unique_records`: the first).
         ks: the k of pass@k; a k above a problem's n is left out of that problem's ``pass_at``.
     Returns:
         one ProblemStats per problem, in first-seen order.
     """
     groups: dict[str, list[bool]] = {}
     sources: dict[str, str] = {}
-    seen: set[tuple[str, Any]] = set()
-    for r in records:
+    for r in unique_records(records):
         pid = str(r["problem_id"])
-        key = (pid, r.get("sample_index"))
-        if r.get("sample_index") is not None:
-            if key in seen:
-                continue
-            seen.add(key)
         groups.setdefault(pid, []).append(bool(r["correct"]))
         sources.setdefault(pid, str(r.get("data_source", "")))
     out = []

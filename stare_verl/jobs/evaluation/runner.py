@@ -20,27 +20,35 @@ turn is one chat-completions request.
   is measured from the server's ``usage``.
 
 Results: one JSON line per sample (:data:`RECORD_KEYS`) appended as soon as the sample is scored; a
-``<out>.meta.json`` next to it records the settings. Run again with the same output and settings to
-resume: answered (problem_id, sample_index) pairs are not asked again, a torn last line is dropped;
-different settings raise :class:`ResumeMismatch` (a larger ``k`` is allowed: only the new samples run).
+``<out>.meta.json`` next to it records the settings (:meth:`EvalSettings.fingerprint`: the model, the data
+file's path and the SHA-256 of its bytes, the sampling and episode settings). Run again with the same output
+and settings to resume: answered (problem_id, sample_index) pairs are not asked again, a torn last line is
+dropped, a line that is no valid record (bad JSON, a missing key, a field of the wrong type) is skipped, counted
+and warned about (its sample runs again), and of two records of one pair the first in the file counts
+(``metrics.unique_records``, the one rule of every count). Other settings, data whose content changed, or
+samples without their settings file raise :class:`ResumeMismatch` naming what differs and how to start
+afresh (a larger ``k`` is allowed: only the new samples run).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envs.contract import AGENT_NAME
 from envs.family import is_tool_family
+from envs.tool_use.history import assistant_message, with_reasoning
 from stare_verl.jobs.evaluation.client import ChatClient, ChatResult, RequestFailed
 from stare_verl.jobs.evaluation.episode import (
     CONTEXT_FULL,
@@ -53,6 +61,7 @@ from stare_verl.jobs.evaluation.episode import (
     run_samples,
     score_sample,
 )
+from stare_verl.jobs.evaluation.metrics import unique_records
 
 __all__ = [
     "RECORD_KEYS",
@@ -65,6 +74,7 @@ __all__ = [
     "ResultsBusy",
     "ResultsFile",
     "ResumeMismatch",
+    "data_digest",
     "load_problems",
     "load_tools",
     "pending_samples",
@@ -143,10 +153,25 @@ class EvalSettings(BaseModel):
     tool_timeout_s: float = Field(60.0, gt=0)
     reward_kwargs: dict[str, Any] = Field(default_factory=dict)
 
-    def fingerprint(self, model: str, data: str) -> dict[str, Any]:
-        """What must match for earlier samples to be reused (``k`` may grow)."""
+    def fingerprint(self, model: str, data: str | Path) -> dict[str, Any]:
+        """What must match for earlier samples to be reused (``k`` may grow): the model, the data file's path and
+        the SHA-256 of its bytes (``data_sha256``: :func:`data_digest`, None when ``data`` names no file), and
+        every setting but ``k``. Data edited in place (new ground truths) has another digest, so its old
+        records are never reused."""
         d = self.model_dump(exclude={"k"})
-        return {"model": model, "data": data, **d}
+        return {"model": model, "data": str(data), "data_sha256": data_digest(data), **d}
+
+
+def data_digest(path: str | Path) -> str | None:
+    """SHA-256 (hex) of the bytes of the file at ``path``; None when there is no such file."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def sample_seed(base: int | None, problem_index: int, sample_index: int) -> int | None:
@@ -256,11 +281,17 @@ class ResultsFile:
     Args:
         path: the JSONL file (its folder is created).
         fingerprint: ``EvalSettings.fingerprint(...)`` of this run.
-        overwrite: discard an existing file instead of resuming.
+        overwrite: discard an existing file (and its settings) instead of resuming.
     Raises:
-        ResumeMismatch: the existing file was written with another fingerprint (and not ``overwrite``).
+        ResumeMismatch: the existing file was written with another fingerprint (other model, settings or data
+            content), its settings file is missing or unreadable while it holds samples (nothing says how they
+            were drawn), and not ``overwrite``. The message names what differs and how to start afresh.
         ResultsBusy: another process has the file open (an exclusive ``flock`` on ``<path>.lock``, held until
             :meth:`close`).
+
+    Attributes:
+        skipped: lines of the last :meth:`load` that were no valid record (their samples run again).
+        duplicates: records of the last :meth:`load` dropped as repeats of an earlier (problem_id, sample_index).
     """
 
     def __init__(self, path: str | Path, fingerprint: Mapping[str, Any], overwrite: bool = False):
@@ -269,6 +300,8 @@ class ResultsFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fp = json.loads(json.dumps(dict(fingerprint), default=str))
         self._f = None
+        self.skipped = 0
+        self.duplicates = 0
         self._lock = self.path.with_name(self.path.name + ".lock").open("w")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -277,52 +310,98 @@ class ResultsFile:
             raise ResultsBusy(f"another evaluation is writing {self.path}; wait for it or use another --out") from err
         if overwrite:
             self.path.unlink(missing_ok=True)
-        elif self.path.exists() and self.meta_path.exists():
+        elif self.path.exists() and self.path.stat().st_size > 0:
             try:
-                old = json.loads(self.meta_path.read_text())
-            except ValueError as err:
-                old = err
-            if not isinstance(old, dict):
+                self._check_settings(fp)
+            except ResumeMismatch:
                 self.close()
-                raise ResumeMismatch(
-                    f"{self.meta_path} (the settings of the samples in {self.path}) is not a JSON object: "
-                    "use another --out, or --overwrite to start over."
-                )
-            if old != fp:
-                self.close()
-                diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
-                raise ResumeMismatch(
-                    f"{self.path} holds samples drawn with other settings ({', '.join(diff)} differ: "
-                    f"{ {k: old.get(k) for k in diff} } vs { {k: fp.get(k) for k in diff} }). "
-                    "Use another --out, or --overwrite to start over."
-                )
-        self.meta_path.write_text(json.dumps(fp, indent=1, sort_keys=True))
+                raise
+        tmp = self.meta_path.with_name(self.meta_path.name + ".tmp")
+        tmp.write_text(json.dumps(fp, indent=1, sort_keys=True))
+        os.replace(tmp, self.meta_path)  # never a torn settings file
+
+    def _afresh(self) -> str:
+        n = self.path.read_bytes().count(b"\n")
+        return (f"To start afresh, run again with --overwrite (overwrite=True in Python), which discards the {n} "
+                f"line(s) of {self.path}, or write to another --out.")
+
+    def _check_settings(self, fp: Mapping[str, Any]) -> None:
+        """Raise ResumeMismatch unless the settings file next to the (non-empty) results matches ``fp``."""
+        if not self.meta_path.exists():
+            raise ResumeMismatch(
+                f"{self.path} holds samples but their settings file {self.meta_path} is missing, so nothing says "
+                "which model, data and sampling settings drew them; they are not reused. " + self._afresh()
+            )
+        try:
+            old = json.loads(self.meta_path.read_text())
+        except ValueError as err:
+            old = err
+        if not isinstance(old, dict):
+            raise ResumeMismatch(
+                f"{self.meta_path} (the settings of the samples in {self.path}) is not a JSON object. " + self._afresh()
+            )
+        if old != fp:
+            diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
+            why = ("; the data file's content changed since those samples were drawn (their ground truths may be "
+                   "stale)" if "data_sha256" in diff else "")
+            raise ResumeMismatch(
+                f"{self.path} holds samples drawn with other settings ({', '.join(diff)} differ: "
+                f"{ {k: old.get(k) for k in diff} } vs { {k: fp.get(k) for k in diff} }){why}. " + self._afresh()
+            )
 
     def load(self) -> list[dict[str, Any]]:
-        """The records already in the file (lines holding every key of :data:`RECORD_KEYS`; other lines are
-        skipped with a warning, so their samples run again); a torn (unterminated) last line is cut off."""
+        """The records already in the file, in file order, one per (problem_id, sample_index) (the first;
+        ``metrics.unique_records``). A line that is no valid :class:`EvalRecord` (bad JSON, a missing key, a
+        field of the wrong type such as ``sample_index: "abc"`` or ``problem_id: [1]``, a negative index) is
+        skipped and counted (``skipped``), with one warning naming the first such lines; its sample runs again.
+        A torn (unterminated) last line is cut off."""
+        self.skipped = self.duplicates = 0
         if not self.path.exists():
             return []
         data = self.path.read_bytes()
         keep = data[: data.rfind(b"\n") + 1]
-        out, dropped = [], 0
-        for line in keep.splitlines():
+        out: list[dict[str, Any]] = []
+        bad: list[str] = []
+        for n, line in enumerate(keep.splitlines(), 1):
+            why = None
             try:
                 rec = json.loads(line)
             except ValueError:
-                rec = None
-            if isinstance(rec, dict) and all(k in rec for k in RECORD_KEYS):
-                out.append(rec)
-            else:  # a foreign or damaged line: its sample (if any) is evaluated again
-                dropped += 1
-        if dropped:
-            logger.warning("%s: %d line(s) that are no complete record were skipped; their samples run again",
-                           self.path, dropped)
+                rec, why = None, "not JSON"
+            if why is None and not isinstance(rec, dict):
+                why = f"a JSON {type(rec).__name__}, not an object"
+            if why is None:
+                missing = [k for k in RECORD_KEYS if k not in rec]
+                if missing:
+                    why = f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
+            if why is None:
+                try:
+                    row = EvalRecord.model_validate({k: rec[k] for k in RECORD_KEYS}, strict=True).model_dump()
+                except ValidationError as err:
+                    e = err.errors()[0]
+                    why = f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                else:
+                    if row["sample_index"] < 0 or row["problem_index"] < 0:
+                        why = "negative sample_index or problem_index"
+            if why is None:
+                out.append(row)
+            else:
+                bad.append(f"line {n}: {why}")
+        self.skipped = len(bad)
+        if bad:
+            more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+            logger.warning("%s: skipped %d line(s) that are no valid record (%s%s); their samples run again",
+                           self.path, len(bad), "; ".join(bad[:3]), more)
+        unique = unique_records(out)
+        self.duplicates = len(out) - len(unique)
+        if self.duplicates:
+            logger.warning("%s: %d repeated record(s) of a (problem_id, sample_index) ignored (the first in the file "
+                           "counts)", self.path, self.duplicates)
         if len(keep) != len(data):
             logger.warning("%s: dropped an unfinished last line (interrupted run)", self.path)
             with self.path.open("r+b") as f:
                 f.truncate(len(keep))
-        return out
+        return unique
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Write one record as a line and flush it (a crash afterwards keeps it)."""
@@ -379,9 +458,7 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
 def _turn_text(res: ChatResult) -> str:
     """The assistant turn as the model wrote it: reasoning back inside think tags, structured tool calls back
     as hermes blocks (so ``parse_tool_calls`` applies the training loop's rules to them)."""
-    text = res.content
-    if res.reasoning:
-        text = f"<think>{res.reasoning}</think>{text}"
+    text = with_reasoning(res.content, res.reasoning)
     for tc in res.tool_calls:
         fn = tc.get("function") or {}
         text += "\n<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": fn.get("arguments")}) + "\n</tool_call>"
@@ -394,8 +471,11 @@ class ChatGenerate:
 
     The request carries ``max_tokens`` (what is left of the episode budget), ``temperature``, ``top_p``, the
     sample's ``seed`` (the same on every turn) and, for tool-use rows, ``tools`` (and ``tool_choice`` unless
-    "omit"). The answer becomes the turn's text (:func:`_turn_text`); a server that parsed the calls gets them
-    back in its own format (assistant ``tool_calls``, each observation with its ``tool_call_id``).
+    "omit"). The answer becomes the turn's text (:func:`_turn_text`) and the next turn's history message
+    (``envs.tool_use.history.assistant_message``, the training loop's): a turn's ``reasoning_content`` stays in
+    the history, back inside ``<think>...</think>`` in front of the content, as training keeps the turn's own
+    tokens; a server that parsed the calls gets them back in its own format (assistant ``tool_calls``, each
+    observation with its ``tool_call_id``).
 
     Errors: a 400 whose message gives the context numbers is asked again with the ``max_tokens`` that fits; a
     400 about ``tool_choice`` is re-raised with what to do; a context-window 400 on a later turn ends the
@@ -449,10 +529,9 @@ class ChatGenerate:
             if req.turn == 0 or "HTTP 400" not in str(err) or not _CONTEXT_ERR.search(str(err)):
                 raise  # the first turn must fit: a setting (--max-tokens) or the data is wrong
             return TurnResult(generated=False, finish_reason=CONTEXT_FULL, error=str(err)[:300])
-        if res.tool_calls:  # the server parsed the calls: send them back in its format
-            message = {"role": "assistant", "content": res.content or "", "tool_calls": res.tool_calls}
-        else:
-            message = {"role": "assistant", "content": res.content}
+        # the training loop's history message: the reasoning the server split off goes back in front of the
+        # content; calls the server parsed go back in its format (ids included), others stay in the text
+        message = assistant_message(res.content, res.tool_calls or None, reasoning=res.reasoning)
         return TurnResult(
             text=_turn_text(res),
             finish_reason=res.finish_reason,
@@ -546,10 +625,14 @@ async def record_samples(
 def record_order(
     problems: Sequence[EvalProblem], k: int, records: Sequence[Mapping[str, Any]]
 ) -> list[Mapping[str, Any]]:
-    """``records`` of ``problems`` (sample_index < k), one per (problem_id, sample_index), in problem/sample
-    order (file order of the problems)."""
+    """``records`` of ``problems`` (sample_index < k), one per (problem_id, sample_index) (the first:
+    ``metrics.unique_records``), in problem/sample order (file order of the problems); others are left out."""
     order = {(p.problem_id, j): (p.index, j) for p in problems for j in range(k)}
-    recs = {(r["problem_id"], int(r["sample_index"])): r for r in records}
+    recs = {}
+    for r in unique_records(records):
+        key = (str(r["problem_id"]), r["sample_index"])
+        if key in order:
+            recs[key] = r
     return [recs[key] for key in sorted(recs, key=lambda key: order[key])]
 
 

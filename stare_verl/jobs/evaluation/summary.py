@@ -1,7 +1,7 @@
 """Summary of an evaluation: avg@k, pass@k, lengths, reflection tokens, tool statistics; table and JSON.
 
 ``summarize(records, ks)`` groups the per-sample records (``runner.RECORD_KEYS``) by ``data_source`` and
-over all rows ("all"). Per group:
+over all rows ("all"), each (problem_id, sample_index) once (``metrics.unique_records``: the first). Per group:
 
     problems, samples           counts; ``k`` is the most samples any problem has
     avg@k                       mean over problems of the share of correct samples (metrics.avg_at_k)
@@ -27,7 +27,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from stare_verl.jobs.evaluation.metrics import aggregate_problems, default_ks, mean_pass_at_k
+from stare_verl.jobs.evaluation.metrics import aggregate_problems, default_ks, mean_pass_at_k, unique_records
 
 __all__ = ["format_table", "partial_pass_at", "summarize", "write_summary"]
 
@@ -80,12 +80,14 @@ def summarize(
     """Summary dict (module docstring) per data source and for "all".
 
     Args:
-        records: per-sample records (at least ``problem_id``, ``sample_index``, ``correct``).
+        records: per-sample records (at least ``problem_id``, ``sample_index``, ``correct``); a repeated
+            (problem_id, sample_index) counts once everywhere (``metrics.unique_records``: the first).
         ks: the k of pass@k (default: powers of two up to the samples per problem, and that number).
         meta: copied under "settings" (model, data, sampling).
     Returns:
         ``{"settings": ..., "groups": {source: stats, ..., "all": stats}}``.
     """
+    records = unique_records(records)
     sources = sorted({str(r.get("data_source", "")) for r in records})
     groups = {s: _group([r for r in records if str(r.get("data_source", "")) == s], ks) for s in sources}
     if len(sources) != 1:

@@ -1,0 +1,217 @@
+"""The seam every entropy-control method plugs into: one class per method, registered by name.
+
+A method (GRPO-ds, STARE, entropy bonus, adaptive entropy coefficient, Clip-Cov, KL-Cov, 80/20 forking tokens,
+entropy advantage; ``../docs/entropy-methods.md`` has the formulas) is one subclass of :class:`EntropyControl`:
+
+- its typed config (a frozen pydantic model, every field documented), read from ``algorithm.<name>`` of a verl
+  config for the methods that act in the trainer, validated with messages that name the key;
+- the Hydra overrides that select it (:meth:`EntropyControl.launch_overrides`): the verl keys it sets (e.g.
+  ``actor.entropy_coeff``, ``actor.policy_loss.loss_mode``) or the advantage estimator it registers;
+- what it does with the token statistics our trainer modes hand it (old log-probs and entropy of the pre-update
+  policy, :meth:`EntropyControl.advantage`), its per-step settings for the actor update
+  (:meth:`EntropyControl.actor_extra`), its controller state (checkpointed with verl's) and its metrics.
+
+Methods whose whole effect is verl configuration (``estimator = None``) run in the trainer as the GRPO-ds twin
+(the ``stare`` estimator with W = M = 1), so every method logs the same ``stare/*`` and ``entropy_control/*``
+metrics. The registry (:data:`METHODS`) is the only place a method is looked up by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ValidationError
+
+
+class MethodConfigError(ValueError):
+    """An entropy-control method's config is invalid; the message names the key and what is allowed."""
+
+
+class EntropyInputsMissing(RuntimeError):
+    """A method that needs token statistics was called by a trainer that does not pass them."""
+
+
+def plain_mapping(obj: Any, where: str) -> dict[str, Any]:
+    """OmegaConf DictConfig / Mapping / None -> plain dict.
+
+    Raises:
+        MethodConfigError: ``obj`` is neither (``where`` names the config key).
+    """
+    if obj is None:
+        return {}
+    if type(obj).__name__ in ("DictConfig", "ListConfig"):
+        from omegaconf import OmegaConf
+
+        obj = OmegaConf.to_container(obj, resolve=True)
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise MethodConfigError(f"{where} must be a mapping, got {type(obj).__name__}")
+
+
+def format_validation_error(err: ValidationError, where: str, model: type[BaseModel]) -> str:
+    """One line per problem, each naming ``<where>.<key>``; an unknown key lists the allowed ones."""
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(config)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{where}.{key}: unknown key; allowed keys: {', '.join(model.model_fields)}")
+        else:
+            lines.append(f"{where}.{key}: {e['msg']} (got {e.get('input')!r})")
+    return f"invalid {where} config:\n  " + "\n  ".join(lines)
+
+
+def _algo_get(algorithm_config: Any, key: str, default: Any = None) -> Any:
+    if algorithm_config is None:
+        return default
+    if hasattr(algorithm_config, "get"):
+        return algorithm_config.get(key, default)
+    return getattr(algorithm_config, key, default)
+
+
+def _hydra_value(value: Any) -> str:
+    """A Python value as a Hydra override value (bools lower-case, floats round-trip)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+class EntropyControl:
+    """One entropy-control method (subclass per method; see the module docstring).
+
+    Class attributes:
+        name: the method's name (CLI, harness, run folders, registry key, and ``algorithm.<name>`` section).
+        summary: one line for help texts and tables.
+        Config: the typed config (frozen pydantic model with documented fields).
+        estimator: the ``algorithm.adv_estimator`` it registers in verl (None: verl configuration only, run as
+            the GRPO-ds twin).
+        recipe: the CPU tiny recipe it starts from, ``recipes/cpu/<family>_tiny_<recipe>.yaml``.
+        target_key: the config field holding a target entropy (nats), or None when the method has no target.
+        state_file: the file its controller state is kept in inside verl's ``global_step_N`` folders, or None.
+
+    Args:
+        config: a validated ``Config``.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    Config: ClassVar[type[BaseModel]]
+    estimator: ClassVar[str | None] = None
+    recipe: ClassVar[str] = "grpo"
+    target_key: ClassVar[str | None] = None
+    state_file: ClassVar[str | None] = None
+
+    def __init__(self, config: BaseModel):
+        self.config = config
+
+    # --- config --------------------------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, raw: Any, where: str | None = None) -> BaseModel:
+        """Validate ``raw`` (a mapping, None for all defaults) as this method's ``Config``.
+
+        Raises:
+            MethodConfigError: a value out of range or an unknown key (named).
+        """
+        where = where or f"algorithm.{cls.name}"
+        try:
+            return cls.Config(**plain_mapping(raw, where))
+        except ValidationError as err:
+            raise MethodConfigError(format_validation_error(err, where, cls.Config)) from None
+
+    @classmethod
+    def from_algorithm(cls, algorithm_config: Any) -> EntropyControl:
+        """The method built from verl's ``algorithm`` section (its ``algorithm.<name>`` entry)."""
+        return cls(cls.parse(_algo_get(algorithm_config, cls.name)))
+
+    def launch_overrides(self) -> list[str]:
+        """Hydra overrides that select this method with its config on its ``recipe`` (``++`` adds or replaces)."""
+        out = [f"++algorithm.adv_estimator={self.estimator}"] if self.estimator else []
+        out += [f"++algorithm.{self.name}.{k}={_hydra_value(v)}" for k, v in self.config.model_dump().items()]
+        return out
+
+    def compose_overrides(self, user: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """The overrides a run of this method launches with: the user's, then :meth:`launch_overrides` (so the
+        method's own settings win); and the user's overrides it drops (none here; see ``TwinBased``)."""
+        return [*user, *self.launch_overrides()], []
+
+    @property
+    def label(self) -> str:
+        """The method and the settings given explicitly, for run folders and tables: ``forking``,
+        ``entropy_bonus-coef0.01``."""
+        given = self.config.model_dump(include=self.config.model_fields_set)
+        return "-".join([self.name, *(f"{k}{v}" for k, v in given.items())])
+
+    def target_entropy(self) -> float | None:
+        """The method's target entropy in nats, or None when it has none."""
+        return None if self.target_key is None else float(getattr(self.config, self.target_key))
+
+    # --- a training step -------------------------------------------------------------------------------------
+    def advantage(
+        self,
+        token_level_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        index: np.ndarray,
+        algorithm_config: Any,
+        old_log_probs: torch.Tensor,
+        entropys: torch.Tensor,
+        metrics: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(base, effective)`` advantages, both ``[B, T]`` float, 0 where ``response_mask`` is 0: the GRPO base
+        (:func:`stare_verl.estimator.grpo_base`) and what the actor's update receives after the method's change
+        (:meth:`reshape`). ``metrics`` is updated in place."""
+        from stare_verl.estimator import grpo_base
+
+        base = grpo_base(token_level_rewards, response_mask, index, algorithm_config, metrics)
+        return base, self.reshape(base, response_mask, old_log_probs, entropys, metrics)
+
+    def reshape(
+        self,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        entropys: torch.Tensor,
+        metrics: dict,
+    ) -> torch.Tensor:
+        """The method's change of the GRPO advantages (``[B, T]`` in, ``[B, T]`` out, a new tensor); the default
+        is none (the advantages themselves)."""
+        return advantages
+
+    def actor_extra(self) -> dict[str, Any]:
+        """Per-step settings for the actor update (``KVBatchMeta.extra_info``), read by
+        :func:`stare_verl.verl_compat.ppo_loss_with_step_settings`; none by default."""
+        return {}
+
+    # --- controller state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any] | None:
+        """JSON-serialisable controller state, or None for a stateless method."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state. Raises ValueError on a corrupt state."""
+
+
+def finite_model_tokens(response_mask: torch.Tensor, *values: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` bool: model tokens (mask 1) whose given per-token values are all finite."""
+    valid = response_mask.bool() if response_mask.dtype != torch.bool else response_mask.clone()
+    for v in values:
+        valid &= torch.isfinite(v)
+    return valid
+
+
+def top_share_mask(values: torch.Tensor, valid: torch.Tensor, share: float) -> torch.Tensor:
+    """``[B, T]`` bool: the ``ceil(share * n)`` largest ``values`` among the ``n`` ``valid`` tokens (exactly that
+    many; ties at the threshold broken by position), over the whole batch. Empty when no token is valid."""
+    out = torch.zeros_like(valid)
+    n = int(valid.sum())
+    if n == 0:
+        return out
+    k = min(n, max(1, math.ceil(share * n - 1e-9)))
+    flat = torch.where(valid, values.double(), torch.full_like(values, -math.inf, dtype=torch.float64)).flatten()
+    idx = torch.topk(flat, k, largest=True, sorted=False).indices
+    out.view(-1)[idx] = True
+    return out

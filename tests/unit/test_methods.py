@@ -1,0 +1,155 @@
+"""The entropy-control methods (stare_verl.methods): registry, configs, and each method's math on fixed batches
+against its paper's formula."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from stare_verl.methods import METHODS, MethodConfigError, get_method, method_for_config, parse_method_spec
+from stare_verl.methods.adaptive_entropy import AdaptiveEntropy, AdaptiveEntropyConfig, next_coefficient
+from stare_verl.methods.base import top_share_mask
+from stare_verl.methods.entropy_adv import entropy_advantages
+from stare_verl.methods.forking import forking_advantages
+from stare_verl.methods.metrics import entropy_dynamics
+
+# a fixed batch: 3 responses x 5 positions; row 2 ends with two tool-output tokens (mask 0) of high entropy
+MASK = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.float32)
+ADV = torch.tensor([1.0, -0.5, 0.0])[:, None] * MASK
+ENT = torch.tensor([[0.1, 0.9, 0.3, 0.05, 5.0], [0.6, 0.2, 0.7, 9.0, 9.0], [0.4, 0.8, 0.01, 7.0, 7.0]])
+LP = -torch.tensor([[0.2, 1.5, 0.4, 0.1, 3.0], [1.0, 0.3, 0.9, 4.0, 4.0], [0.5, 1.2, 0.02, 2.0, 2.0]])
+
+
+def test_every_method_is_registered_once_and_unknown_names_list_the_known_ones():
+    assert list(METHODS) == ["grpo", "stare", "entropy_bonus", "adaptive_entropy", "clip_cov", "kl_cov", "forking",
+                             "entropy_adv"]  # fmt: skip
+    with pytest.raises(MethodConfigError, match="known methods: grpo, stare, entropy_bonus"):
+        get_method("clipcov")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("forking:rho=0", "rho"), ("forking:rh=0.2", "unknown key; allowed keys: rho"), ("kl_cov:coef=-1", "coef"),
+     ("entropy_adv:kappa=0", "kappa"), ("adaptive_entropy:coef_init=1", "coef_init"), ("entropy_bonus:coef=nan", "coef"),
+     ("stare:reweight_w=0", "reweight_w"), ("forking:rho", "key=value")],
+)  # fmt: skip
+def test_bad_settings_are_errors_that_name_the_key(spec, message):
+    with pytest.raises(MethodConfigError, match=message):
+        parse_method_spec(spec)
+
+
+def test_launch_overrides_set_the_methods_verl_keys():
+    assert parse_method_spec("entropy_bonus:coef=0.01").launch_overrides()[0] == "++actor_rollout_ref.actor.entropy_coeff=0.01"
+    clip = parse_method_spec("clip_cov").launch_overrides()
+    assert "++actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov" in clip
+    assert "++actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.0002" in clip
+    kl = parse_method_spec("kl_cov:ratio=0.02").launch_overrides()
+    assert "++actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.02" in kl and "++actor_rollout_ref.actor.policy_loss.ppo_kl_coef=1.0" in kl
+    # the twin's pins come last for every method that runs as the GRPO-ds twin
+    for name in ("grpo", "entropy_bonus", "clip_cov", "kl_cov"):
+        assert parse_method_spec(name).launch_overrides()[-3:] == [
+            "++algorithm.stare.reweight_w=1.0", "++algorithm.stare.reweight_m=1.0", "++algorithm.stare.adaptive=false"]
+    # STARE passes on only what was given (the recipe holds the family's calibration)
+    assert parse_method_spec("stare:reweight_w=3").launch_overrides() == ["++algorithm.stare.reweight_w=3.0"]
+    assert parse_method_spec("forking").launch_overrides() == ["++algorithm.adv_estimator=forking", "++algorithm.forking.rho=0.2"]
+
+
+def test_the_adv_estimator_selects_the_method():
+    assert method_for_config({"adv_estimator": "grpo"}) is None
+    m = method_for_config({"adv_estimator": "forking", "forking": {"rho": 0.5}})
+    assert m.name == "forking" and m.config.rho == 0.5
+    assert method_for_config({"adv_estimator": "stare", "stare": {"target_entropy": 0.11}}).target_entropy() == 0.11
+    with pytest.raises(MethodConfigError, match="algorithm.entropy_adv.alpha"):
+        method_for_config({"adv_estimator": "entropy_adv", "entropy_adv": {"alpha": -1}})
+
+
+def test_top_share_mask_takes_exactly_ceil_share_n_of_the_valid_tokens():
+    valid = MASK.bool()
+    top = top_share_mask(ENT, valid, 0.2)  # 10 model tokens -> 2: the 0.9 and 0.8 (tool tokens never count)
+    assert top.sum() == 2 and top[0, 1] and top[2, 1]
+    assert top_share_mask(ENT, valid, 1.0).equal(valid)
+    assert top_share_mask(ENT, torch.zeros_like(valid), 0.5).sum() == 0
+    assert top_share_mask(ENT, valid, 0.01).sum() == 1  # at least one
+
+
+def test_forking_keeps_the_advantage_of_the_top_rho_entropy_model_tokens_only():
+    out, selected = forking_advantages(ADV, MASK, ENT, rho=0.3)  # ceil(0.3 * 10) = 3: 0.9, 0.8, 0.7
+    expected = torch.zeros_like(ADV)
+    expected[0, 1] = 1.0
+    expected[1, 2] = -0.5
+    expected[2, 1] = 0.0  # selected, but its response has A = 0
+    assert out.equal(expected) and selected.sum() == 3 and not selected[:, 4].any()
+    assert ADV[0, 0] == 1.0  # the input is not changed
+
+
+def test_entropy_advantage_is_a_plus_min_alpha_h_abs_a_over_kappa():
+    out = entropy_advantages(ADV, MASK, ENT, alpha=0.4, kappa=2.0)
+    # row 0 (A = 1): A + min(0.4 H, 0.5); row 1 (A = -0.5): A + min(0.4 H, 0.25); row 2 (A = 0): unchanged
+    exp0 = [1 + min(0.4 * h, 0.5) for h in (0.1, 0.9, 0.3, 0.05)]
+    exp1 = [-0.5 + min(0.4 * h, 0.25) for h in (0.6, 0.2, 0.7)]
+    np.testing.assert_allclose(out[0, :4].numpy(), exp0, rtol=1e-6)
+    np.testing.assert_allclose(out[1, :3].numpy(), exp1, rtol=1e-6)
+    assert out[2].abs().sum() == 0 and out[0, 4] == 0 and out[1, 3:].abs().sum() == 0  # never on mask 0
+    assert (out[1, :3] <= 0).all()  # the clip never turns a negative advantage positive
+    nan_ent = ENT.clone()
+    nan_ent[0, 0] = float("nan")
+    assert entropy_advantages(ADV, MASK, nan_ent, 0.4, 2.0)[0, 0] == 1.0  # no entropy: no bonus
+
+
+def test_adaptive_coefficient_steps_toward_the_target_and_applies_only_below_it():
+    cfg = AdaptiveEntropyConfig(target_entropy=0.2, delta=1e-3, coef_init=0.0, coef_min=0.0, coef_max=2.5e-3)
+    coef, trace = cfg.coef_init, []
+    for h in (0.1, 0.1, 0.1, 0.1, 0.3, 0.2, float("nan"), None):
+        coef, applied = next_coefficient(coef, h, cfg)
+        trace.append((round(coef, 6), round(applied, 6)))
+    assert trace == [(0.001, 0.001), (0.002, 0.002), (0.0025, 0.0025), (0.0025, 0.0025), (0.0015, 0.0),
+                     (0.0015, 0.0), (0.0015, 0.0), (0.0015, 0.0)]  # fmt: skip
+    m = AdaptiveEntropy(cfg)
+    metrics = {}
+    assert m.reshape(ADV, MASK, LP, ENT, metrics).equal(ADV)  # the advantage is GRPO's
+    h = float(ENT[MASK.bool()].double().mean())
+    assert h > 0.2 and metrics["adaptive_entropy/applied_coef"] == 0.0 and m.actor_extra() == {"entropy_coeff": 0.0}
+    state = m.state_dict()
+    other = AdaptiveEntropy(cfg)
+    other.load_state_dict(state)
+    assert (other.coef, other.steps) == (m.coef, 1)
+    with pytest.raises(ValueError, match="corrupt"):
+        other.load_state_dict({**state, "coef": "x"})
+    with pytest.raises(ValueError, match="corrupt"):
+        other.load_state_dict({**state, "coef": -1.0})
+
+
+def test_entropy_dynamics_metrics_by_hand():
+    eff = entropy_advantages(ADV, MASK, ENT, 0.4, 2.0)
+    m = entropy_dynamics(ADV, eff, MASK, LP, ENT)
+    valid = MASK.bool()
+    lp, a0, a1, h = (t[valid].double() for t in (LP, ADV, eff, ENT))
+    assert m["entropy_control/model_tokens"] == 10
+    assert m["entropy_control/batch_entropy"] == pytest.approx(float(h.mean()))
+    assert m["entropy_control/forking_entropy"] == pytest.approx((0.9 + 0.8) / 2)  # top ceil(0.2 * 10) = 2
+    assert m["entropy_control/forking_threshold"] == pytest.approx(0.8)
+    assert m["entropy_control/cov_logp_adv"] == pytest.approx(float(((lp - lp.mean()) * (a0 - a0.mean())).mean()))
+    assert m["entropy_control/cov_logp_adv_eff"] == pytest.approx(float(((lp - lp.mean()) * (a1 - a1.mean())).mean()))
+    assert m["entropy_control/adv_changed_frac"] == pytest.approx(7 / 10)  # the A = 0 row is unchanged
+    none = entropy_dynamics(ADV, ADV, torch.zeros_like(MASK), LP, ENT)
+    assert none["entropy_control/model_tokens"] == 0 and math.isnan(none["entropy_control/batch_entropy"])
+    with pytest.raises(ValueError, match="one"):
+        entropy_dynamics(ADV, ADV[:, :4], MASK, LP, ENT)
+
+
+@pytest.mark.parametrize("name", ["forking", "entropy_adv", "adaptive_entropy"])
+def test_registered_estimators_refuse_a_trainer_without_token_statistics(name):
+    import verl  # noqa: F401  (loads the plugin)
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from stare_verl.methods import EntropyInputsMissing
+
+    fn = get_adv_estimator_fn(name)
+    rewards = torch.zeros_like(MASK)
+    rewards[0, 3] = 1.0
+    with pytest.raises(EntropyInputsMissing, match="stare_sync"):
+        fn(token_level_rewards=rewards, response_mask=MASK, index=np.array(["a", "a", "b"]), config={"adv_estimator": name})
+    adv, ret = fn(token_level_rewards=rewards, response_mask=MASK, index=np.array(["a", "a", "b"]),
+                  config={"adv_estimator": name}, old_log_probs=LP, entropys=ENT)  # fmt: skip
+    assert adv.shape == MASK.shape and (adv[MASK == 0] == 0).all() and ret is adv
