@@ -55,7 +55,7 @@ Returned dict (the same keys every call, scalars only, so verl can stack them):
     score (float), acc (bool), pred (str, normalised extracted answer; "" if none or truncated),
     has_answer (bool), truncated (bool), overlong_penalty (float), response_length (int, -1 unknown),
     response_chars (int), think_closed (bool), verify_method (str: exact | numeric | math_verify |
-    empty | timeout | error | no_ground_truth), timed_out (bool: the equivalence checker gave no verdict,
+    hedge | label | malformed | choice | empty | timeout | error | no_ground_truth; see ``envs.scoring.verify``), timed_out (bool: the equivalence checker gave no verdict,
     because its time ran out or it failed; the response then scores as wrong, and nothing of that check
     is remembered, so a later call with the same pair checks it afresh),
     reflect_<word> (int) for each of ``REFLECTION_PATTERNS`` and reflect_total (int).

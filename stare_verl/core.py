@@ -82,7 +82,10 @@ ZERO_VARIANCE_TOL = 1e-5
 
 
 def group_codes(index) -> tuple[np.ndarray, int]:
-    """Map group labels (verl's ``uid``: strings, ints, any hashable) to contiguous codes.
+    """Map group labels (any hashable) to contiguous codes, by Python equality.
+
+    This is not verl's grouping rule (verl reads ``"1"`` and ``"01"`` as one group, see
+    ``stare_verl.estimator.verl_group_codes``, which the estimator uses); it serves callers that own their labels.
 
     Args:
         index: ``[B]`` array-like of hashable labels; responses of one prompt share a label.

@@ -18,7 +18,7 @@ import torch
 
 from stare_verl.config import parse_stare_config
 from stare_verl.controller import StareController
-from stare_verl.core import ZERO_VARIANCE_TOL, group_codes, zero_variance_groups
+from stare_verl.core import ZERO_VARIANCE_TOL, zero_variance_groups
 from stare_verl.stare import stare_reweight
 
 ESTIMATOR_NAME = "stare"
@@ -120,7 +120,8 @@ def compute_stare_advantage(
     Args:
         token_level_rewards: ``[B, T]`` float; a response's outcome reward is its row sum.
         response_mask: ``[B, T]``, 1 for model-generated tokens, 0 for padding and tool output.
-        index: ``[B]`` group ids (verl's ``uid``, any hashable dtype); responses of one prompt share one.
+        index: ``[B]`` group ids (verl's ``uid``, any dtype verl accepts); grouped exactly as verl's
+            ``grpo_vectorized`` groups them (:func:`verl_group_codes`: ``"1"`` and ``"01"`` are one group).
         config: verl's ``algorithm`` section; STARE keys under ``algorithm.stare`` (see ``StareConfig``).
         old_log_probs: ``[B, T]`` float log-probs (nats) of the pre-update policy.
         entropys: ``[B, T]`` float per-token entropy (nats) from the same forward pass.
@@ -159,6 +160,50 @@ def compute_stare_advantage(
     return advantages, advantages
 
 
+_WARNED_MERGE = False
+
+
+def verl_group_codes(index: Any) -> tuple[np.ndarray, int]:
+    """Group codes of ``index`` exactly as verl's ``grpo_vectorized`` groups it: verl's own
+    ``verl.utils.groupwise.as_torch_index`` (renumbered by first appearance), so the zero-variance and
+    cut-group corrections below act on the groups verl's advantage was computed over.
+
+    verl's rule is not Python equality: an array whose labels all read as integers is grouped by that integer
+    (``"1"``, ``"01"``, ``" 1"``, ``"+1"``, ``1`` and ``True`` are one group; object floats are truncated, so
+    ``1.2`` and ``1.7`` are one group too), numeric arrays by their near-integer value, anything else (UUID
+    strings, mixed labels) by ``np.unique`` of the labels or of their ``str``. The grouping of a label depends on
+    the whole array (``["1", "01"]`` is one group, ``["1", "01", "a"]`` two). When verl's rule merges labels that
+    differ as Python values a warning says so once per process (two prompts then share a baseline, in verl's
+    GRPO as in ours).
+
+    Returns:
+        ``(codes, n_groups)``: ``[B]`` int64 codes in ``0..n_groups-1``, numbered by first appearance.
+    """
+    global _WARNED_MERGE
+    from verl.utils.groupwise import as_torch_index
+
+    g = as_torch_index(index, device="cpu").numpy().reshape(-1)
+    uniq, first, inv = np.unique(g, return_index=True, return_inverse=True)
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(uniq), dtype=np.int64)
+    codes = rank[inv.reshape(-1)]
+    if not _WARNED_MERGE:
+        try:
+            labels = index.tolist() if hasattr(index, "tolist") else list(index)
+            distinct = len({(type(u).__name__, u) for u in labels})
+        except TypeError:  # unhashable labels: nothing to compare
+            distinct = len(uniq)
+        if distinct > len(uniq):
+            _WARNED_MERGE = True
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "verl groups %d distinct uid labels into %d groups (numeric strings such as '1' and '01', ints "
+                "and bools, or object floats read as integers); STARE uses verl's grouping", distinct, len(uniq)
+            )
+    return codes, len(uniq)
+
+
 def _group_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, cfg: Any
 ) -> tuple[torch.Tensor, int, float]:
@@ -185,19 +230,21 @@ def _group_advantage(
     n_bad = int(bad.sum())
     # None (a StareConfig built by hand) means verl's default, std-normalised GRPO
     kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": cfg.norm_adv_by_std_in_grpo is not False}
+    codes, n_groups = verl_group_codes(index)  # verl's own grouping of these uids, used for every step below
     if n_bad == 0:
         adv, _ = compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, **kw)
     else:
         adv = torch.zeros_like(token_level_rewards)
         keep = (~bad).nonzero(as_tuple=True)[0]
         if keep.numel():
-            idx = np.asarray(index)[keep.cpu().numpy()]
+            # the codes of the whole batch, not the subset's uids: verl's rule depends on the whole array
+            # (["1", "01"] share a group, ["1", "01", "a"] do not), so the finite responses keep the batch's groups
+            idx = codes[keep.cpu().numpy()]
             sub, _ = compute_grpo_vectorized_outcome_advantage(
                 token_level_rewards[keep], response_mask[keep], idx, **kw
             )
             adv[keep] = sub.to(adv.dtype)
     scores_np = scores.detach().double().cpu().numpy()
-    codes, n_groups = group_codes(np.asarray(index))
     if n_bad:
         # a group that non-finite rewards cut down to one finite response has no baseline left: verl's singleton
         # convention (A = r) would hand that response its raw reward as advantage, so it gets 0 instead

@@ -3,6 +3,7 @@
 Public API:
     extract_boxed, extract_final_answer, find_boxed_all, split_think  (envs.scoring.extract)
     normalize_answer                                                   (envs.scoring.normalize)
+    offers                                                             (envs.scoring.offers)
     evaluate, numeric_equal                                            (envs.scoring.numeric)
     answers_equal, Verdict, MathVerifyPool, get_pool, prewarm,
     clear_verdict_cache                                                (envs.scoring.verify)
@@ -13,6 +14,7 @@ Public API:
 from envs.scoring.extract import extract_boxed, extract_final_answer, find_boxed_all, split_think
 from envs.scoring.normalize import clear_normalize_cache, normalize_answer
 from envs.scoring.numeric import evaluate, numeric_equal
+from envs.scoring.offers import offers
 from envs.scoring.reflection import REFLECTION_PATTERNS, clear_reflection_cache, count_reflections
 from envs.scoring.verify import MathVerifyPool, Verdict, answers_equal, clear_verdict_cache, get_pool, prewarm
 
@@ -31,6 +33,7 @@ __all__ = [
     "get_pool",
     "normalize_answer",
     "numeric_equal",
+    "offers",
     "prewarm",
     "split_think",
 ]
@@ -42,4 +45,5 @@ def clear_caches() -> None:
     clear_verdict_cache()
     clear_normalize_cache()
     evaluate.cache_clear()
+    offers.cache_clear()
     clear_reflection_cache()

@@ -18,7 +18,15 @@
 - Python/C float literals from tool output (``3.0e+08``, ``2.5e-07``, ``1e-05``, ``6.02E23``) ->
   ``3.0\\times10^{8}``: a mantissa with a decimal point and any exponent, or an integer mantissa with a
   signed exponent of two or more digits (``2e+1``, ``2e10`` stay: ``e`` may be Euler's number)
-- an assignment ``x=5`` (a single variable on the left) -> ``5``
+- an assignment ``x=5`` (a single variable on the left) -> ``5`` (``envs.scoring.verify`` compares the names
+  first when both sides name one)
+- a command written with parentheses instead of braces is read as the command, as math-verify's own LaTeX
+  normalisation reads ``\\sqrt(3)``: ``\\sqrt(3)`` -> ``\\sqrt{3}``, ``\\sqrt[3](8)`` -> ``\\sqrt[3]{8}``,
+  ``\\frac(1)(2)``, ``\\frac{1}(2)``, ``\\frac(1){2}`` -> ``\\frac{1}{2}``, ``\\binom(4)(2)`` -> ``\\binom{4}{2}``
+  (unbalanced parentheses are left as written: ``envs.scoring.verify`` does not score them)
+- ``\\left``/``\\right`` go, never the start of ``\\rightarrow``, ``\\leftarrow`` or ``\\leftrightarrow``
+- a unit that is also a letter (``m``, ``g``, ``in``, ``m^2``) goes only when the caller's ``keep`` names none of
+  its letters: ``normalize_answer("2m", keep=frozenset("m"))`` is ``2m`` (the ground truth has a variable m)
 - a whole-answer ``\\text{Monday}`` -> ``Monday``; a trailing full stop removed
 
 The rules are applied to both the prediction and the ground truth.
@@ -29,7 +37,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-__all__ = ["clear_normalize_cache", "normalize_answer", "strip_wrappers"]
+__all__ = ["LETTER_UNITS", "clear_normalize_cache", "normalize_answer", "rewrite_paren_commands", "strip_wrappers"]
 
 _MAX_LEN = 2000  # answers longer than this are not normalised further (math-verify decides)
 
@@ -42,6 +50,9 @@ _UNIT_WORDS = (
 _TRAILING_UNIT_RE = re.compile(r"^(?P<num>[-+]?[\d.,/{}\\a-z]*\d[\d.,}]*)\s*(?:" + _UNIT_WORDS + r")\.?$", re.I)
 _TEXT_CMD_RE = re.compile(r"\\(?:mbox|textbf|textrm|textit|mathrm|mathbf|operatorname|textnormal|mathit)\s*\{")
 _TRAILING_TEXT_RE = re.compile(r"^(?P<body>.*?[\d}])\s*(?:\\text\{[^{}]*\}(?:\^\{?\d\}?)?)+\s*$")
+LETTER_UNITS = frozenset({"m", "g", "in"})  # units that read as variables too (2m, 7g, 2in = 2*i*n)
+_LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![A-Za-z])")
+_PAREN_CMD_RE = re.compile(r"\\(sqrt|frac|binom|dbinom|tbinom)(?![A-Za-z])\s*(\[[^\[\]]*\]\s*)?(?=[({])")
 _SHORT = 200  # unit-stripping regexes backtrack; only run them on short answers
 _CHOICE_RE = re.compile(r"^\(([A-Za-z])\)$")
 _WHOLE_TEXT_RE = re.compile(r"^\\text\{([^{}]*)\}$")
@@ -99,6 +110,63 @@ def _balanced(s: str) -> bool:
     return depth == 0
 
 
+def _group_end(s: str, i: int) -> int:
+    """Index after the bracket group opening at ``s[i]`` (``(`` or ``{``, nesting counted), or -1 if unclosed."""
+    pairs = {"(": ")", "{": "}"}
+    stack = []
+    j = i
+    while j < len(s):
+        c = s[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c in pairs:
+            stack.append(pairs[c])
+        elif c in ")}":
+            if not stack or stack.pop() != c:
+                return -1
+            if not stack:
+                return j + 1
+        j += 1
+    return -1
+
+
+def rewrite_paren_commands(s: str) -> str:
+    """``\\sqrt(3)`` -> ``\\sqrt{3}``, ``\\frac(1)(2)`` -> ``\\frac{1}{2}`` and the like (module docstring); a
+    command whose parenthesised argument is unbalanced is left as written. Linear in practice."""
+    if "(" not in s or "\\" not in s:
+        return s
+    out: list[str] = []
+    pos = 0
+    for m in _PAREN_CMD_RE.finditer(s):
+        if m.start() < pos:
+            continue
+        n_args = 1 if m.group(1) == "sqrt" else 2
+        j = m.end()
+        args: list[str] = []
+        for k in range(n_args):
+            while k and j < len(s) and s[j] == " ":
+                j += 1
+            if j >= len(s) or s[j] not in "({":
+                break
+            end = _group_end(s, j)
+            if end < 0:
+                break
+            args.append(s[j + 1 : end - 1])
+            j = end
+        if len(args) != n_args or s[m.end()] == "{" and (n_args == 1 or "(" not in s[m.end() : j]):
+            continue  # unbalanced, or already braces only
+        out.append(s[pos : m.end()] + "".join("{" + a + "}" for a in args))
+        pos = j
+    return "".join(out) + s[pos:] if out else s
+
+
+def _unit_is_variable(unit: str, keep: frozenset) -> bool:
+    """Whether a trailing unit word is one of ``LETTER_UNITS`` with a letter in ``keep`` (a variable, not a unit)."""
+    letters = re.sub(r"\^\{?\d\}?|[^A-Za-z]", "", unit)
+    return letters in LETTER_UNITS and not keep.isdisjoint(letters)
+
+
 def _float_literal(m: re.Match) -> str:
     mant, exp = m.group("m"), m.group("e")
     if "." not in mant and not (exp[0] in "+-" and len(exp) >= 3):
@@ -124,8 +192,8 @@ def _drop_space(m: re.Match) -> str:
 
 
 @lru_cache(maxsize=65536)
-def _normalize_cached(s: str) -> str:
-    return _normalize(s)
+def _normalize_cached(s: str, keep: frozenset) -> str:
+    return _normalize(s, keep)
 
 
 def clear_normalize_cache() -> None:
@@ -133,25 +201,31 @@ def clear_normalize_cache() -> None:
     _normalize_cached.cache_clear()
 
 
-def normalize_answer(ans: str | None) -> str:
+_NO_KEEP: frozenset = frozenset()
+
+
+def normalize_answer(ans: str | None, keep: frozenset = _NO_KEEP) -> str:
     """Canonical string for an extracted answer (see the module docstring for the rules).
 
     Args:
         ans: extracted answer (box content) or ground truth; None gives "".
+        keep: letters that are variables of the ground truth: a trailing ``LETTER_UNITS`` word made of them is kept
+            (``2m`` stays ``2m`` when ``"m"`` is in ``keep``). Default: none, every unit word goes.
     Returns:
         normalised string ("" for an empty answer). Never raises; linear-time regexes only.
     """
     if ans is None:
         return ""
-    return _normalize_cached(str(ans))
+    return _normalize_cached(str(ans), keep)
 
 
-def _normalize(s: str) -> str:
+def _normalize(s: str, keep: frozenset = _NO_KEEP) -> str:
     if len(s) > _MAX_LEN:
         return s.strip()
     s = strip_wrappers(s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
-    s = s.replace("\\left", "").replace("\\right", "").replace("\\displaystyle", "")
+    s = _LEFT_RIGHT_RE.sub("", s).replace("\\displaystyle", "")
+    s = rewrite_paren_commands(s)
     s = s.replace("\\bigl", "").replace("\\bigr", "").replace("\\Bigl", "").replace("\\Bigr", "")
     s = _TEXT_CMD_RE.sub("\\\\text{", s)
     s = s.replace("{,}", ",")
@@ -177,7 +251,7 @@ def _normalize(s: str) -> str:
         if m and not m.group("body").endswith("\\text{"):
             s = m.group("body")
         m = _TRAILING_UNIT_RE.match(s)
-        if m:
+        if m and not (keep and _unit_is_variable(s[m.end("num") :], keep)):
             s = m.group("num")
     s = s.strip().rstrip(".").strip()
     m = _ASSIGN_RE.match(s)

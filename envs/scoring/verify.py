@@ -1,6 +1,14 @@
 """Answer equivalence: fast paths first, math-verify in a killable worker process when needed.
 
-``answers_equal(pred, gold)`` decides in three steps:
+``answers_equal(pred, gold)`` first reads what the answer offers (``envs.scoring.offers``): a chain of relations or
+alternatives (``5 = 7``, ``5 \\to 7``, ``5 \\text{ or } 7``, ``5 (\\text{or } 7)``) is equal only when every value
+it offers is equal to the ground truth (a hedge scores 0; against a list ground truth, alternatives are read as
+that list: ``x = 5 \\text{ or } x = 7`` against ``5, 7``); when both name a variable (``x = 5`` against ``y = 5``),
+the names must agree (method ``"label"``). A LaTeX command left with an unbalanced parenthesis after
+normalisation (``2\\sqrt(3``) is no answer (method ``"malformed"``), never the number before it; a ground truth
+that is a choice letter accepts an answer that starts with that letter as a choice (``\\textbf{(B) } 5``,
+``(B) 5``, ``**(B)** 5``). Single letters after a number (``2m``, ``7g``, ``2in``) are units only when the ground
+truth has no variable of that name. Each value is then decided in three steps:
 
 1. normalised strings are equal (``normalize_answer``) -> equal;
 2. both sides are plain numbers/fractions/radicals (``numeric.evaluate``) -> compared exactly;
@@ -40,6 +48,7 @@ from pathlib import Path
 
 from envs.scoring.normalize import normalize_answer, strip_wrappers
 from envs.scoring.numeric import evaluate, numeric_equal
+from envs.scoring.offers import _has_variable, offers
 
 __all__ = ["MathVerifyPool", "Verdict", "answers_equal", "clear_verdict_cache", "get_pool", "prewarm"]
 
@@ -55,8 +64,10 @@ class Verdict:
     Attributes:
         equal: True / False, or None when undecided (time limit hit or the checker failed).
         method: ``"exact"`` (normalised strings equal), ``"numeric"`` (fast numeric path),
-            ``"math_verify"``, ``"empty"`` (no prediction), ``"no_ground_truth"`` (the gold is empty after
-            normalisation), ``"timeout"`` (the checker's time ran out) or ``"error"`` (the checker failed).
+            ``"math_verify"``, ``"hedge"`` (a value of a chain or alternative differs), ``"label"`` (the variables
+            named differ), ``"malformed"`` (a command with an unbalanced parenthesis), ``"choice"`` (a choice letter
+            read from the answer's start), ``"empty"`` (no prediction), ``"no_ground_truth"`` (the gold is empty
+            after normalisation), ``"timeout"`` (the checker's time ran out) or ``"error"`` (the checker failed).
     """
 
     @property
@@ -366,13 +377,93 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
     try:
         if pred is None:
             return Verdict(False, "empty")
-        pn, gn = normalize_answer(pred), normalize_answer(gold)
+        pred, gold = str(pred), str(gold)
+        g_off = offers(gold)
+        g_val = gold
+        if g_off is not None:
+            if len(g_off.values) != 1 or g_off.alternatives:
+                return _equal_one(pred, gold, timeout_s, pool)  # the ground truth is itself a relation: as written
+            g_val = g_off.values[0]
+        gn_val = normalize_answer(g_val)
+        p_off = offers(pred, numeric_gold=bool(gn_val) and not _has_variable(gn_val))
+        if p_off is None:
+            return _equal_one(pred, gold, timeout_s, pool)
+        if p_off.labels and g_off is not None and g_off.labels and p_off.labels != g_off.labels:
+            return Verdict(False, "label")  # x = 5 against y = 5: another variable
+        if not p_off.values:
+            return Verdict(False, "hedge")  # only the question restated (x + y = z): no value offered
+        if p_off.alternatives and len(p_off.values) > 1 and _LIST_RE.search(normalize_answer(g_val)):
+            return _equal_one(", ".join(p_off.values), g_val, timeout_s, pool)  # x = 5 or x = 7: a list of roots
+        verdict = Verdict(None, "error")
+        undecided = None
+        for value in p_off.values:  # every value offered must be the answer
+            verdict = _equal_one(value, g_val, timeout_s, pool)
+            if verdict.equal is False:
+                return Verdict(False, "hedge") if len(p_off.values) > 1 else verdict
+            if verdict.equal is None and undecided is None:
+                undecided = verdict
+        return undecided if undecided is not None else verdict
+    except Exception:  # noqa: BLE001 - a scorer must never crash a training run
+        return Verdict(None, "error")
+
+
+_LIST_RE = re.compile(r",")
+_CHOICE_START_RE = re.compile(
+    r"^\s*(?:\*\*|__)?\s*(?:\\(?:textbf|mathbf|text|mathrm|textrm|bf|boldsymbol|textit)\s*\{\s*)?(?:\*\*|__)?\s*"
+    r"(?:\(([A-Z])\)|([A-Z])[).:])"
+)
+_CHOICE_MARK_RE = re.compile(r"\(([A-Z])\)")
+_MALFORMED_RE = re.compile(r"\\(?:sqrt|frac|binom)(?![A-Za-z])\s*(?:\[[^\]]*\]\s*)?\(")
+_UNIT_TAIL_RE = re.compile(r"\d\s*(?:m|g|in)\s*(?:\^\s*\{?\s*\d\s*\}?)?\s*\.?\s*$")
+
+
+def _choice(pred: str, letter: str) -> Verdict | None:
+    """The verdict on an answer that starts with a choice letter (``\\textbf{(B) } 5``, ``(B) 5``, ``B) 5``), when the
+    ground truth is the choice ``letter``; None when the answer does not start with one, or names another choice
+    later (``(B) 5 (C) 6``: two choices)."""
+    s = strip_wrappers(pred)
+    m = _CHOICE_START_RE.match(s)
+    if m is None:
+        return None
+    picked = m.group(1) or m.group(2)
+    if any(c != picked for c in _CHOICE_MARK_RE.findall(s[m.end() :])):
+        return None
+    return Verdict(picked == letter, "choice")
+
+
+_LETTER_TAIL_RE = re.compile(r"(?<=[\d}])(m|g|in)((?:\^\{?\d\}?)?)$")
+
+
+def _product(m: re.Match) -> str:
+    return "".join("{" + c + "}" for c in m.group(1)) + m.group(2)  # 2{m}: math-verify reads 2*m, not 2 metres
+
+
+def _gold_variables(gold: str) -> frozenset:
+    """Letters of ``normalize.LETTER_UNITS`` that are variables of the ground truth (outside ``\\text{}`` and command names)."""
+    g = normalize_answer(gold, keep=frozenset("mgin"))  # its own letter units read as variables
+    g = re.sub(r"\\text\{[^{}]*\}|\\[A-Za-z]+", " ", g)
+    return frozenset(c for c in "mgin" if c in g)
+
+
+def _equal_one(pred: str, gold: str, timeout_s: float, pool: MathVerifyPool | None) -> Verdict:
+    """One value against one ground truth (the three steps of the module docstring)."""
+    try:
+        keep = frozenset()
+        if _UNIT_TAIL_RE.search(pred) or _UNIT_TAIL_RE.search(gold):
+            keep = _gold_variables(gold)
+        pn, gn = normalize_answer(pred, keep), normalize_answer(gold, keep)
         if not pn:
             return Verdict(False, "empty")
         if not gn:
             return Verdict(None, "no_ground_truth")
         if pn == gn:
             return Verdict(True, "exact")
+        if _MALFORMED_RE.search(pn):
+            return Verdict(False, "malformed")  # 2\sqrt(3: not the 2 in front of it
+        if len(gn) == 1 and "A" <= gn <= "Z":
+            v = _choice(pred, gn)
+            if v is not None:
+                return v
         cp, cg = _casefold_words(pn), _casefold_words(gn)
         if cp is not None and cg is not None:
             return Verdict(cp == cg, "exact")
@@ -382,10 +473,17 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
             if r is not None:
                 return Verdict(r, "numeric")
         # normalised forms first; the raw forms once more only if normalisation changed something
+        if keep:  # 2m with m a variable: a product for math-verify, whose unit removal would drop the m
+            pn, gn = _LETTER_TAIL_RE.sub(_product, pn), _LETTER_TAIL_RE.sub(_product, gn)
         pairs = [(gn, pn)]
         raw = (_clean(strip_wrappers(str(gold))), _clean(strip_wrappers(str(pred))))
-        # (not when digits are parted by spaces: math-verify adds "1 2" up to 3; normalisation decided those)
-        if raw != pairs[0] and all(raw) and not any(_SPACED_DIGITS_RE.search(r) for r in raw):
+        # (not when digits are parted by spaces: math-verify adds "1 2" up to 3; normalisation decided those; not
+        # when a command has parentheses for braces, which math-verify reads as the number before it; not when a
+        # letter after a number is a variable, which math-verify would remove as a unit)
+        if (
+            raw != pairs[0] and all(raw) and not keep
+            and not any(_SPACED_DIGITS_RE.search(r) or _MALFORMED_RE.search(r) for r in raw)
+        ):  # fmt: skip
             pairs.append(raw)
         key = tuple(pairs)
         with _VERDICTS_LOCK:

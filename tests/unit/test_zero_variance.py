@@ -180,3 +180,77 @@ def test_tolerance_is_configurable_and_validated():
 
     with pytest.raises(StareConfigError, match="zero_variance_tol"):
         parse_stare_config(_algo(True, zero_variance_tol=-1e-3))
+
+
+# Issue 31 item 10: the groups are verl's. verl's grpo_vectorized groups uids with
+# verl.utils.groupwise.as_torch_index, which is not Python equality; the zero-variance and cut-group corrections
+# must act on those same groups, or with W = 1 the estimator stops being GRPO.
+_R4 = [1.0, 0.0, 1.0, 0.0]
+UID_CASES = {
+    # uids, rewards: verl puts some rows of different labels in one group whose rewards differ
+    "numeric_strings": (np.array(["1", "01", "1", "01"], dtype=object), _R4),
+    "spaced_signed_strings": (np.array(["1", " 1", "+1", "01"], dtype=object), _R4),
+    "int_and_str": (np.array([1, "1", 1, "1"], dtype=object), _R4),
+    "bool_and_int": (np.array([True, 1, True, 1], dtype=object), _R4),
+    "object_floats_truncated": (np.array([1.2, 1.7, 1.2, 1.7], dtype=object), _R4),
+    "float_array_near_integer": (np.array([3.0, 3.0 + 1e-7, 3.0, 3.0 + 1e-7]), _R4),
+    "numpy_unicode_strings": (np.array(["7", "007", "7", "007"]), _R4),
+    # and where verl keeps labels apart, so do we (no merge, no split)
+    "uuid_and_int_mixed": (np.array(["a", 1, "a", 1, "b", "b"], dtype=object), [1.0, 0.0, 0.0, 1.0, 0.5, 0.5]),
+    "torch_float_tensor": (torch.tensor([1.2, 1.7, 1.2, 1.7]), [1.0, 1.0, 0.0, 0.0]),
+}
+
+
+@pytest.mark.parametrize("norm", [True, False], ids=["grpo", "drgrpo"])
+@pytest.mark.parametrize("case", list(UID_CASES))
+def test_groups_exactly_as_verl_with_mixed_uid_types(case, norm):
+    uid, r = UID_CASES[case]
+    rewards = _rows([[x] for x in r])
+    mask = torch.ones_like(rewards)
+    ref, _ = compute_grpo_vectorized_outcome_advantage(rewards, mask, uid, norm_adv_by_std_in_grpo=norm)
+    logp, ent = _inputs(len(r))
+    adv, _ = compute_stare_advantage(
+        rewards, mask, uid, _algo(norm, reweight_w=1.0), old_log_probs=logp, entropys=ent
+    )
+    assert torch.equal(adv, ref), case
+    assert (adv[:, -1] != 0).sum() >= 2  # the case has real (nonzero) GRPO advantages to preserve
+
+
+def test_numeric_string_pair_gets_verls_advantage():
+    """The issue's example: uids "1" and "01" are one group in verl (advantages +-0.87), not two zero-variance
+    groups."""
+    uid = np.array(["1", "01", "1", "01"], dtype=object)
+    rewards = _rows([[1.0], [0.0], [1.0], [0.0]])
+    logp, ent = _inputs(4)
+    adv, _ = compute_stare_advantage(
+        rewards, torch.ones_like(rewards), uid, _algo(True, reweight_w=1.0), old_log_probs=logp, entropys=ent,
+        metrics=(m := {}),
+    )  # fmt: skip
+    assert adv[:, -1].tolist() == pytest.approx([0.866, -0.866, 0.866, -0.866], abs=1e-3)
+    assert m["stare/zero_variance_groups"] == 0.0
+
+
+def test_nonfinite_reward_keeps_the_batchs_groups():
+    """verl's rule depends on the whole array: ["1", "01", "1", "01", "a"] are three groups, the same uids without
+    "a" one. A NaN reward on the only "a" row must not regroup the finite rows: they get verl's full-batch values."""
+    uid = np.array(["1", "01", "1", "01", "a"], dtype=object)
+    rewards = _rows([[1.0], [0.0], [0.5], [0.2], [float("nan")]])
+    ref, _ = compute_grpo_vectorized_outcome_advantage(rewards, torch.ones_like(rewards), uid)
+    logp, ent = _inputs(5)
+    adv, _ = compute_stare_advantage(
+        rewards, torch.ones_like(rewards), uid, _algo(True, reweight_w=1.0), old_log_probs=logp, entropys=ent
+    )
+    assert torch.equal(adv[:4], ref[:4]) and (adv[4] == 0).all()
+    assert adv[0, -1].item() == pytest.approx(0.7071, abs=1e-3) and adv[1, -1].item() == pytest.approx(-0.7071, abs=1e-3)
+
+
+def test_verl_group_codes_first_appearance_and_merge_warning(caplog):
+    import stare_verl.estimator as est
+
+    est._WARNED_MERGE = False
+    with caplog.at_level("WARNING", logger="stare_verl.estimator"):
+        codes, n = est.verl_group_codes(np.array(["b", "a", "b", "c"], dtype=object))
+        assert codes.tolist() == [0, 1, 0, 2] and n == 3 and not caplog.records
+        codes, n = est.verl_group_codes(np.array(["01", "2", "1"], dtype=object))
+    assert codes.tolist() == [0, 1, 0] and n == 2
+    assert any("3 distinct uid labels into 2 groups" in r.getMessage() for r in caplog.records)
