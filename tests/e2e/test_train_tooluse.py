@@ -61,6 +61,9 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch, ca
     assert summary["steps"] == 2 and summary["rl_checkpoint"].endswith("global_step_2/actor/huggingface")
     for key in ("eval_before", "eval_after"):
         assert set(summary[key]) == {"T=0", "T=1"} and summary[key]["T=0"]["n"] == 8
+    report = summary["entropy_report"]  # the end-of-run entropy report (runlog.entropy_report)
+    assert report["steps"] == 2 and report["target_entropy"] == 0.03 and report["verdict"] is not None
+    assert report["acc_after"]["greedy"] == summary["eval_after"]["T=0"]["accuracy"]
     # the evaluation before RL is cached with the SFT checkpoint: later runs from it reuse it
     (sft_dir,) = (tmp_path / "cache").glob("sft-*")
     assert json.loads((sft_dir / "eval_n8_turns3.json").read_text()) == summary["eval_before"]
