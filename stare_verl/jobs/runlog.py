@@ -380,3 +380,126 @@ def plot_entropy_dynamics(rows: list[dict[str, Any]], out_dir: Path) -> list[Pat
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return [path]
+
+
+# The entropy report's band: a last quarter within this share of the target counts as held (issue 30's criterion).
+ENTROPY_BAND = 0.25
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _accuracy(ev: dict[str, Any] | None, key: str) -> float | None:
+    """``ev[key]["accuracy"]`` of a held-out evaluation (``T=0`` greedy, ``T=1``); None when missing."""
+    v = (ev or {}).get(key) or {}
+    return v.get("accuracy")
+
+
+def entropy_report(
+    rows: list[dict[str, Any]],
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+    band: float = ENTROPY_BAND,
+) -> dict[str, Any]:
+    """What a run did to its entropy (``summary.json``'s ``entropy_report``; :func:`format_entropy_report` prints it).
+
+    ``rows``: the run's metrics rows (``metrics.jsonl``). ``before`` / ``after``: the held-out evaluations
+    (``{"T=0": {"accuracy": ...}, "T=1": {...}}``), optional.
+    Entropy is the gate's, ``stare/batch_entropy`` (token mean over model tokens; ``actor/entropy`` when a run did
+    not log it), averaged over the first and the last quarter of the steps (a quarter is ``max(1, n // 4)`` steps,
+    as ``make compare`` counts). ``gate_on_share``: steps with ``stare/gate_on`` over steps that logged it. L+ / L-:
+    over the steps with the gate on, the mean weight applied (``stare/w`` / ``stare/m``; None for a set that
+    never held a token, e.g. L- of variant C1) and the mean share of model tokens in the set; ``mean_token_weight``:
+    ``stare/mean_weight`` over all steps. ``reweighting``: False when every step ran with W = M = 1 (the GRPO-ds
+    twin). ``verdict``: ``held`` (last quarter within ``band`` of the target), ``below`` or ``above``;
+    ``below_with_gate_on``: below it and the gate on in most of the last quarter's steps, the case where STARE
+    reweighted but did not hold the entropy. ``message``: one plain sentence of that. Pure: reads nothing.
+    """
+    key = "stare/batch_entropy" if any("stare/batch_entropy" in r for r in rows) else "actor/entropy"
+    ent_rows = [r for r in rows if key in r]
+    ent = [float(r[key]) for r in ent_rows]
+    target = next((float(r["stare/target_entropy"]) for r in rows if "stare/target_entropy" in r), None)
+    gate_rows = [r for r in rows if "stare/gate_on" in r]
+    gated = [r for r in gate_rows if float(r["stare/gate_on"]) > 0.5]
+    quarter = max(1, len(ent) // 4)
+    first, last = ent[:quarter], ent[len(ent) - quarter:]
+    last_steps = {r["step"] for r in ent_rows[len(ent_rows) - quarter:]}
+    last_gated = sum(1 for r in gated if r["step"] in last_steps)
+
+    def weight(wkey: str, fkey: str) -> float | None:
+        return _mean([float(r[wkey]) for r in gated if wkey in r and float(r.get(fkey, 0.0)) > 0])
+
+    ws = [float(r[k]) for r in rows for k in ("stare/w", "stare/m") if k in r]
+    report: dict[str, Any] = {
+        "entropy_key": key,
+        "target_entropy": target,
+        "steps": len(ent),
+        "quarter_steps": quarter if ent else 0,
+        "entropy_first_quarter": _mean(first),
+        "entropy_last_quarter": _mean(last),
+        "last_quarter_over_target": _mean(last) / target if ent and target else None,
+        "gate_on_steps": len(gated),
+        "gate_steps": len(gate_rows),
+        "gate_on_share": len(gated) / len(gate_rows) if gate_rows else None,
+        "reweighting": any(abs(w - 1.0) > 1e-9 for w in ws),
+        "l_plus_weight": weight("stare/w", "stare/frac_l_plus"),
+        "l_plus_token_share": _mean([float(r.get("stare/frac_l_plus", 0.0)) for r in gated]),
+        "l_minus_weight": weight("stare/m", "stare/frac_l_minus"),
+        "l_minus_token_share": _mean([float(r.get("stare/frac_l_minus", 0.0)) for r in gated]),
+        "mean_token_weight": _mean([float(r["stare/mean_weight"]) for r in rows if "stare/mean_weight" in r]),
+        "acc_before": {"greedy": _accuracy(before, "T=0"), "T=1": _accuracy(before, "T=1")},
+        "acc_after": {"greedy": _accuracy(after, "T=0"), "T=1": _accuracy(after, "T=1")},
+    }
+    ratio = report["last_quarter_over_target"]
+    if ratio is None:
+        report.update(verdict=None, below_with_gate_on=False, message="no entropy or target logged")
+        return report
+    verdict = "held" if abs(ratio - 1.0) <= band else ("below" if ratio < 1.0 else "above")
+    report["verdict"] = verdict
+    report["below_with_gate_on"] = verdict == "below" and last_gated * 2 > quarter
+    where = (
+        f"last-quarter entropy {report['entropy_last_quarter']:.4f} = {ratio:.2f} x the target {target:g} "
+        f"(first quarter {report['entropy_first_quarter']:.4f}), gate on in {len(gated)} of {len(gate_rows)} steps"
+    )
+    if not report["reweighting"]:
+        message = f"{where}; no reweighting (W = M = 1, the GRPO-ds twin): the gate only marks entropy < target"
+    elif verdict == "held":
+        message = f"entropy held: {where}"
+    elif report["below_with_gate_on"]:
+        message = (
+            f"ENTROPY NOT HELD: {where}, {last_gated} of the last {quarter}. STARE reweighted (L+ weight "
+            f"{report['l_plus_weight']:.2f}) but the entropy ended {1 - ratio:.0%} below the target: the "
+            "reweighting is too weak for this model, or the target is above where the model can stay"
+        )
+    elif verdict == "below":
+        message = f"entropy below the target, gate mostly off at the end: {where}"
+    else:
+        message = f"entropy above the target (the gate stays off there): {where}"
+    report["message"] = message
+    return report
+
+
+def format_entropy_report(report: dict[str, Any]) -> list[str]:
+    """The console lines of an :func:`entropy_report`: the entropy against the target, the gate, L+ / L-, the
+    held-out accuracies, then the report's message."""
+
+    def f(x: float | None, spec: str = ".3f") -> str:
+        return "-" if x is None else format(x, spec)
+
+    r = report
+    lines = [
+        f"entropy ({r['entropy_key']}): first quarter {f(r['entropy_first_quarter'], '.4f')}, last quarter "
+        f"{f(r['entropy_last_quarter'], '.4f')} vs target {f(r['target_entropy'], 'g')} "
+        f"({f(r['last_quarter_over_target'], '.2f')} x); gate on in {r['gate_on_steps']} of {r['gate_steps']} steps",
+        f"weights with the gate on: L+ {f(r['l_plus_weight'], '.2f')} ({f(r['l_plus_token_share'], '.1%')} of "
+        f"model tokens), L- {f(r['l_minus_weight'], '.2f')} ({f(r['l_minus_token_share'], '.1%')}); mean token "
+        f"weight over all steps {f(r['mean_token_weight'], '.4f')}",
+    ]
+    b, a = r["acc_before"], r["acc_after"]
+    if any(v is not None for v in (*b.values(), *a.values())):
+        lines.append(
+            f"held-out accuracy: greedy {f(b['greedy'])} -> {f(a['greedy'])}, T = 1 {f(b['T=1'])} -> {f(a['T=1'])}"
+        )
+    lines.append(r["message"])
+    return lines

@@ -41,7 +41,7 @@ from typing import Any
 from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, interrupt_on_termination, kill_tagged
-from stare_verl.jobs.runlog import RunFolder
+from stare_verl.jobs.runlog import RunFolder, entropy_report, format_entropy_report
 from stare_verl.recipe_files import recipes_dir
 
 # Per family (stare_verl.jobs.families.JobFamily): the held-out greedy accuracy the cold-start SFT checkpoint needs
@@ -419,6 +419,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         "rl_checkpoint": str(ckpt) if ckpt else None,
         "eval_before": before,
         "eval_after": after,
+        "entropy_report": entropy_report(rows, before, after),
         "wall_s": round(time.time() - t0, 1),
         "phases_s": phases,
         "plots": [str(p) for p in plots],
@@ -426,6 +427,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     run.write_summary(summary)
     if before is not None:
         print(f"[{name}] held-out after RL:  {_fmt_eval(after) if after else 'no checkpoint'}", flush=True)
+    print("\n".join(f"[{name}] {line}" for line in format_entropy_report(summary["entropy_report"])), flush=True)
     print(
         f"[{name}] done in {summary['wall_s']:.0f} s: {run.path}/metrics.jsonl, plots/, summary.json",
         flush=True,

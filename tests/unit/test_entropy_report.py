@@ -1,0 +1,87 @@
+"""runlog.entropy_report / format_entropy_report: the end-of-run entropy report (issue 30), on the metrics of real
+tool-use CPU runs (30 steps from the default SFT checkpoint, seed 0; values rounded to 4 digits)."""
+
+import pytest
+
+from stare_verl.jobs.runlog import entropy_report, format_entropy_report
+
+# GRPO-ds twin (--method grpo, target 0.03): stare/batch_entropy, stare/gate_on, stare/frac_l_plus per step
+GRPO_ENT = [0.0214, 0.0112, 0.0129, 0.0474, 0.0094, 0.0238, 0.042, 0.013, 0.0153, 0.0213, 0.011, 0.0195, 0.0292,
+            0.0119, 0.0139, 0.0086, 0.0188, 0.0199, 0.0325, 0.0309, 0.0151, 0.011, 0.011, 0.0171, 0.0152, 0.0102,
+            0.0073, 0.0083, 0.0098, 0.0279]  # fmt: skip
+GRPO_GATE = [1, 1, 1, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+GRPO_FRAC = [0.0252, 0.0121, 0.04, 0.0, 0.0129, 0.021, 0.0, 0.0236, 0.0443, 0.0326, 0.0128, 0.0128, 0.0281, 0.0224,
+             0.0355, 0.0341, 0.002, 0.0322, 0.0, 0.0, 0.0411, 0.0313, 0.0, 0.0128, 0.0258, 0.0214, 0.0112, 0.0102,
+             0.0309, 0.0344]  # fmt: skip
+BEFORE = {"T=0": {"accuracy": 0.89, "n": 200}, "T=1": {"accuracy": 0.735, "n": 200}}
+GRPO_AFTER = {"T=0": {"accuracy": 0.9, "n": 200}, "T=1": {"accuracy": 0.855, "n": 200}}
+
+
+def _rows(ent, gate, frac, w, target, m=0.9):
+    """metrics.jsonl rows as the run wrote them (O1: L- never holds a token; stare/m is logged all the same)."""
+    return [
+        {
+            "step": i + 1,
+            "actor/entropy": e,
+            "stare/batch_entropy": e,
+            "stare/target_entropy": target,
+            "stare/gate_on": float(g),
+            "stare/w": w,
+            "stare/m": m,
+            "stare/frac_l_plus": f,
+            "stare/frac_l_minus": 0.0,
+            "stare/mean_weight": 1.0 + (w - 1.0) * f * g,
+        }
+        for i, (e, g, f) in enumerate(zip(ent, gate, frac, strict=True))
+    ]
+
+
+def test_grpo_twin_reports_the_drift_and_no_reweighting():
+    rep = entropy_report(_rows(GRPO_ENT, GRPO_GATE, GRPO_FRAC, 1.0, 0.03, m=1.0), BEFORE, GRPO_AFTER)
+    assert rep["entropy_key"] == "stare/batch_entropy" and rep["steps"] == 30 and rep["quarter_steps"] == 7
+    assert rep["entropy_first_quarter"] == pytest.approx(sum(GRPO_ENT[:7]) / 7)  # 0.0240
+    assert rep["entropy_last_quarter"] == pytest.approx(sum(GRPO_ENT[-7:]) / 7)  # 0.0137
+    assert rep["last_quarter_over_target"] == pytest.approx(0.4562, abs=1e-4)
+    assert (rep["gate_on_steps"], rep["gate_steps"], rep["gate_on_share"]) == (26, 30, pytest.approx(26 / 30))
+    assert rep["reweighting"] is False and rep["l_plus_weight"] == 1.0 and rep["l_minus_weight"] is None
+    assert rep["mean_token_weight"] == 1.0
+    assert rep["acc_before"] == {"greedy": 0.89, "T=1": 0.735}
+    assert rep["acc_after"] == {"greedy": 0.9, "T=1": 0.855}
+    assert rep["verdict"] == "below" and rep["below_with_gate_on"] is True
+    assert "GRPO-ds twin" in rep["message"] and "NOT HELD" not in rep["message"]
+    lines = format_entropy_report(rep)
+    assert lines[0] == (
+        "entropy (stare/batch_entropy): first quarter 0.0240, last quarter 0.0137 vs target 0.03 (0.46 x); "
+        "gate on in 26 of 30 steps"
+    )
+    assert "L+ 1.00" in lines[1] and "L- -" in lines[1]
+    assert lines[2] == "held-out accuracy: greedy 0.890 -> 0.900, T = 1 0.735 -> 0.855"
+    assert lines[-1] == rep["message"]
+
+
+def test_stare_run_far_below_the_target_with_the_gate_on_says_so():
+    # the same trajectory as a STARE run (W 1.1, the paper's setting) would be reported: not held, and why
+    rep = entropy_report(_rows(GRPO_ENT, GRPO_GATE, GRPO_FRAC, 1.1, 0.03), BEFORE, GRPO_AFTER)
+    assert rep["reweighting"] is True and rep["l_plus_weight"] == pytest.approx(1.1)
+    assert rep["l_minus_weight"] is None  # O1: m is logged but L- is empty
+    assert rep["l_plus_token_share"] == pytest.approx(sum(GRPO_FRAC) / 26)
+    assert rep["mean_token_weight"] == pytest.approx(1.0 + 0.1 * sum(GRPO_FRAC) / 30)
+    assert rep["verdict"] == "below" and rep["below_with_gate_on"] is True
+    assert rep["message"].startswith("ENTROPY NOT HELD: last-quarter entropy 0.0137 = 0.46 x the target 0.03")
+    assert "7 of the last 7" in rep["message"] and "54% below the target" in rep["message"]
+
+
+def test_held_above_and_missing():
+    # within 25% of the target: held (the target 0.016 for the same trajectory: last quarter 0.0137 = 0.86 x)
+    rep = entropy_report(_rows(GRPO_ENT, GRPO_GATE, GRPO_FRAC, 3.0, 0.016))
+    assert rep["verdict"] == "held" and rep["message"].startswith("entropy held: ")
+    assert rep["acc_before"] == {"greedy": None, "T=1": None}
+    assert not any(line.startswith("held-out") for line in format_entropy_report(rep))
+    rep = entropy_report(_rows(GRPO_ENT, [0] * 30, [0.0] * 30, 3.0, 0.01))
+    assert rep["verdict"] == "above" and rep["gate_on_share"] == 0 and rep["l_plus_weight"] is None
+    assert rep["l_plus_token_share"] is None and "gate stays off" in rep["message"]
+    # a run from before the stare/* metrics: actor/entropy, no target
+    rep = entropy_report([{"step": 1, "actor/entropy": 0.02}])
+    assert rep["entropy_key"] == "actor/entropy" and rep["verdict"] is None and rep["gate_on_share"] is None
+    assert format_entropy_report(rep)[-1] == "no entropy or target logged"
+    assert entropy_report([])["steps"] == 0
