@@ -110,7 +110,7 @@ def _median(xs: list) -> float | None:
 
 
 def _fmt_mean_sd(xs: list[float | None]) -> str:
-    xs = [x for x in xs if x is not None]
+    xs = [float(x) for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]  # NaN: the run has no value
     if not xs:
         return "-"
     return f"{statistics.fmean(xs):.4f}" + (f" ± {statistics.stdev(xs):.4f}" if len(xs) > 1 else "")

@@ -201,6 +201,11 @@ KEPT_PREFIXES = (
     "actor/pg_clipfrac",
     "actor/ppo_kl",
     "stare/",
+    "entropy_control/",  # every entropy-control method's shared metrics, then each method's own
+    "forking/",
+    "entropy_adv/",
+    "adaptive_entropy/",
+    "actor/entropy_loss",
     "response_length/",
     "num_turns/",
     "agent/",
