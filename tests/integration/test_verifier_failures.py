@@ -180,15 +180,19 @@ def test_worker_parse_cache_keeps_only_finished_parses():
 def test_reward_counts_a_timeout_and_a_later_call_scores_right(one_worker, monkeypatch):
     pool = one_worker()
     monkeypatch.setattr(verify_mod, "_POOL", pool)
-    response = r"The ratio is \boxed{" + RATIO[1] + "}"
-    r = compute_score("x", response, RATIO[0], timeout_s=1e-4)
+    pred, gold = r"(x+1)^{3}", r"x^3+3x^2+3x+1"  # only math-verify can decide it
+    response = r"The expansion is \boxed{" + pred + "}"
+    r = compute_score("x", response, gold, timeout_s=1e-4)
     assert (r["acc"], r["score"], r["timed_out"], r["verify_method"]) == (False, 0.0, True, "timeout")
-    r = compute_score("x", response, RATIO[0], timeout_s=10.0)
+    r = compute_score("x", response, gold, timeout_s=10.0)
     assert (r["acc"], r["score"], r["timed_out"], r["verify_method"]) == (True, 1.0, False, "math_verify")
+    # the issue's labelled ratio no longer needs math-verify at all: the reward reads the label off (issue 31)
+    r = compute_score("x", r"The ratio is \boxed{" + RATIO[1] + "}", RATIO[0], timeout_s=1e-4)
+    assert (r["acc"], r["timed_out"], r["verify_method"]) == (True, False, "exact")
     # several ground truths: a failure on one is reported unless another matched
-    r = compute_score("x", r"\boxed{S_{PQ}:S=3:5}", ["12", "3:5"], timeout_s=1e-4)
+    r = compute_score("x", r"\boxed{x^2+2x+1}", ["12", "(x+1)^2"], timeout_s=1e-4)
     assert r["timed_out"] is True and r["acc"] is False and r["verify_method"] == "timeout"
-    r = compute_score("x", r"\boxed{12}", [RATIO[0], "12"], timeout_s=1e-4)
+    r = compute_score("x", r"\boxed{12}", [gold, "12"], timeout_s=1e-4)
     assert r["timed_out"] is False and r["acc"] is True and r["verify_method"] == "exact"
     # an empty ground truth is no checker failure
     r = compute_score("x", r"\boxed{12}", r"\boxed{}", timeout_s=5.0)
