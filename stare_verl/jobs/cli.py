@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
@@ -15,32 +16,78 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recipe_source(arg: str, tmp: str) -> tuple[str, Path | None] | str:
+    """Where ``stare-verl check ARG`` composes from: ``(name, folder)`` for a recipe name (``folder`` None: the
+    shipped recipes) or a YAML file on disk (its folder); a file without a ``defaults`` list (a user's own verl
+    config) is composed on verl's ``ppo_trainer`` defaults, as ``main_ppo`` would, with every ``algorithm.stare``
+    key at its default. Returns the one-line error
+    (with the nearest recipe names) when ARG is neither."""
+    import difflib
+
+    from omegaconf import DictConfig, OmegaConf
+
+    from stare_verl.jobs.recipes import recipe_names, recipes_dir
+
+    path = Path(arg).expanduser()
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        path = path.resolve()
+        try:
+            own = OmegaConf.load(path)
+        except Exception as err:  # noqa: BLE001 - a broken file is a one-line error
+            return f"error: {arg!r} is no readable YAML: {err}"
+        if not isinstance(own, DictConfig):
+            return f"error: {arg!r} is no YAML mapping (a verl config is one)"
+        if "defaults" in own:
+            return path.stem, path.parent
+        # the user's own config: on verl's ppo_trainer defaults and every algorithm.stare key at its default (so a
+        # plain key=value override works), with the file's keys on top (a copy in a temp folder)
+        from stare_verl.config import StareConfig
+
+        head = OmegaConf.create({"hydra": {"searchpath": ["pkg://verl.trainer.config"]},
+                                 "defaults": ["ppo_trainer", "_self_"],
+                                 "algorithm": {"stare": StareConfig().model_dump()}})
+        merged = OmegaConf.merge(head, own)
+        Path(tmp, path.name).write_text(OmegaConf.to_yaml(merged))
+        return path.stem, Path(tmp)
+    names = sorted(set(recipe_names()) | {f"cpu/{n}" for n in recipe_names(recipes_dir() / "cpu")})
+    name = arg.removesuffix(".yaml")
+    if name in names:
+        return name, None
+    if "/" in name and not name.startswith("cpu/"):  # a path that is no file
+        return f"error: no file {arg!r} (a recipe name, a path to a recipe or to your own verl YAML)"
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    close = [f"cpu/{name}"] if f"cpu/{name}" in names else close
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"error: no recipe {arg!r}{hint} (stare-verl recipes lists them)"
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     import tempfile
 
     from omegaconf import OmegaConf
 
     from stare_verl.jobs.backend import stderr_to
-    from stare_verl.jobs.recipes import recipe_names, recipes_dir
 
-    names = set(recipe_names()) | {f"cpu/{n}" for n in recipe_names(recipes_dir() / "cpu")}
-    name = args.recipe.removesuffix(".yaml")
-    if name not in names:
-        hint = f"; did you mean cpu/{name}?" if f"cpu/{name}" in names else ""
-        print(f"error: no recipe {args.recipe!r}{hint} (stare-verl recipes lists them)", file=sys.stderr)
+    tmp = tempfile.TemporaryDirectory()
+    source = _recipe_source(args.recipe, tmp.name)
+    if isinstance(source, str):
+        tmp.cleanup()
+        print(source, file=sys.stderr)
         return 1
+    name, folder = source
     noise = tempfile.TemporaryFile()  # verl's import-time warnings: shown only when the check fails
     try:
         with stderr_to(noise):
             from stare_verl.jobs.recipes import compose_recipe, validate_recipe
 
-            cfg = compose_recipe(name, args.overrides)
+            cfg = compose_recipe(name, args.overrides, folder=folder)
             stare = validate_recipe(cfg)
     except Exception as err:  # report any composition/validation failure as a one-line error
         print(f"error: recipe {args.recipe!r} would fail at launch: {err}", file=sys.stderr)
         return 1
     finally:
         noise.close()
+        tmp.cleanup()
     if args.print:
         print(OmegaConf.to_yaml(cfg))
     summary = f"ok: {args.recipe}: adv_estimator={cfg.algorithm.adv_estimator}, "
@@ -61,7 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "check", help="compose a recipe with overrides and validate it as verl would at launch"
     )
-    p.add_argument("recipe", help="recipe name, e.g. shortcot_qwen2.5-math-7b_stare")
+    p.add_argument(
+        "recipe",
+        help="recipe name (e.g. shortcot_qwen2.5-math-7b_stare, cpu/tooluse_tiny_stare), a path to a recipe, or your "
+        "own verl YAML (composed on verl's ppo_trainer defaults when it has no defaults list)",
+    )
     p.add_argument("overrides", nargs="*", default=[], help="Hydra overrides, e.g. algorithm.stare.variant=C2")
     p.add_argument("--print", action="store_true", help="print the composed config")
     p.set_defaults(func=_cmd_check)

@@ -81,3 +81,45 @@ def test_cli_check_reports_ok_and_errors(capsys, monkeypatch, tmp_path):
         "error: no recipe 'longcot_tiny_grpo'; did you mean cpu/longcot_tiny_grpo? (stare-verl recipes lists them)"
     )
     assert main(["check", "cpu/longcot_tiny_grpo.yaml", "actor_rollout_ref.model.path=m"]) == 0
+
+
+def test_cli_check_takes_a_path_or_a_users_own_verl_yaml_and_suggests_names(capsys, monkeypatch, tmp_path):
+    """Issue 32 item 2: a recipe by path (relative, ./, absolute), the user's own verl YAML (no defaults list:
+    composed on verl's ppo_trainer), and a did-you-mean for a misspelled name."""
+    from stare_verl.jobs.cli import main
+    from stare_verl.jobs.recipes import recipes_dir
+
+    monkeypatch.chdir(recipes_dir().parent)
+    for arg in ("recipes/cpu/tooluse_tiny_stare.yaml", "./recipes/cpu/tooluse_tiny_stare.yaml",
+                str(recipes_dir() / "cpu" / "tooluse_tiny_stare.yaml")):  # fmt: skip
+        assert main(["check", arg, "actor_rollout_ref.model.path=m"]) == 0, arg
+        assert "rollout=hf" in capsys.readouterr().out
+    own = tmp_path / "my_run.yaml"
+    own.write_text(
+        "algorithm: {adv_estimator: stare, stare: {variant: C2}}\n"
+        "trainer: {v1: {trainer_mode: stare_sync}}\n"
+        "actor_rollout_ref:\n"
+        "  actor: {ppo_micro_batch_size_per_gpu: 2}\n"
+        "  rollout: {name: sglang, log_prob_micro_batch_size_per_gpu: 2}\n"
+        "  ref: {log_prob_micro_batch_size_per_gpu: 2}\n"
+    )
+    assert main(["check", str(own), "actor_rollout_ref.model.path=m", "algorithm.stare.target_entropy=0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "variant=C2" in out and "target=0.25 nats" in out and "rollout=sglang" in out
+    # the user's file is checked as verl would: a key verl needs is reported, not passed over
+    own.write_text("algorithm: {adv_estimator: stare}\ntrainer: {v1: {trainer_mode: stare_sync}}\n")
+    assert main(["check", str(own), "actor_rollout_ref.model.path=m"]) == 1
+    assert "micro_batch_size" in capsys.readouterr().err
+    own.write_text("- not\n- a mapping\n")
+    assert main(["check", str(own)]) == 1
+    assert "no YAML mapping" in capsys.readouterr().err
+    assert main(["check", "tooluse_tiny_star"]) == 1
+    assert "did you mean cpu/tooluse_tiny_stare" in capsys.readouterr().err
+    assert main(["check", "shortcot_qwen25-math-7b_stare"]) == 1
+    assert "did you mean shortcot_qwen2.5-math-7b_stare" in capsys.readouterr().err
+    assert main(["check", "tooluse_tiny_stare.yaml"]) == 1
+    assert "did you mean cpu/tooluse_tiny_stare?" in capsys.readouterr().err
+    assert main(["check", "nothing/like/this.yaml"]) == 1
+    assert capsys.readouterr().err.startswith("error: no file 'nothing/like/this.yaml'")
+    assert main(["check", "zzzzzzzz"]) == 1
+    assert capsys.readouterr().err.strip() == "error: no recipe 'zzzzzzzz' (stare-verl recipes lists them)"
