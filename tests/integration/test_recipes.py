@@ -123,3 +123,34 @@ def test_cli_check_takes_a_path_or_a_users_own_verl_yaml_and_suggests_names(caps
     assert capsys.readouterr().err.startswith("error: no file 'nothing/like/this.yaml'")
     assert main(["check", "zzzzzzzz"]) == 1
     assert capsys.readouterr().err.strip() == "error: no recipe 'zzzzzzzz' (stare-verl recipes lists them)"
+
+
+def test_every_stare_recipe_writes_every_key_so_plain_overrides_work(capsys, monkeypatch, tmp_path):
+    """Issue 32 item 3: every recipe with an ``algorithm.stare`` section has every key of StareConfig, at the
+    model's default where the recipe does not choose one, so the README's ``algorithm.stare.KEY=value`` runs as
+    written on CPU and GPU recipes alike."""
+    from stare_verl.config import StareConfig
+    from stare_verl.jobs.cli import main
+    from stare_verl.jobs.recipes import recipe_names, recipes_dir
+
+    defaults = StareConfig().model_dump()
+    chosen = {"variant", "top_p_ratio", "reweight_w", "reweight_m", "target_entropy"}  # per family / recipe
+    cpu = recipes_dir() / "cpu"
+    names = recipe_names() + [f"cpu/{n}" for n in recipe_names(cpu) if "stare" in (cpu / f"{n}.yaml").read_text()]
+    seen = 0
+    for name in names:
+        stare = compose_recipe(name, ["actor_rollout_ref.model.path=m"]).algorithm.get("stare")
+        if stare is None:
+            continue
+        seen += 1
+        assert set(stare) == set(defaults), name
+        assert {k: stare[k] for k in defaults if k not in chosen} == {
+            k: v for k, v in defaults.items() if k not in chosen
+        }, name
+    assert seen >= 16
+    monkeypatch.chdir(tmp_path)
+    for name in ("shortcot_qwen2.5-math-7b_stare", "cpu/shortcot_tiny_stare"):
+        ov = ["actor_rollout_ref.model.path=m", "algorithm.stare.adaptive=true", "algorithm.stare.alpha=0.05",
+              "algorithm.stare.w_max=3", "algorithm.stare.scope=chunk", "algorithm.stare.chunk_size=4"]  # fmt: skip
+        assert main(["check", name, *ov]) == 0, capsys.readouterr().err
+        assert "ok:" in capsys.readouterr().out
