@@ -134,12 +134,18 @@ def kill_uid(uid: int) -> int:
     return n
 
 
+CLEAN_LISTINGS = 2
+"""How many listings in a row must find nothing alive before a kill loop stops. One is not enough: a listing reads
+the pid list first and each process's state after, so a process forked by one that then exits (a double fork)
+can be missing from the pid list while its parent is already dead when its state is read; it is in the next
+listing, whose pid list is read after that parent's death."""
+
+
 async def clear_uid(uid: int, grace_s: float = 3.0) -> None:
-    """Kill the processes of a slot's ``uid`` until none is alive (at most ``grace_s``), so the slot is
-    handed back empty: nothing outlives its call and RLIMIT_NPROC starts from zero for the next one."""
-    deadline = time.monotonic() + grace_s
-    while kill_uid(uid) and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
+    """Kill the processes of a slot's ``uid`` until :data:`CLEAN_LISTINGS` listings in a row find none alive (at
+    most ``grace_s``), so the slot is handed back empty: nothing outlives its call and RLIMIT_NPROC starts from zero
+    for the next one."""
+    await kill_pids_until_gone(lambda: uid_pids(uid), grace_s)
 
 
 # ---------------------------------------------------------------------------------------------------- from outside
@@ -201,11 +207,14 @@ def thread_count(pid: int) -> int:
 
 
 async def kill_pids_until_gone(pids, grace_s: float = 3.0) -> None:
-    """SIGKILL ``pids()`` (a function listing what must die) until it lists nothing alive (at most ``grace_s``)."""
+    """SIGKILL ``pids()`` (a function listing what must die) until :data:`CLEAN_LISTINGS` calls in a row list nothing
+    alive (at most ``grace_s``)."""
     deadline = time.monotonic() + grace_s
+    clean = 0
     while True:
         live = [p for p in pids() if _alive(p)]
-        if not live or time.monotonic() > deadline:
+        clean = 0 if live else clean + 1
+        if clean >= CLEAN_LISTINGS or time.monotonic() > deadline:
             return
         for p in live:
             with contextlib.suppress(OSError):

@@ -9,6 +9,8 @@ behind, and check that the host (which looks from outside, through /proc) still 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 
 import pytest
 
@@ -222,6 +224,25 @@ def test_no_process_outlives_its_session_call(kind, patched):
         assert left == [], name
     assert r["after"].stdout == "7\n" and not r["after"].session_restarted  # the session itself goes on
     assert live_pids(marker=marker) == []
+
+
+def test_a_kill_loop_does_not_stop_at_one_listing_that_missed_a_double_forks_grandchild():
+    """A listing reads the pid list before each process's state, so a double fork's grandchild can be missing
+    from it while its parent is already dead when read (seen once in CI: test above, subprocess kind, hooks
+    replaced). Every kill loop (session strays, slot clean-up) stops only after two clean listings in a row."""
+    from envs.sandbox import _io
+
+    late = subprocess.Popen(["sleep", "4242.09"])
+    listings = iter([[], [late.pid]])
+    try:
+        # the first listing misses the process, the second has it: it must be killed
+        asyncio.run(_io.kill_pids_until_gone(lambda: next(listings, []), grace_s=5.0))
+        assert late.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if late.poll() is None:
+            late.kill()
+            late.wait()
+    assert _io.CLEAN_LISTINGS >= 2
 
 
 # ------------------------------------------------------------------------------- item 7: idle sessions' tmpfs
