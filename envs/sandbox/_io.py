@@ -119,19 +119,13 @@ async def kill_tree(proc: asyncio.subprocess.Process, uid: int | None = None, gr
 
 
 def kill_uid(uid: int) -> int:
-    """SIGKILL every live (non-zombie) process owned by ``uid`` (a uid reserved for one sandbox slot).
-    Returns how many were found."""
-    n = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{name}").st_uid == uid and _alive(int(name)):
-                os.kill(int(name), signal.SIGKILL)
-                n += 1
-        except OSError:
-            continue
-    return n
+    """SIGKILL every live (non-zombie) process owned by ``uid`` (a uid reserved for one sandbox slot), once (see
+    :func:`clear_uid` for until none is left). Returns how many were found."""
+    pids = uid_pids(uid)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
 
 
 CLEAN_LISTINGS = 2

@@ -20,8 +20,7 @@ def _recipe_source(arg: str, tmp: str) -> tuple[str, Path | None] | str:
     """Where ``stare-verl check ARG`` composes from: ``(name, folder)`` for a recipe name (``folder`` None: the
     shipped recipes) or a YAML file on disk (its folder); a file without a ``defaults`` list (a user's own verl
     config) is composed on verl's ``ppo_trainer`` defaults, as ``main_ppo`` would, with every ``algorithm.stare``
-    key at its default. Returns the one-line error
-    (with the nearest recipe names) when ARG is neither."""
+    key at its default. Returns the one-line error (with the nearest recipe names) when ARG is neither."""
     import difflib
 
     from omegaconf import DictConfig, OmegaConf
