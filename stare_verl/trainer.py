@@ -125,30 +125,62 @@ class StareTrainerMixin:
         return result
 
 
-REWARD_EXTRA_METRICS = {"acc": "reward/acc/mean", "has_answer": "reward/has_answer/mean"}
+REWARD_EXTRA_SKIPPED = ("score",)
+"""Reward extra-info keys left out of the per-step means: verl logs the score itself (``critic/score/mean``)."""
+
+
+_NUMBER = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def reward_extra_metric(key: str) -> str:
+    """The per-step metric name of the reward's extra-info value ``key``: ``reward/<key>/mean`` (e.g.
+    ``reward/acc/mean``, the training accuracy; ``reward/num_tool_calls/mean`` for a tool-use reward)."""
+    return f"reward/{key}/mean"
+
+
+def reward_extra_means_of(infos) -> dict[str, float]:
+    """Per-step means of the reward function's numeric extra values, as ``reward/<key>/mean``
+    (:func:`reward_extra_metric`).
+
+    Args:
+        infos: one mapping per trajectory (its ``reward_extra_info``); anything else counts as empty.
+
+    Returns:
+        for every key with at least one bool / int / float value (numpy scalars included; bools count 0 / 1),
+        the mean over the trajectories that have a number there; string values (``pred``, ``verify_method``)
+        and :data:`REWARD_EXTRA_SKIPPED` are left out, non-finite values too. Pure: never raises for odd values.
+    """
+    values: dict[str, list[float]] = {}
+    for info in infos:
+        if not isinstance(info, dict):
+            continue
+        for key, value in info.items():
+            if key in REWARD_EXTRA_SKIPPED or not isinstance(value, _NUMBER):
+                continue
+            if np.isfinite(float(value)):
+                values.setdefault(key, []).append(float(value))
+    return {reward_extra_metric(k): float(np.mean(v)) for k, v in values.items()}
 
 
 def reward_extra_means(batch) -> dict[str, float]:
-    """Per-step means of the reward function's ``acc`` and ``has_answer`` (``envs.reward.compute_score``
-    returns both; verl's agent loop keeps them in each trajectory's ``extra_fields["reward_extra_info"]``), as
-    ``reward/acc/mean`` (the training accuracy) and ``reward/has_answer/mean``. verl logs only the reward's
-    ``score`` at training time (``critic/score/mean``), which differs from the accuracy once a penalty (e.g.
-    DAPO's overlong shaping) is added. Keys a reward function does not return are left out; a metric never
-    stops training, so any failure to read them is logged and returns {}."""
+    """:func:`reward_extra_means_of` of a step's trajectories: the reward function's numeric extra values (verl's
+    agent loop keeps them in each trajectory's ``extra_fields["reward_extra_info"]``), e.g. ``acc`` and
+    ``has_answer`` of ``envs.reward.compute_score`` (``reward/acc/mean``, the training accuracy) and the tool-use
+    reward's per-episode tool statistics (``reward/num_tool_calls/mean``, ``reward/num_tool_errors/mean``, ...).
+    verl logs only the reward's ``score`` at training time (``critic/score/mean``), which differs from the
+    accuracy once a penalty (e.g. DAPO's overlong shaping) is added. A metric never stops training, so any
+    failure to read them is logged and returns {}."""
     try:
         import transfer_queue as tq
 
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        values: dict[str, list[float]] = {k: [] for k in REWARD_EXTRA_METRICS}
+        infos = []
         for item in list(data["extra_fields"]):
             fields = getattr(item, "data", item)
-            info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
-            for key in REWARD_EXTRA_METRICS:
-                if isinstance(info.get(key), bool | int | float | np.bool_ | np.number):
-                    values[key].append(float(info[key]))
-        return {REWARD_EXTRA_METRICS[k]: float(np.mean(v)) for k, v in values.items() if v}
+            infos.append(fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {})
+        return reward_extra_means_of(infos)
     except Exception as err:  # noqa: BLE001 - a metric must never stop a training run
-        logger.warning("could not read the reward's acc/has_answer for metrics: %r", err)
+        logger.warning("could not read the reward's extra values for metrics: %r", err)
         return {}
 
 
