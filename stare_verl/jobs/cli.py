@@ -98,6 +98,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    """``stare-verl plot``: the run's dashboard (:func:`stare_verl.jobs.dashboard.plot_path`); prints its path.
+    A path that does not exist or holds no metrics: a one-line error, exit status 2."""
+    from stare_verl.jobs.dashboard import NoMetricsError, plot_path
+
+    try:
+        dash = plot_path(args.path, args.out)
+    except (FileNotFoundError, NoMetricsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(dash.path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``stare-verl`` argument parser."""
     parser = argparse.ArgumentParser(prog="stare-verl", description=__doc__)
@@ -115,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", default=[], help="Hydra overrides, e.g. algorithm.stare.variant=C2")
     p.add_argument("--print", action="store_true", help="print the composed config")
     p.set_defaults(func=_cmd_check)
+    p = sub.add_parser(
+        "plot", help="draw a run's dashboard (entropy, reward, length, tool calls, Cov(log pi, A)) as dashboard.png"
+    )
+    p.add_argument(
+        "path", metavar="RUN_DIR_OR_METRICS_FILE",
+        help="a run folder (runs/<run>) or one verl file-logger JSONL (trainer.logger=[file]) or metrics.jsonl",
+    )  # fmt: skip
+    p.add_argument("--out", default=None, metavar="DIR", help="folder of dashboard.png (default: the run's plots/)")
+    p.set_defaults(func=_cmd_plot)
     from stare_verl.jobs.evaluation import cli as eval_cli
 
     p = sub.add_parser(

@@ -112,7 +112,7 @@ class RunFolder:
 
     @property
     def plots(self) -> Path:
-        """``plots/``: :func:`plot_run`'s PNG files."""
+        """``plots/``: :func:`plot_run`'s PNG files and ``dashboard.png`` (``stare_verl.jobs.dashboard``)."""
         return self.path / "plots"
 
     @property
@@ -222,13 +222,13 @@ KEPT_SUBSTRINGS = ("acc", "tool")
 def read_verl_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """Read verl ``FileLogger`` lines (``{"step": n, "data": {...}}``) from several files, one row per step.
 
-    Later files win for a repeated step (a resumed run re-logs from its checkpoint); malformed lines are
-    skipped. Returns rows ``{"step": n, **metrics}`` sorted by step.
+    Later files win for a repeated step (a resumed run re-logs from its checkpoint); malformed lines (bytes that
+    are no UTF-8 included) are skipped, missing files too. Returns rows ``{"step": n, **metrics}`` sorted by step.
     """
     rows: dict[int, dict[str, Any]] = {}
     for path in paths:
         try:
-            lines = Path(path).read_text().splitlines()
+            lines = Path(path).read_text(errors="replace").splitlines()  # a stray byte spoils its line only
         except FileNotFoundError:
             continue
         for line in lines:
@@ -270,10 +270,18 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def plot_run(rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | None = None) -> list[Path]:
+def _titled(ax, what: str, title: str | None) -> None:
+    """Title a run plot: what it shows, then the run's title (method, seed, settings) when given."""
+    ax.set_title(what if not title else f"{what}\n{title}", fontsize=10 if not title else 8)
+
+
+def plot_run(
+    rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | None = None, title: str | None = None
+) -> list[Path]:
     """Write entropy.png (actor/entropy with the target and the steps the gate was on), entropy_dynamics.png
     (see :func:`plot_entropy_dynamics`), reward.png and response_length.png into ``out_dir``; returns the files
-    written (a plot without data is skipped)."""
+    written (a plot without data is skipped). ``title``: the run's (``stare_verl.jobs.dashboard.run_title``:
+    method, seed, key settings), under each plot's own title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -304,17 +312,17 @@ def plot_run(rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | 
         step_axis(ax)
         ax.set_ylabel("entropy (nats)")
         ax.legend(fontsize=8)
-        ax.set_title("Policy entropy")
+        _titled(ax, "Policy entropy", title)
         fig.tight_layout()
         written.append(out_dir / "entropy.png")
         fig.savefig(written[-1], dpi=100)
         plt.close(fig)
 
-    written.extend(plot_entropy_dynamics(rows, out_dir))
+    written.extend(plot_entropy_dynamics(rows, out_dir, title))
 
-    for key, name, ylabel in (
-        ("critic/score/mean", "reward.png", "reward (mean per response)"),
-        ("response_length/mean", "response_length.png", "response length (tokens)"),
+    for key, name, ylabel, what in (
+        ("critic/score/mean", "reward.png", "reward (mean per response)", "Reward"),
+        ("response_length/mean", "response_length.png", "response length (tokens)", "Response length"),
     ):
         steps, vals = _series(rows, key)
         if not steps:
@@ -323,7 +331,7 @@ def plot_run(rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | 
         ax.plot(steps, vals, marker=".")
         step_axis(ax)
         ax.set_ylabel(ylabel)
-        ax.set_title(key)
+        _titled(ax, what, title)
         fig.tight_layout()
         written.append(out_dir / name)
         fig.savefig(written[-1], dpi=100)
@@ -348,11 +356,12 @@ QUADRANT_LABELS = {
 }
 
 
-def plot_entropy_dynamics(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+def plot_entropy_dynamics(rows: list[dict[str, Any]], out_dir: Path, title: str | None = None) -> list[Path]:
     """Write entropy_dynamics.png: per step, Cov(log pi, A) over model tokens before (``stare/cov_logp_adv``)
     and after reweighting (``stare/cov_logp_adv_eff``), and the token classes' contributions to the
     reweighted covariance (``stare/cov_quadrant_eff/*``). First-order theory (Cui et al. 2025, arXiv
-    2505.22617) gives dH ~ -eta * Cov(log pi, A): a positive covariance drives entropy down.
+    2505.22617) gives dH ~ -eta * Cov(log pi, A): a positive covariance drives entropy down. ``title``: the run's,
+    under the plot's own (as :func:`plot_run`).
 
     Returns ``[path]``, or ``[]`` when the rows carry no covariance metric (runs from before they existed)."""
     steps, cov = _series(rows, "stare/cov_logp_adv")
@@ -370,7 +379,7 @@ def plot_entropy_dynamics(rows: list[dict[str, Any]], out_dir: Path) -> list[Pat
         ax1.plot(s_eff, cov_eff, color="tab:blue", linestyle="--", label="Cov(log pi, A_eff), after STARE")
     ax1.axhline(0.0, color="black", linewidth=0.6)
     ax1.set_ylabel("covariance (nats)")
-    ax1.set_title("Entropy dynamics (dH ~ -eta * Cov): > 0 lowers entropy")
+    _titled(ax1, "Entropy dynamics (dH ~ -eta * Cov): > 0 lowers entropy", title)
     ax1.legend(fontsize=8)
     for q, label in QUADRANT_LABELS.items():
         sq, vals = _series(rows, f"stare/cov_quadrant_eff/{q}")
