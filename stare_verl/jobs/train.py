@@ -10,7 +10,8 @@ code_interpreter and ``envs.tool_use.task.compute_score``; short / long CoT: ver
 The families' tasks: ``stare_verl.jobs.demo`` (tool use: reasoning-gym arithmetic with the Python tool; CoT:
 reasoning-gym sums of 3-4 one-digit terms, solved step by step in a freely chosen order). The run folder
 (``runs/<family>-<method>-seed<seed>`` under the working directory, or ``RUN_DIR``) holds ``metrics.jsonl``, ``checkpoints/`` (verl's; a second invocation resumes from them),
-``plots/*.png``, ``eval_before.json``/``eval_after.json``, ``summary.json`` and ``train.log``.
+``plots/*.png`` (``plots/dashboard.png``: every curve in one figure, as ``stare-verl plot`` draws it),
+``eval_before.json``/``eval_after.json``, ``summary.json`` and ``train.log``.
 
 GPU (an NVIDIA GPU; never a silent CPU fallback, see ``stare_verl.jobs.backend``): with SGLang installed,
 ``main_ppo`` with the family's recipe under ``recipes/`` (``MODEL=...`` and extra Hydra overrides passed
@@ -340,6 +341,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     """RL with ``recipes/cpu/<recipe>.yaml`` from ``model_dir``, then the held-out evaluation (when ``before`` is
     given), plots and ``summary.json`` (``phases_s``: wall seconds of the phases before RL given in ``phases``,
     then ``rl`` (verl's main_ppo, start-up included) and ``eval_after``); returns the exit status."""
+    from stare_verl.jobs.dashboard import method_settings, run_title
     from stare_verl.jobs.demo.sft import write_rl_data
     from stare_verl.jobs.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
 
@@ -385,7 +387,10 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
 
     rows = read_verl_jsonl(run.verl_metric_parts())
     write_metrics_jsonl(rows, run.metrics)
-    plots = plot_run(rows, run.plots)
+    known = {"family": family, "method": args.method, "seed": args.seed, "eval_before": before}
+    plots = plot_run(rows, run.plots, title=run_title(rows, known, method_settings(run, known)))
+    if rc != 0:
+        plots += _dashboard(rows, run, known)  # what the run got to, before the error below
     if rc == INTERRUPTED:
         print(
             f"[{name}] interrupted: main_ppo and its Ray processes were stopped. The same command resumes from the "
@@ -422,8 +427,8 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         "entropy_report": entropy_report(rows, before, after),
         "wall_s": round(time.time() - t0, 1),
         "phases_s": phases,
-        "plots": [str(p) for p in plots],
     }
+    summary["plots"] = [str(p) for p in plots + _dashboard(rows, run, summary)]
     run.write_summary(summary)
     if before is not None:
         print(f"[{name}] held-out after RL:  {_fmt_eval(after) if after else 'no checkpoint'}", flush=True)
@@ -433,6 +438,19 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         flush=True,
     )
     return 0
+
+
+def _dashboard(rows: list[dict[str, Any]], run: RunFolder, summary: dict[str, Any]) -> list[Path]:
+    """``plots/dashboard.png`` of the run (:func:`stare_verl.jobs.dashboard.draw_dashboard`) from its metric rows
+    and ``summary`` (method, seed, family, held-out evaluations); returns ``[path]``, or ``[]`` when no step
+    logged a metric. Raises OSError when the PNG cannot be written."""
+    from stare_verl.jobs.dashboard import DASHBOARD_NAME, NoMetricsError, draw_dashboard, method_settings
+
+    try:
+        dash = draw_dashboard(rows, run.plots / DASHBOARD_NAME, summary, method_settings(run, summary))
+    except NoMetricsError:
+        return []
+    return [dash.path]
 
 
 GPU_RECIPE_OPTIONS = {"steps": "trainer.total_training_steps", "seed": "data.seed", "save_freq": "trainer.save_freq"}

@@ -43,6 +43,7 @@ def test_cot_cpu_default_run_writes_run_folder(tmp_path, monkeypatch, family):
         assert 0 < r["response_length/mean"] <= (48 if family == "shortcot" else 128)
     assert (run / "checkpoints" / f"global_step_{steps}" / "stare_state.json").exists()
     assert sorted(p.name for p in (run / "plots").glob("*.png")) == [
+        "dashboard.png",
         "entropy.png",
         "entropy_dynamics.png",
         "response_length.png",

@@ -52,6 +52,7 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch, ca
         assert r["num_turns/mean"] >= 1
     assert (run / "checkpoints" / "global_step_2" / "stare_state.json").exists()
     assert sorted(p.name for p in (run / "plots").glob("*.png")) == [
+        "dashboard.png",
         "entropy.png",
         "entropy_dynamics.png",
         "response_length.png",

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from stare_verl.jobs import backend, train
+from stare_verl.jobs import backend, runlog, train
 from stare_verl.jobs.backend import GpuProbe, RunBackend, choose_backend, probe_gpu
 from stare_verl.recipe_files import recipes_dir
 
@@ -139,8 +140,19 @@ def test_gpu_hf_run_with_model_says_where_it_runs(monkeypatch, tmp_path, capsys)
 
     def fake_main_ppo(cmd, env, log_path, metrics_part, total_steps):
         launched.update(cmd=cmd, env=env, log=log_path.read_text())
+        metrics_part.write_text("".join(json.dumps({"step": s, "data": {
+            "actor/entropy": 0.3, "stare/target_entropy": 0.02, "critic/score/mean": 0.5, "response_length/mean": 9.0,
+            "reward/num_tool_calls/mean": 1.0, "reward/num_tool_errors/mean": 0.25}}) + "\n" for s in (1, 2)))
         return 0
 
+    titles = []
+
+    def plot_run(rows, out_dir, **kw):
+        titles.append(kw.get("title"))
+        return real_plot_run(rows, out_dir, **kw)
+
+    real_plot_run = runlog.plot_run
+    monkeypatch.setattr(runlog, "plot_run", plot_run)
     monkeypatch.setattr(train, "probe_gpu", lambda: H200)
     monkeypatch.setattr(train, "run_main_ppo", fake_main_ppo)
     (tmp_path / "my-model").mkdir()
@@ -165,6 +177,14 @@ def test_gpu_hf_run_with_model_says_where_it_runs(monkeypatch, tmp_path, capsys)
                                   "device": "cuda (NVIDIA H200)", "sandbox": sandbox}  # fmt: skip
     assert summary["eval_before"] is None and summary["eval_after"] == {}
     assert not (run / "eval_before.json").exists()
+    # the run's plots: titled by the run (method, seed, family; the target its metrics logged), the dashboard
+    # too (listed last); the tool metrics are kept in metrics.jsonl
+    assert titles == ["stare, seed 0, tooluse, steps 1-2\ntarget H 0.02 nats"]
+    assert [Path(p).name for p in summary["plots"]] == ["entropy.png", "reward.png", "response_length.png",
+                                                        "dashboard.png"]  # fmt: skip
+    assert all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in summary["plots"])
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["reward/num_tool_errors/mean"] == 0.25
 
 
 def test_cpu_run_env_keeps_the_cpu_platform(tmp_path):
