@@ -47,7 +47,7 @@ $(SANDBOX_VENV)/.stare-installed: envs/sandbox/requirements-sandbox.txt
 	touch $@
 
 test: install system-deps
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadgroup tests
 
 # The GPU checks only (tests marked gpu: stare_sync with the FSDP actor and the hf / SGLang rollout on CUDA, the
 # estimator on CUDA tensors); under 5 minutes on one GPU. Without CUDA they are skipped (make test skips them too).

@@ -1,10 +1,11 @@
 """verl's real V1 trainer (``python -m verl.trainer.main_ppo``) on CPU with the ``hf`` rollout.
 
-Three runs of a tiny local Qwen2 on the toy "letter a" task (rewards vary within groups):
+Runs of a tiny local Qwen2 on the toy "letter a" task (rewards vary within groups):
 
-- ``stare``: ``adv_estimator=stare``, ``trainer_mode=stare_sync``, 2 ranks sharing one rollout replica
-  (tensor_model_parallel_size=2, so rank 1 only drains the weight stream), validation before and
-  after training, 3 steps;
+- STARE: the session's shared run (``stare_probe_run``, ``tests/support/stare_probe.py``, which the loss-probe tests
+  read too): ``adv_estimator=stare`` in the STARE sync trainer mode, 2 ranks sharing one rollout replica
+  (tensor_model_parallel_size=2, so rank 1 only drains the weight stream), validation before training and at step
+  3; its first three steps are STARE's;
 - ``no_sync``: verl's ``sync`` mode and GRPO with weight sync disabled (negative control), rollouts
   through our ``stare_tool_agent`` loop (envs.tool_use.agent_loop) and its code tool config;
 - ``async_tool``: ``colocate_async`` with verl's ``tool_agent`` loop, 2 ranks with one replica each
@@ -33,19 +34,9 @@ from tests.support.cpu import (
     read_metrics,
 )
 
-RUN_TIMEOUT_S = 420
+RUN_TIMEOUT_S = 1200  # a launch took 4-5 min at load 12-15 (a comparison and the suite beside it)
 
 RUNS = {
-    "stare": [
-        "algorithm.adv_estimator=stare",
-        "trainer.v1.trainer_mode=stare_sync",
-        "trainer.n_gpus_per_node=2",
-        "ray_kwargs.ray_init.num_gpus=2",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-        "trainer.total_training_steps=3",
-        "trainer.val_before_train=true",
-        "trainer.test_freq=3",
-    ],
     "no_sync": [
         "trainer.total_training_steps=3",
         "+actor_rollout_ref.rollout.engine_kwargs.hf.sync_weights=false",
@@ -81,11 +72,15 @@ def assets(tmp_path_factory):
 _results: dict[str, dict] = {}
 
 
-def run_main_ppo(name: str, assets) -> dict:
-    """Run main_ppo once per name (cached for the module); return metrics by step and leftovers."""
-    if name not in _results:
-        _results[name] = _run(name, assets)
-    res = _results[name]
+def run_main_ppo(name: str, assets, stare_probe_run=None) -> dict:
+    """Run main_ppo once per name (cached for the module); return metrics by step and leftovers. ``"stare"`` is the
+    session's shared STARE run (``stare_probe_run``)."""
+    if name == "stare":
+        res = stare_probe_run
+    else:
+        if name not in _results:
+            _results[name] = _run(name, assets)
+        res = _results[name]
     if res["error"]:
         pytest.fail(res["error"])
     return res
@@ -118,8 +113,8 @@ def _run(name: str, assets) -> dict:
             "error": error}  # fmt: skip
 
 
-def test_stare_sync_two_ranks_end_to_end(assets):
-    res = run_main_ppo("stare", assets)
+def test_stare_sync_two_ranks_end_to_end(assets, stare_probe_run):
+    res = run_main_ppo("stare", assets, stare_probe_run)
     m = res["metrics"]
     assert {1, 2, 3} <= set(m), f"steps logged: {sorted(m)}"
     for step in (1, 2, 3):
@@ -149,14 +144,14 @@ def test_stare_sync_two_ranks_end_to_end(assets):
     assert any(k.startswith("val-core/toy_letter_a/") for k in m[3])
 
 
-def test_rollout_log_probs_match_actor_over_steps(assets):
-    m = run_main_ppo("stare", assets)["metrics"]
+def test_rollout_log_probs_match_actor_over_steps(assets, stare_probe_run):
+    m = run_main_ppo("stare", assets, stare_probe_run)["metrics"]
     diffs = [m[s]["training/rollout_probs_diff_mean"] for s in (1, 2, 3)]
     assert all(d < 1e-4 for d in diffs), diffs
 
 
-def test_without_weight_sync_log_prob_diff_rises(assets):
-    synced = run_main_ppo("stare", assets)["metrics"]
+def test_without_weight_sync_log_prob_diff_rises(assets, stare_probe_run):
+    synced = run_main_ppo("stare", assets, stare_probe_run)["metrics"]
     m = run_main_ppo("no_sync", assets)["metrics"]
     # step 1 runs on the initial weights, which both sides share
     assert m[1]["training/rollout_probs_diff_mean"] < 1e-4
@@ -188,8 +183,8 @@ def test_our_agent_loop_on_hf_backend(assets):
         assert m[step]["num_turns/min"] >= 2
 
 
-@pytest.mark.parametrize("name", list(RUNS))
-def test_no_ray_process_leaks(assets, name):
-    res = run_main_ppo(name, assets)
+@pytest.mark.parametrize("name", ["stare", *RUNS])
+def test_no_ray_process_leaks(assets, stare_probe_run, name):
+    res = run_main_ppo(name, assets, stare_probe_run)
     assert res["leaked"] == [], f"{name}: processes left after main_ppo exited: {res['leaked']}"
     assert res["still_alive"] == []

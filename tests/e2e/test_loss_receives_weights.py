@@ -1,9 +1,9 @@
 """Proof that STARE's weights reach the loss (issue 13 item 1), through verl's real V1 trainer on the CPU backend.
 
-One ``main_ppo`` launch (the actor sees the batch of 16 in micro-batches of 4), 3 steps,
-gate forced on (target entropy 100 nats), P = 0.25, one STARE setting per step (``tests/support/loss_probe.py``):
-
-1. O1, W = 3;   2. C2, W = 3, M = 0.5;   3. W = M = 1 (the GRPO-ds twin).
+The launch is the session's shared STARE + loss-probe run (``stare_probe_run``, ``tests/support/stare_probe.py``):
+2 ranks, each seeing its half of the batch of 16 in micro-batches of 4, gate forced on (target entropy 100 nats),
+P = 0.25, one method setting per step: 1. O1, W = 3;  2. C2, W = 3, M = 0.5;  3. W = M = 1 (the GRPO-ds twin);
+then forking tokens, the entropy advantage and the adaptive entropy coefficient.
 
 The advantages are read where the actor's policy loss receives them (a registered policy loss that wraps
 verl's vanilla loss), never from the estimator. The expectation is rebuilt from the step's rewards, uid,
@@ -14,10 +14,7 @@ float64 computation), L+ / L- = the top ceil(P * n) surprisal tokens among A > 0
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import uuid
 from collections import defaultdict
 
 import numpy as np
@@ -25,79 +22,18 @@ import pytest
 import torch
 from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
 
-from tests.support.cpu import (
-    REPO,
-    RUN_TAG_ENV,
-    build_tiny_model,
-    build_toy_dataset,
-    cpu_env,
-    launch_main_ppo,
-    main_ppo_cmd,
-)
-
-P = 0.25
-TARGET = 100.0
-PLAN = [
-    {"variant": "O1", "reweight_w": 3.0},
-    {"variant": "C2", "reweight_w": 3.0, "reweight_m": 0.5},
-    {"variant": "O1", "reweight_w": 1.0, "reweight_m": 1.0},
-]
-for _p in PLAN:
-    _p.update(top_p_ratio=P, target_entropy=TARGET)
-# the other methods that change what the actor receives, one step each after STARE's
-RHO, ALPHA, KAPPA, COEF0, DELTA = 0.25, 0.4, 2.0, 0.05, 0.01
-PLAN += [
-    {"method": "forking", "rho": RHO},
-    {"method": "entropy_adv", "alpha": ALPHA, "kappa": KAPPA},
-    {"method": "adaptive_entropy", "target_entropy": TARGET, "delta": DELTA, "coef_init": COEF0, "coef_max": 0.1},
-]
-N_STARE = 3
-RUN_TIMEOUT_S = 1200  # start-up alone took 7 min on the 2-core machine at load 36
+from tests.support.stare_probe import ALPHA, COEF0, DELTA, KAPPA, N_STARE, PLAN, RHO, P
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """Launch main_ppo once; return the driver-side and loss-side records."""
-    root = tmp_path_factory.mktemp("loss_probe")
-    model = build_tiny_model(root / "model")
-    train, val = build_toy_dataset(root / "data")
-    probe = root / "probe"
-    probe.mkdir()
-    tag = f"loss-probe-{uuid.uuid4().hex}"
-    cmd = main_ppo_cmd(
-        "tiny_grpo",
-        [
-            f"actor_rollout_ref.model.path={model}",
-            f"data.train_files={train}",
-            f"data.val_files={val}",
-            f"trainer.default_local_dir={root / 'ckpt'}",
-            "algorithm.adv_estimator=stare",
-            "trainer.v1.trainer_mode=stare_probe_sync",
-            "actor_rollout_ref.actor.policy_loss.loss_mode=stare_probe",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            "actor_rollout_ref.actor.calculate_entropy=true",  # the adaptive step's bonus needs the entropy
-            f"trainer.total_training_steps={len(PLAN)}",
-            f"+algorithm.stare.target_entropy={TARGET}",
-        ],
+def run(stare_probe_run):
+    """The shared run's driver-side and loss-side records."""
+    res = stare_probe_run
+    assert res["error"] is None, res["error"]
+    assert res["leaked"] == [] and res["still_alive"] == [], (
+        f"processes left after main_ppo exited: {res['leaked']}"
     )
-    env = cpu_env(
-        {
-            RUN_TAG_ENV: tag,
-            "VERL_USE_EXTERNAL_MODULES": "tests.support.loss_probe",
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-            "STARE_PROBE_DIR": str(probe),
-            "STARE_PROBE_PLAN": json.dumps(PLAN),
-        }
-    )
-    # relaunched only after Ray's own start-up timeout, while the probe has dumped nothing (nothing of ours ran)
-    launch = launch_main_ppo(cmd, env, root, root / "main_ppo.log", RUN_TIMEOUT_S, ran=lambda: any(probe.iterdir()))
-    assert launch.rc == 0, launch.failure("loss probe")
-    assert launch.leaked == [] and launch.still_alive == [], f"processes left after main_ppo exited: {launch.leaked}"
-    driver = sorted((torch.load(p, weights_only=False) for p in probe.glob("driver-*.pt")), key=lambda d: d["step"])
-    losses = [torch.load(p, weights_only=False) for p in sorted(probe.glob("loss-*.pt"))]
-    print(f"main_ppo with the loss probe: {launch.wall:.0f}s ({launch.attempts} launch(es)), {len(driver)} steps, "
-          f"{len(losses)} loss calls")
-    return driver, losses
+    return res["driver"], res["losses"]
 
 
 def _key(log_probs: torch.Tensor, mask: torch.Tensor) -> tuple:
