@@ -38,9 +38,13 @@ def _mean(rows: list[dict], key: str) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def run_stats(run_dir: Path) -> dict[str, Any]:
+def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
     """Per-run figures from a finished run folder (its ``metrics.jsonl`` and ``summary.json``, see
     ``stare_verl.jobs.runlog.RunFolder``).
+
+    ``pass_k``: the k of the reported pass@k at T = 1 (the comparison's ``--eval-samples``), so a run evaluated with
+    more samples (a folder reused from another comparison) is reported at the same k as the others (its pass@k
+    estimate from n > k samples is unbiased); None, or a k the run lacks, reports its largest k.
 
     Entropy is ``actor/entropy`` (nats, verl's token mean over model tokens, the same aggregation for every
     method); the target is the run's ``entropy_control/target_entropy`` (or ``stare/target_entropy``);
@@ -63,6 +67,8 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
     t1 = after.get("T=1", {})
     passes = t1.get("pass_at_k") or {}
     k = max((int(x) for x in passes), default=None)
+    if pass_k is not None and (str(pass_k) in passes or pass_k in passes):
+        k = pass_k
     method = summary["method"]
     try:
         spec = parse_method_spec(method)
@@ -323,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"error: run {run_dir.name} failed ({rc}); the comparison stops here", file=sys.stderr
                     )
                     return rc
-            stats.append(run_stats(run_dir))
+            stats.append(run_stats(run_dir, pass_k=args.eval_samples))
     print(write_report(stats, out, args.family, regime))
     print(f"\n{out}/table.md, table.json, entropy_overlay.png, accuracy_overlay.png")
     return 0

@@ -109,3 +109,20 @@ def test_compare_runs_every_named_method_with_its_settings_and_refuses_unknown_o
         compare.main(["--methods", "stare", "clipcov"])
     assert exit_.value.code == 2
     assert "unknown method 'clipcov'; known methods: grpo, stare" in capsys.readouterr().err
+
+
+def test_a_run_with_more_samples_is_reported_at_the_comparisons_k(tmp_path):
+    """A run folder evaluated with 16 samples per problem, reused in a 4-sample comparison, reports pass@4 (its
+    unbiased estimate from 16 samples), not pass@16; without a k, or with a k it lacks, its largest k."""
+    run = tmp_path / "grpo-seed0"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "actor/entropy": 0.1}) + "\n")
+    passes = {"1": 0.65, "2": 0.84, "4": 0.95, "8": 0.99, "16": 1.0}
+    ev = {"T=0": {"accuracy": 0.81}, "T=1": {"accuracy": 0.65, "pass_at_k": passes}}
+    (run / "summary.json").write_text(json.dumps({"method": "grpo", "seed": 0, "eval_after": ev, "eval_before": ev}))
+    at4 = compare.run_stats(run, pass_k=4)
+    assert at4["pass_k"] == 4 and at4["pass_at_k_after_t1"] == 0.95
+    assert at4["pass_at_k_curve"] == passes
+    largest = compare.run_stats(run)
+    assert largest["pass_k"] == 16 and largest["pass_at_k_after_t1"] == 1.0
+    assert compare.run_stats(run, pass_k=32)["pass_k"] == 16
