@@ -18,7 +18,8 @@ through); without SGLang, the tiny recipe above on verl's CUDA platform (``train
 and the ``hf`` rollout on the GPU), from ``MODEL=...`` when set (any Hugging Face causal LM that fits; no SFT and
 no held-out evaluation then) or else from the tiny model's SFT checkpoint. The console's second line, the first
 line of ``train.log`` and ``summary.json["backend"]`` say which rollout backend, platform, device and sandbox
-backend ran; verl's import-time warnings go to ``train.log`` only.
+backend ran; verl's import-time warnings go to ``train.log`` only. ``train.log`` holds each warning line once (Ray's
+actors repeat the same ones thousands of times; :mod:`stare_verl.jobs.logfilter`), their repeat counts at its end.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 
 from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
+from stare_verl.jobs.logfilter import RepeatedWarningFilter
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, interrupt_on_termination, kill_tagged
 from stare_verl.jobs.runlog import RunFolder, entropy_report, format_entropy_report
 from stare_verl.recipe_files import recipes_dir
@@ -105,8 +107,13 @@ def run_main_ppo(
 ) -> int:
     """Run main_ppo, its output to ``log_path``, one progress line per logged step; kill its processes at the end.
 
+    The output reaches the log through :class:`stare_verl.jobs.logfilter.RepeatedWarningFilter`: each warning line
+    once (Ray's actors repeat the same thread-count warnings thousands of times), their counts at the end.
+
     Returns main_ppo's exit status (130 after Ctrl-C).
     """
+    import threading
+
     from tqdm import tqdm
 
     from stare_verl.jobs.runlog import read_verl_jsonl
@@ -114,7 +121,12 @@ def run_main_ppo(
     tag = env[RUN_TAG_ENV]
     seen = 0
     with open(log_path, "ab") as log, tqdm(total=total_steps, desc="RL steps", unit="step") as bar:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        dedup = RepeatedWarningFilter(log)
+        reader = threading.Thread(target=dedup.copy, args=(proc.stdout,), name="train-log", daemon=True)
+        reader.start()
         try:
             while proc.poll() is None:
                 time.sleep(2.0)
@@ -135,6 +147,9 @@ def run_main_ppo(
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
             kill_tagged(tag)
+            reader.join(timeout=10)  # the pipe ends with the last process that holds it (killed above)
+            dedup.finish()
+            proc.stdout.close()
     return rc
 
 
@@ -526,16 +541,19 @@ def train_gpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     with open(run.train_log, "ab") as log:
         log.write(f"[{name}] {time.strftime('%Y-%m-%d %H:%M:%S')} {backend.line()}\n".encode())
         log.flush()
+        dedup = RepeatedWarningFilter(log)  # the log: each warning line once; the console: everything
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             for line in proc.stdout:  # to the console and the log
                 sys.stdout.buffer.write(line)
                 sys.stdout.buffer.flush()
-                log.write(line)
+                dedup.write(line)
             rc = proc.wait()
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
             rc = proc.wait()
+        finally:
+            dedup.finish()
     run.write_summary({**summary, "exit_status": rc, "wall_s": round(time.time() - t0, 1)})
     return rc
 
