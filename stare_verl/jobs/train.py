@@ -943,9 +943,8 @@ def _print_plan(name: str, compose_name: str, overrides: list[str], cmd: list[st
 
     from omegaconf import OmegaConf
 
-    noise = tempfile.TemporaryFile()  # verl's import-time warnings: not the plan's
     try:
-        with stderr_to(noise):
+        with tempfile.TemporaryFile() as noise, stderr_to(noise):  # verl's import-time warnings: not the plan's
             from stare_verl.jobs.recipes import compose_recipe, validate_recipe
 
             cfg = compose_recipe(compose_name, overrides)
@@ -973,13 +972,11 @@ def _print_plan(name: str, compose_name: str, overrides: list[str], cmd: list[st
     print(f"[{name}] command:")
     print(shlex.join(cmd), flush=True)
     try:
-        with stderr_to(noise):
+        with tempfile.TemporaryFile() as noise, stderr_to(noise):
             stare = validate_recipe(cfg)
     except Exception as err:  # noqa: BLE001 - the launch's own failure, reported as one line
         print(f"error: the composed config would fail at launch: {err}", file=sys.stderr)
         return 2
-    finally:
-        noise.close()
     ok = f"[{name}] ok: validates as verl would at launch: adv_estimator={cfg.algorithm.adv_estimator}, "
     ok += f"trainer_mode={cfg.trainer.v1.trainer_mode}, rollout={cfg.actor_rollout_ref.rollout.name}"
     if stare is not None and hasattr(stare, "reweight_w"):
