@@ -87,14 +87,18 @@ eval: install system-deps
 # trainer on the hf backend); on a GPU node with `pip install -e '.[gpu]'`: verl + SGLang with the recipe; on a
 # GPU node without SGLang: the tiny recipe with the FSDP actor and the hf rollout on the GPU (or MODEL=... there).
 # The run says which rollout backend, platform, device and sandbox ran. MODEL=... (GPU), RUN_DIR=..., ARGS="--steps 40 --seed 1 --method grpo", OVERRIDES="hydra.key=value ...".
-train-tooluse: install system-deps
-	$(BIN)/python -m stare_verl.jobs.train --family tooluse $(ARGS) $(OVERRIDES)
+# GPU options: ARGS="--n-gpus 4 --nnodes 1 --logger console,wandb --gpu-recipe shortcot_qwen2.5-math-1.5b".
+# DRY_RUN=1: print the backend, the main_ppo command and the composed config, and stop (any machine, no GPU, no
+# sandbox needed; ARGS="--gpu" plans the GPU run on a machine without one).
+DRY := $(if $(DRY_RUN),--dry-run)
+train-tooluse: install $(if $(DRY_RUN),,system-deps)
+	$(BIN)/python -m stare_verl.jobs.train --family tooluse $(DRY) $(ARGS) $(OVERRIDES)
 
 train-shortcot: install
-	$(BIN)/python -m stare_verl.jobs.train --family shortcot $(ARGS) $(OVERRIDES)
+	$(BIN)/python -m stare_verl.jobs.train --family shortcot $(DRY) $(ARGS) $(OVERRIDES)
 
 train-longcot: install
-	$(BIN)/python -m stare_verl.jobs.train --family longcot $(ARGS) $(OVERRIDES)
+	$(BIN)/python -m stare_verl.jobs.train --family longcot $(DRY) $(ARGS) $(OVERRIDES)
 
 # Cold-start SFT of the tool-use model: verl's SFT trainer (torchrun) on a GPU node, with
 # recipes/sft/tooluse_qwen2.5-7b.yaml on data/sft/ (make data-hf writes it); MODEL=<base model, default

@@ -145,11 +145,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     eval_cli.add_arguments(p)
     p.set_defaults(func=eval_cli.run)
+    # listed with their help line; never parsed here: main hands their arguments to their own module's parser
+    # (stare-verl train --help shows train's options)
+    for name, (module, line) in DELEGATED.items():
+        p = sub.add_parser(name, help=line, add_help=False, description=f"see stare-verl {name} --help")
+        p.set_defaults(func=lambda args, module=module: _delegate(module, []))
     return parser
 
 
+def _delegate(module: str, argv: list[str]) -> int:
+    """Run ``module``'s own ``main`` (a delegated subcommand) on ``argv``; returns its exit status."""
+    import importlib
+
+    return importlib.import_module(module).main(argv)
+
+
 DELEGATED = {
-    "train": ("stare_verl.jobs.train", "RL run: the CPU default, or verl + SGLang on a GPU node (see --help)"),
+    "train": ("stare_verl.jobs.train", "RL run: the CPU default, or verl + SGLang on a GPU node; --dry-run prints the plan (see train --help)"),
     "compare": ("stare_verl.jobs.compare", "STARE vs GRPO-ds on a CPU default task (--family), several seeds"),
     "sft": ("stare_verl.jobs.sft", "cold-start SFT for tool use: verl's SFT trainer on GPU, the tiny CPU SFT otherwise"),
 }
@@ -161,13 +173,9 @@ def main(argv: list[str] | None = None) -> int:
 
     interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal: one clean-up
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in DELEGATED:
-        import importlib
-
-        return importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:])
-    parser = build_parser()
-    parser.epilog = "also: " + "; ".join(f"{k}: {v[1]}" for k, v in DELEGATED.items())
-    args = parser.parse_args(argv)
+    if argv and argv[0] in DELEGATED:  # train, compare, sft: their own parsers
+        return _delegate(DELEGATED[argv[0]][0], argv[1:])
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

@@ -8,7 +8,8 @@ Two subcommands::
         public ReTool-SFT set (Hugging Face, or a local copy with --retool-file); rejected rows are counted.
 
     python -m stare_verl.jobs.sft train [--nproc N] [--model PATH] [--recipe NAME] [--dry-run] [key=value ...]
-        with a GPU: composes ``recipes/sft/<recipe>.yaml`` (default ``tooluse_qwen2.5-7b``) with the
+        with a GPU (or ``--device gpu --dry-run`` on any machine: the plan only, for ``--nproc`` GPUs, default 8,
+        the model check only on a local or cached model): composes ``recipes/sft/<recipe>.yaml`` (default ``tooluse_qwen2.5-7b``) with the
         overrides, validates it up front with verl's config dataclasses, then runs
         ``torchrun --standalone --nproc_per_node=N -m verl.trainer.sft_trainer --config-path recipes/sft
         --config-name <recipe> <overrides>`` and links the last HF checkpoint where the RL recipe's
@@ -256,6 +257,26 @@ def link_checkpoint(hf_dir: str | os.PathLike, link: str | os.PathLike) -> Path:
     return link
 
 
+DRY_RUN_NPROC = 8
+"""The ranks a ``--device gpu --dry-run`` plans where torch sees no CUDA device (one 8-GPU node, as the RL recipes'
+``trainer.n_gpus_per_node``), unless ``--nproc`` says otherwise."""
+
+
+def _model_is_here(model: str | None) -> bool:
+    """Whether ``model`` (``model.path``) loads without a download: a local folder, or a hub id whose
+    ``config.json`` is in the Hugging Face cache."""
+    if not model or model == "None":
+        return False
+    if Path(model).expanduser().is_dir():
+        return True
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(model, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repo id either
+        return False
+
+
 def _run(cmd: list[str], env: dict[str, str]) -> int:
     """Run ``cmd`` in its own process group; on Ctrl-C or exit, end that group (torchrun and its ranks)."""
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
@@ -290,8 +311,9 @@ def _last_loss(metrics: Path) -> tuple[int, float] | None:
 def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str]) -> int:
     gpus = has_gpu()
     use_gpu = args.device == "gpu" or (args.device == "auto" and gpus > 0)
-    if args.device == "gpu" and gpus == 0:
-        print("error: --device gpu but torch sees no CUDA device", file=sys.stderr)
+    if args.device == "gpu" and gpus == 0 and not args.dry_run:
+        print("error: --device gpu but torch sees no CUDA device (--dry-run prints the plan without one)",
+              file=sys.stderr)  # fmt: skip
         return 2
     if not use_gpu and not args.cpu_verl:
         if overrides:
@@ -317,14 +339,25 @@ def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str
         return 2
     recipe = args.recipe or (DEFAULT_RECIPE if use_gpu else "tooluse_tiny_cpu")
     nproc = args.nproc or (gpus if use_gpu else 1)
+    if use_gpu and nproc == 0:  # a dry run of --device gpu where torch sees no CUDA device
+        nproc = DRY_RUN_NPROC
+        print(f"dry run without a CUDA device here: planned for {nproc} GPUs on one node (--nproc N to change)",
+              flush=True)  # fmt: skip
     if args.model:
         overrides = [f"model.path={args.model}", *overrides]
     env = dict(os.environ) if use_gpu else cpu_verl_env()
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         cfg = compose_sft(recipe, overrides)
-        validate_sft(cfg, nproc, check_model=not args.skip_model_check)
+        check_model = not args.skip_model_check
+        if check_model and args.dry_run and not _model_is_here(str(cfg.model.path)):
+            check_model = False  # a dry run downloads nothing
+            print(f"dry run: model check skipped: {cfg.model.path} is neither a local folder nor in the Hugging "
+                  "Face cache (a dry run downloads nothing)", flush=True)  # fmt: skip
+        validate_sft(cfg, nproc, check_model=check_model)
     except Exception as err:  # noqa: BLE001 - a config that would fail at launch: one clear line
+        if args.dry_run:  # the plan still, then why it would fail
+            print("would run (but see the error below): " + " ".join(torchrun_command(recipe, overrides, nproc)))
         print(f"error: recipe sft/{recipe} would fail at launch: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     out_dir = Path(str(cfg.trainer.default_local_dir))

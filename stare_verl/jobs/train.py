@@ -19,7 +19,13 @@ through); without SGLang, the tiny recipe above on verl's CUDA platform (``train
 and the ``hf`` rollout on the GPU), from ``MODEL=...`` when set (any Hugging Face causal LM that fits; no SFT and
 no held-out evaluation then) or else from the tiny model's SFT checkpoint. The console's second line, the first
 line of ``train.log`` and ``summary.json["backend"]`` say which rollout backend, platform, device and sandbox
-backend ran; verl's import-time warnings go to ``train.log`` only.
+backend ran; verl's import-time warnings go to ``train.log`` only. ``train.log`` holds each warning line once (Ray's
+actors repeat the same ones thousands of times; :mod:`stare_verl.jobs.logfilter`), their repeat counts at its end.
+
+``--dry-run`` (any machine, no CUDA): the backend it would choose and why, the exact ``main_ppo`` command and the
+composed config, validated as verl would at launch; nothing is trained, downloaded, written or launched. ``--gpu``
+(or ``MODEL=...``) plans the GPU recipe there even without a GPU; ``--gpu-recipe``, ``--n-gpus``, ``--nnodes`` and
+``--logger`` set the recipe, ``trainer.n_gpus_per_node``, ``trainer.nnodes`` and ``trainer.logger``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from typing import Any
 
 from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
+from stare_verl.jobs.logfilter import RepeatedWarningFilter
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, interrupt_on_termination, kill_tagged
 from stare_verl.jobs.runlog import RunFolder, entropy_report, format_entropy_report
 from stare_verl.recipe_files import recipes_dir
@@ -106,8 +113,13 @@ def run_main_ppo(
 ) -> int:
     """Run main_ppo, its output to ``log_path``, one progress line per logged step; kill its processes at the end.
 
+    The output reaches the log through :class:`stare_verl.jobs.logfilter.RepeatedWarningFilter`: each warning line
+    once (Ray's actors repeat the same thread-count warnings thousands of times), their counts at the end.
+
     Returns main_ppo's exit status (130 after Ctrl-C).
     """
+    import threading
+
     from tqdm import tqdm
 
     from stare_verl.jobs.runlog import read_verl_jsonl
@@ -115,7 +127,12 @@ def run_main_ppo(
     tag = env[RUN_TAG_ENV]
     seen = 0
     with open(log_path, "ab") as log, tqdm(total=total_steps, desc="RL steps", unit="step") as bar:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        dedup = RepeatedWarningFilter(log)
+        reader = threading.Thread(target=dedup.copy, args=(proc.stdout,), name="train-log", daemon=True)
+        reader.start()
         try:
             while proc.poll() is None:
                 time.sleep(2.0)
@@ -136,6 +153,9 @@ def run_main_ppo(
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
             kill_tagged(tag)
+            reader.join(timeout=10)  # the pipe ends with the last process that holds it (killed above)
+            dedup.finish()
+            proc.stdout.close()
     return rc
 
 
@@ -239,21 +259,15 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     platform (FSDP actor and the ``hf`` rollout on the GPU), from ``MODEL`` when set (no cold-start SFT and no
     held-out evaluation then: they are the tiny model's) or else from the tiny model's SFT checkpoint.
     """
-    from stare_verl.jobs.demo.sft import SFTConfig, ensure_sft_checkpoint, read_report
+    from stare_verl.jobs.demo.sft import ensure_sft_checkpoint, read_report
 
     backend = backend or choose_backend(probe_gpu(), force_cpu=True)
     model = os.environ.get("MODEL") if backend.path == "gpu-hf" else None
     family = getattr(args, "family", DEFAULT_FAMILY)
     fam = job_family(family)
     name = f"train-{family}"
-    # a GPU run (and each MODEL) gets a folder of its own: never resumed from, or answered by, the CPU run's
-    where = "" if backend.path == "cpu" else "-gpu" + (f"-{Path(model).name}" if model else "")
-    run_dir = Path(
-        args.run_dir or os.environ.get("RUN_DIR")
-        or Path("runs") / f"{family}-{method_of(args.method).label}-seed{args.seed}{where}"
-    )  # fmt: skip
-    run_dir = run_dir.resolve()
-    bad = bad_option(args) or (model_problem(model) if model else None)
+    run_dir = tiny_run_dir(args, family, backend, model)
+    bad = bad_option(args) or tiny_option_problem(args, backend) or (model_problem(model) if model else None)
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
@@ -297,16 +311,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
             flush=True,
         )
         return 0
-    sft_kw: dict[str, Any] = {}
-    if args.sft_threads:
-        sft_kw["num_threads"] = args.sft_threads
-    if args.sft_steps:
-        sft_kw["steps"] = args.sft_steps
-    if args.sft_cache:
-        sft_kw["cache_dir"] = args.sft_cache
-    if args.sft_stop_accuracy is not None:
-        sft_kw["stop_accuracy"] = args.sft_stop_accuracy
-    sft_cfg = SFTConfig(family=family, **sft_kw)
+    sft_cfg = sft_config(args, family)
     if model:
         print(f"[{name}] MODEL={model}: RL from it (no cold-start SFT, no held-out evaluation)", flush=True)
         return _train_tiny_recipe(args, backend, sft_cfg, Path(model), run, recipe, name, t0, None)
@@ -336,21 +341,43 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run, recipe, name, t0, before, phases)
 
 
-def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run: RunFolder, recipe: str, name: str,
-                       t0: float, before: dict | None, phases: dict[str, float] | None = None) -> int:  # fmt: skip
-    """RL with ``recipes/cpu/<recipe>.yaml`` from ``model_dir``, then the held-out evaluation (when ``before`` is
-    given), plots and ``summary.json`` (``phases_s``: wall seconds of the phases before RL given in ``phases``,
-    then ``rl`` (verl's main_ppo, start-up included) and ``eval_after``); returns the exit status."""
-    from stare_verl.jobs.dashboard import method_settings, run_title
-    from stare_verl.jobs.demo.sft import write_rl_data
-    from stare_verl.jobs.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
+def tiny_run_dir(args: argparse.Namespace, family: str, backend: RunBackend, model: str | None) -> Path:
+    """The run folder of a tiny-recipe run (absolute): ``--run-dir``, ``$RUN_DIR`` or
+    ``runs/<family>-<method>-seed<seed>``, with ``-gpu`` (and ``-<MODEL's name>``) appended off the CPU: a GPU run
+    (and each MODEL) gets a folder of its own, never resumed from, or answered by, the CPU run's."""
+    where = "" if backend.path == "cpu" else "-gpu" + (f"-{Path(model).name}" if model else "")
+    return Path(
+        args.run_dir or os.environ.get("RUN_DIR")
+        or Path("runs") / f"{family}-{method_of(args.method).label}-seed{args.seed}{where}"
+    ).resolve()  # fmt: skip
 
-    family = sft_cfg.family
-    sft_dir = model_dir
-    data = write_rl_data(sft_cfg, run.data, n_train=args.n_train, n_val=args.n_eval)
+
+def sft_config(args: argparse.Namespace, family: str):
+    """The cold-start SFT configuration (``stare_verl.jobs.demo.sft.SFTConfig``) of ``family`` with the
+    ``--sft-*`` options given."""
+    from stare_verl.jobs.demo.sft import SFTConfig
+
+    sft_kw: dict[str, Any] = {}
+    if args.sft_threads:
+        sft_kw["num_threads"] = args.sft_threads
+    if args.sft_steps:
+        sft_kw["steps"] = args.sft_steps
+    if args.sft_cache:
+        sft_kw["cache_dir"] = args.sft_cache
+    if args.sft_stop_accuracy is not None:
+        sft_kw["stop_accuracy"] = args.sft_stop_accuracy
+    return SFTConfig(family=family, **sft_kw)
+
+
+def tiny_recipe_command(args: argparse.Namespace, backend: RunBackend, family: str, model_dir: Path,
+                        data: dict[str, Path], run: RunFolder, recipe: str, from_model: bool) -> list[str]:  # fmt: skip
+    """The ``main_ppo`` command of ``recipes/cpu/<recipe>.yaml``: RL from ``model_dir`` on ``data`` (``train`` /
+    ``val`` parquet files) into ``run``, with the options of ``args`` as Hydra keys and ``args.overrides`` (the
+    launch overrides, :func:`method_overrides` applied) last. ``from_model``: ``model_dir`` is the user's
+    ``MODEL`` (a real model's chat template makes longer prompts than the tiny tokenizer's)."""
     on_gpu = backend.platform != "cpu"
     overrides = [
-        f"actor_rollout_ref.model.path={sft_dir}",
+        f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files={data['train']}",
         f"data.val_files={data['val']}",
         f"trainer.default_local_dir={run.checkpoints}",
@@ -367,14 +394,30 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         f"trainer.experiment_name={run.path.name}",
         f"hydra.run.dir={run.logs / 'hydra'}",
         *(["trainer.device=cuda"] if on_gpu else []),
-        # a real model's chat template makes longer prompts than the tiny tokenizer's
-        *(["data.max_prompt_length=1024"] if before is None else []),
-        *args.overrides,  # train_cpu's launch overrides (method_overrides applied)
+        *(["data.max_prompt_length=1024"] if from_model else []),
+        *placement_overrides(args, keep_file_logger=True),
+        *args.overrides,
     ]
-    cmd = [
+    return [
         sys.executable, "-m", "verl.trainer.main_ppo",
         f"--config-path={recipes_dir() / 'cpu'}", f"--config-name={recipe}", *overrides,
     ]  # fmt: skip
+
+
+def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run: RunFolder, recipe: str, name: str,
+                       t0: float, before: dict | None, phases: dict[str, float] | None = None) -> int:  # fmt: skip
+    """RL with ``recipes/cpu/<recipe>.yaml`` from ``model_dir``, then the held-out evaluation (when ``before`` is
+    given), plots and ``summary.json`` (``phases_s``: wall seconds of the phases before RL given in ``phases``,
+    then ``rl`` (verl's main_ppo, start-up included) and ``eval_after``); returns the exit status."""
+    from stare_verl.jobs.dashboard import method_settings, run_title
+    from stare_verl.jobs.demo.sft import write_rl_data
+    from stare_verl.jobs.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
+
+    family = sft_cfg.family
+    sft_dir = model_dir
+    data = write_rl_data(sft_cfg, run.data, n_train=args.n_train, n_val=args.n_eval)
+    # train_cpu's launch overrides (method_overrides applied) are args.overrides
+    cmd = tiny_recipe_command(args, backend, family, sft_dir, data, run, recipe, from_model=before is None)
     part = run.new_verl_metric_part()
     env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part, backend.platform)
     resume_step = run.latest_step()  # verl resumes from it (trainer.resume_mode auto)
@@ -473,7 +516,79 @@ def gpu_recipe_overrides(args: argparse.Namespace) -> tuple[list[str], str | Non
             "the GPU recipe takes Hydra overrides instead (e.g. data.train_batch_size=..., or --cpu for the CPU run)"
         )
     out = [f"{key}={getattr(args, o)}" for o, key in GPU_RECIPE_OPTIONS.items() if getattr(args, o) != getattr(defaults, o)]
-    return out, None
+    return out + placement_overrides(args), None
+
+
+def placement_overrides(args: argparse.Namespace, keep_file_logger: bool = False) -> list[str]:
+    """The Hydra keys of ``--n-gpus`` (``trainer.n_gpus_per_node``), ``--nnodes`` (``trainer.nnodes``) and
+    ``--logger`` (``trainer.logger=[a,b]``), each only when given (the recipe's value stands otherwise).
+    ``keep_file_logger``: add verl's ``file`` logger when the list lacks it (the tiny-recipe runs read their
+    metrics.jsonl and progress line from it)."""
+    out = []
+    if getattr(args, "n_gpus", None) is not None:
+        out.append(f"trainer.n_gpus_per_node={args.n_gpus}")
+    if getattr(args, "nnodes", None) is not None:
+        out.append(f"trainer.nnodes={args.nnodes}")
+    loggers = list(getattr(args, "logger", None) or [])
+    if loggers:
+        if keep_file_logger and "file" not in loggers:
+            loggers.append("file")
+        out.append(f"trainer.logger=[{','.join(loggers)}]")
+    return out
+
+
+def tiny_option_problem(args: argparse.Namespace, backend: RunBackend) -> str | None:
+    """An option a tiny-recipe run (``backend``: ``cpu`` or ``gpu-hf``) cannot take, as an error line; None when
+    all fit: ``--gpu-recipe`` names a GPU recipe, and ``--n-gpus`` / ``--nnodes`` count GPUs, which the CPU run has
+    none of (its ranks: the override ``trainer.n_gpus_per_node=N``)."""
+    if getattr(args, "gpu_recipe", None):
+        return "--gpu-recipe applies to the GPU recipe (verl + SGLang); this run uses the tiny recipe"
+    given = [f"--{o.replace('_', '-')}" for o in ("n_gpus", "nnodes") if getattr(args, o, None) is not None]
+    if given and backend.path == "cpu":
+        return (
+            f"{', '.join(given)} count GPUs and this is the CPU run (its ranks: the Hydra override "
+            "trainer.n_gpus_per_node=N); add --dry-run --gpu to see the GPU command"
+        )
+    return None
+
+
+def gpu_recipe_name(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``(recipe, None)``: the GPU recipe a run of ``args`` launches (``<base>_<method's recipe>``, the base from
+    ``--gpu-recipe`` or the family's), or ``(None, error line)`` when the family has none or the recipe is not
+    shipped (the names that are, listed)."""
+    from stare_verl.jobs.recipes import recipe_names
+
+    fam = job_family(args.family)
+    base = getattr(args, "gpu_recipe", None) or fam.gpu_recipe
+    if base is None:
+        return None, f"family {args.family} has no GPU recipe; run it on the CPU (--cpu)"
+    recipe = f"{base.removesuffix('.yaml')}_{method_of(args.method).recipe}"
+    if recipe not in recipe_names():
+        shipped = sorted({n.rsplit("_", 1)[0] for n in recipe_names() if n.startswith(f"{args.family}_")})
+        return None, f"no GPU recipe {recipe} under {recipes_dir()}; --gpu-recipe for {args.family}: {', '.join(shipped)}"
+    return recipe, None
+
+
+def gpu_run(args: argparse.Namespace) -> RunFolder:
+    """The run folder of a GPU-recipe run: ``--run-dir``, ``$RUN_DIR`` or ``runs/<family>-<method>-seed<seed>-sglang``
+    (absolute); nothing is created."""
+    return RunFolder(Path(
+        args.run_dir or os.environ.get("RUN_DIR")
+        or Path("runs") / f"{args.family}-{method_of(args.method).label}-seed{args.seed}-sglang"
+    ).resolve())  # fmt: skip
+
+
+def gpu_command(args: argparse.Namespace, recipe: str, run: RunFolder, mapped: list[str], model: str | None) -> list[str]:
+    """The ``main_ppo`` command of GPU recipe ``recipe``: checkpoints into ``run``, ``MODEL`` (when set) as
+    ``actor_rollout_ref.model.path``, the options' Hydra keys ``mapped`` (:func:`gpu_recipe_overrides`), then the
+    user's overrides with the method's (:func:`method_overrides`, which prints the GRPO-ds twin's note)."""
+    return [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        f"--config-path={recipes_dir()}", f"--config-name={recipe}",
+        f"trainer.default_local_dir={run.path / 'checkpoints'}",
+        *([f"actor_rollout_ref.model.path={model}"] if model else []),
+        *mapped, *method_overrides(args.method, args.overrides),
+    ]  # fmt: skip
 
 
 def model_problem(model: str, offline: bool = True) -> str | None:
@@ -513,23 +628,13 @@ def train_gpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     model = os.environ.get("MODEL")
     bad = bad_option(args) or (model_problem(model, offline=False) if model else None)
     mapped, err = gpu_recipe_overrides(args)
-    if bad or err:
-        print(f"error: {bad or err}", file=sys.stderr)
+    recipe, no_recipe = gpu_recipe_name(args)
+    if bad or err or no_recipe:
+        print(f"error: {bad or err or no_recipe}", file=sys.stderr)
         return 2
     fam = job_family(args.family)
-    if fam.gpu_recipe is None:
-        print(f"error: family {args.family} has no GPU recipe; run it on the CPU (--cpu)", file=sys.stderr)
-        return 2
-    recipe = f"{fam.gpu_recipe}_{method_of(args.method).recipe}"
-    run = RunFolder(Path(
-        args.run_dir or os.environ.get("RUN_DIR")
-        or Path("runs") / f"{args.family}-{method_of(args.method).label}-seed{args.seed}-sglang"
-    ).resolve())  # fmt: skip
-    cmd = [
-        sys.executable, "-m", "verl.trainer.main_ppo",
-        f"--config-path={recipes_dir()}", f"--config-name={recipe}",
-        f"trainer.default_local_dir={run.path / 'checkpoints'}", *mapped, *method_overrides(args.method, args.overrides),
-    ]  # fmt: skip
+    run = gpu_run(args)
+    cmd = gpu_command(args, recipe, run, mapped, model)
     backend = dataclasses.replace(
         backend or choose_backend(probe_gpu()),
         sandbox=sandbox_backend(recipes_dir() / fam.tool_config) if fam.tool_config else "none",
@@ -544,16 +649,19 @@ def train_gpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     with open(run.train_log, "ab") as log:
         log.write(f"[{name}] {time.strftime('%Y-%m-%d %H:%M:%S')} {backend.line()}\n".encode())
         log.flush()
+        dedup = RepeatedWarningFilter(log)  # the log: each warning line once; the console: everything
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             for line in proc.stdout:  # to the console and the log
                 sys.stdout.buffer.write(line)
                 sys.stdout.buffer.flush()
-                log.write(line)
+                dedup.write(line)
             rc = proc.wait()
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
             rc = proc.wait()
+        finally:
+            dedup.finish()
     run.write_summary({**summary, "exit_status": rc, "wall_s": round(time.time() - t0, 1)})
     return rc
 
@@ -627,6 +735,34 @@ def _method_arg(spec: str) -> str:
     return spec
 
 
+def _positive_int(text: str) -> int:
+    """argparse type of ``--n-gpus`` / ``--nnodes``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _logger_list(text: str) -> list[str]:
+    """argparse type of ``--logger``: comma-separated names of verl's loggers (``verl.utils.tracking.Tracking``'s
+    ``supported_backend``: console, wandb, file, tensorboard, mlflow, ...), at least one."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected logger names, e.g. console,wandb")
+    with tempfile.TemporaryFile() as noise, stderr_to(noise):  # verl's import-time warnings
+        from verl.utils.tracking import Tracking
+
+    unknown = [n for n in names if n not in Tracking.supported_backend]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown logger {', '.join(unknown)} (verl's: {', '.join(Tracking.supported_backend)})"
+        )
+    return list(dict.fromkeys(names))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``stare-verl train``."""
     p = argparse.ArgumentParser(prog="stare-verl train", description=__doc__.split("\n\n")[0])
@@ -636,7 +772,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="the entropy-control method (settings optional, e.g. entropy_bonus:coef=0.01): "
              + ", ".join(_method_names()) + "; grpo: the GRPO-ds baseline (STARE's twin, W = M = 1)",
     )  # fmt: skip
-    p.add_argument("--cpu", action="store_true", help="the CPU default even where a GPU is present")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--cpu", action="store_true", help="the CPU default even where a GPU is present")
+    where.add_argument(
+        "--gpu", action="store_true",
+        help="the GPU recipe (verl + SGLang): a run stops with an error where there is no usable GPU with SGLang; "
+             "with --dry-run it plans that run on any machine (as MODEL=... does)",
+    )  # fmt: skip
+    p.add_argument(
+        "--dry-run", action="store_true",
+        help="print the backend it would choose, the main_ppo command and the composed config (validated as verl "
+             "would at launch), then stop: nothing is trained, downloaded, written or launched; no GPU needed",
+    )  # fmt: skip
+    p.add_argument(
+        "--gpu-recipe", default=None, metavar="NAME",
+        help="the GPU recipe's base name under recipes/ (default: the family's, e.g. shortcot_qwen2.5-math-7b; "
+             "also shortcot_qwen2.5-math-1.5b, shortcot_qwen2.5-32b); the method picks its _stare / _grpo file",
+    )  # fmt: skip
+    p.add_argument("--n-gpus", type=_positive_int, default=None, metavar="N",
+                   help="GPUs per node (trainer.n_gpus_per_node; default: the recipe's, 8 on the GPU recipes)")
+    p.add_argument("--nnodes", type=_positive_int, default=None, metavar="N",
+                   help="nodes (trainer.nnodes; default: the recipe's)")
+    p.add_argument(
+        "--logger", type=_logger_list, default=None, metavar="A,B",
+        help="verl's loggers (trainer.logger), e.g. console or console,wandb (default: the recipe's: console,wandb "
+             "on the GPU recipes; the tiny recipe always keeps file, which metrics.jsonl is read from)",
+    )  # fmt: skip
     p.add_argument(
         "--run-dir", default=None, help="run folder (default: $RUN_DIR or runs/<family>-<method>-seed<seed>)"
     )
@@ -678,26 +839,168 @@ def main(argv: list[str] | None = None) -> int:
     interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, timeout, a closed terminal: one clean-up
     args = build_parser().parse_args(argv)
     probe = probe_gpu()
+    if args.dry_run:
+        return dry_run(args, probe)
     backend = choose_backend(probe, force_cpu=args.cpu)
     warning = probe.idle_gpu_warning()
     if backend.path == "cpu" and not args.cpu and warning:
         print(warning, file=sys.stderr)  # never a silent CPU fallback on a GPU machine
+    if args.gpu and backend.path != "gpu-sglang":
+        print(f"error: --gpu asks for the GPU recipe (verl + SGLang), but {_no_gpu_recipe_here(probe)}; "
+              "--dry-run --gpu shows what it would run", file=sys.stderr)  # fmt: skip
+        return 2
     if backend.path == "gpu-sglang":
         return train_gpu(args, backend)  # probed once: nvidia-smi and CUDA are not asked again
     if backend.path == "cpu" and os.environ.get("MODEL"):
-        print(
-            f"error: MODEL={os.environ['MODEL']} is for GPU runs, and "
-            + (
-                "--cpu was given"
-                if args.cpu
-                else "this machine has no GPU that this torch can use"
-            )
-            + ". The CPU default trains its own tiny model: run without MODEL "
-            f"(unset MODEL; make train-{args.family}).",
-            file=sys.stderr,
-        )
+        print(_model_on_cpu_error(args), file=sys.stderr)
         return 2
     return train_cpu(args, backend)
+
+
+def _no_gpu_recipe_here(probe) -> str:
+    """Why this machine (``probe``: :class:`stare_verl.jobs.backend.GpuProbe`) cannot run the GPU recipe."""
+    if not probe.gpu:
+        return f"this machine has no GPU that this torch can use: {probe.problem or 'no NVIDIA GPU listed'}"
+    return "SGLang is not installed (pip install -e '.[gpu]')"
+
+
+def _model_on_cpu_error(args: argparse.Namespace) -> str:
+    """The error line of ``MODEL=...`` on a run that takes the CPU (``--cpu``, or no usable GPU)."""
+    return (
+        f"error: MODEL={os.environ['MODEL']} is for GPU runs, and "
+        + ("--cpu was given" if args.cpu else "this machine has no GPU that this torch can use")
+        + ". The CPU default trains its own tiny model: run without MODEL "
+        f"(unset MODEL; make train-{args.family}), or add --dry-run to see the GPU run's command."
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the dry run
+def dry_run(args: argparse.Namespace, probe) -> int:
+    """``stare-verl train --dry-run``: say what a run with these arguments would do on this machine (``probe``:
+    :class:`stare_verl.jobs.backend.GpuProbe`), without CUDA, a model download, a run folder or a process.
+
+    The backend is the real run's choice (:func:`stare_verl.jobs.backend.choose_backend`), except that ``--gpu``,
+    or ``MODEL=...`` on a machine without a usable GPU (an error for a real run), plans the GPU recipe as a GPU
+    node with SGLang would run it. Prints the composed config (OmegaConf YAML, as ``stare-verl check --print``),
+    then the backend and why, the recipe, the run folder (not created), the key settings, the exact ``main_ppo``
+    command, and whether the config validates as verl would at launch (:func:`stare_verl.jobs.recipes.
+    validate_recipe`). Problems a real run here would stop at (a MODEL folder missing on this machine, data
+    files not built yet) are notes.
+
+    Returns:
+        0 when the config validates; 2 for a bad option or a config that would fail at launch.
+    """
+    model = os.environ.get("MODEL")
+    if args.cpu and model:
+        print(_model_on_cpu_error(args), file=sys.stderr)
+        return 2
+    bad = bad_option(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
+    name = f"train-{args.family}"
+    backend = choose_backend(probe, force_cpu=args.cpu)
+    notes: list[str] = []
+    if backend.path == "cpu":
+        why = "--cpu" if args.cpu else _no_gpu_recipe_here(probe)
+    else:
+        why = f"this machine has {probe.name}" + (" and SGLang" if probe.sglang else ", without SGLang")
+    if (args.gpu or model) and backend.path != "gpu-sglang":
+        why = ("--gpu" if args.gpu else f"MODEL={model}") + f" (a real run here: {_no_gpu_recipe_here(probe)})"
+        device = f"cuda ({probe.name})" if probe.gpu else "cuda (the GPU node's; none here)"
+        backend = RunBackend("gpu-sglang", rollout="sglang", platform="cuda", device=device)
+    print(f"[{name}] dry run: nothing is trained, downloaded, written or launched", flush=True)
+    if backend.path == "gpu-sglang":
+        mapped, err = gpu_recipe_overrides(args)
+        recipe, no_recipe = gpu_recipe_name(args)
+        if err or no_recipe:
+            print(f"error: {err or no_recipe}", file=sys.stderr)
+            return 2
+        if model and model_problem(model, offline=False):
+            notes.append(f"a real run here would stop: {model_problem(model, offline=False)}")
+        run = gpu_run(args)
+        cmd = gpu_command(args, recipe, run, mapped, model)
+        what, compose_name = "verl + SGLang, the GPU recipe", recipe
+        sandbox = "probed at launch" if job_family(args.family).tool_config else "none"
+    else:
+        from stare_verl.jobs.demo.sft import config_hash
+
+        problem = tiny_option_problem(args, backend)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+        tiny_model = model if backend.path == "gpu-hf" else None
+        run = RunFolder(tiny_run_dir(args, args.family, backend, tiny_model))
+        recipe = f"{job_family(args.family).cpu_recipe}_{method_of(args.method).recipe}"
+        if tiny_model:
+            model_dir = Path(tiny_model)
+            if model_problem(tiny_model):
+                notes.append(f"a real run here would stop: {model_problem(tiny_model)}")
+        else:
+            sft_cfg = sft_config(args, args.family)
+            model_dir = (sft_cfg.resolved_cache_dir() / f"sft-{config_hash(sft_cfg)}").resolve()
+            if not model_dir.is_dir():
+                notes.append(f"the cold-start SFT checkpoint {model_dir} is not cached yet: a real run trains it first")
+        data = {"train": run.data / "train.parquet", "val": run.data / "val.parquet"}
+        launch = argparse.Namespace(**{**vars(args), "overrides": method_overrides(args.method, args.overrides)})
+        cmd = tiny_recipe_command(launch, backend, args.family, model_dir, data, run, recipe, tiny_model is not None)
+        what = "verl on this CPU, the tiny recipe" if backend.path == "cpu" else "the tiny recipe on the GPU (no SGLang)"
+        compose_name = f"cpu/{recipe}"
+        sandbox = "probed at launch" if job_family(args.family).multi_turn else "none"
+    backend = dataclasses.replace(backend, sandbox=sandbox)
+    overrides = cmd[cmd.index(f"--config-name={recipe}") + 1 :]
+    return _print_plan(name, compose_name, overrides, cmd, run, f"{backend.path} ({what})", backend, why, notes)
+
+
+def _print_plan(name: str, compose_name: str, overrides: list[str], cmd: list[str], run: RunFolder, what: str,
+                backend: RunBackend, why: str, notes: list[str]) -> int:  # fmt: skip
+    """Compose ``compose_name`` with ``overrides`` (the command's Hydra arguments) and print the dry run's
+    plan (see :func:`dry_run`); returns its exit status."""
+    import shlex
+
+    from omegaconf import OmegaConf
+
+    try:
+        with tempfile.TemporaryFile() as noise, stderr_to(noise):  # verl's import-time warnings: not the plan's
+            from stare_verl.jobs.recipes import compose_recipe, validate_recipe
+
+            cfg = compose_recipe(compose_name, overrides)
+    except Exception as err:  # noqa: BLE001 - a bad override: one line
+        print(f"error: recipes/{compose_name}.yaml with these overrides does not compose: {err}", file=sys.stderr)
+        return 2
+    print(f"[{name}] composed config (recipes/{compose_name}.yaml with the overrides of the command below):")
+    print(OmegaConf.to_yaml(cfg), end="")
+    print(f"[{name}] backend: {what}: {backend.line()}")
+    print(f"[{name}] chosen because: {why}")
+    print(f"[{name}] recipe: {compose_name} (stare-verl check {compose_name} validates it alone)")
+    print(f"[{name}] run folder (not created): {run.path}")
+    t = cfg.trainer
+    files = [str(f) for f in (list(cfg.data.val_files) if OmegaConf.is_list(cfg.data.val_files) else [cfg.data.val_files])]
+    ranks = "GPU(s)" if backend.platform == "cuda" else "CPU rank(s)"
+    print(f"[{name}] model {cfg.actor_rollout_ref.model.path}; {t.n_gpus_per_node} {ranks} per node x {t.nnodes} "
+          f"node(s); logger {list(t.logger)}; " + (f"{t.total_training_steps} steps" if t.get("total_training_steps")
+                                                    else f"{t.total_epochs} epochs"))  # fmt: skip
+    print(f"[{name}] data: train {cfg.data.train_files}; val {', '.join(files)}")
+    if backend.path == "gpu-sglang":  # the tiny recipe's run writes its own data
+        notes += [f"no data file {f} here yet (make data-hf writes it)" for f in [str(cfg.data.train_files), *files]
+                  if "://" not in f and not Path(f).is_file()]  # fmt: skip
+    for note in notes:
+        print(f"[{name}] note: {note}")
+    print(f"[{name}] command:")
+    print(shlex.join(cmd), flush=True)
+    try:
+        with tempfile.TemporaryFile() as noise, stderr_to(noise):
+            stare = validate_recipe(cfg)
+    except Exception as err:  # noqa: BLE001 - the launch's own failure, reported as one line
+        print(f"error: the composed config would fail at launch: {err}", file=sys.stderr)
+        return 2
+    ok = f"[{name}] ok: validates as verl would at launch: adv_estimator={cfg.algorithm.adv_estimator}, "
+    ok += f"trainer_mode={cfg.trainer.v1.trainer_mode}, rollout={cfg.actor_rollout_ref.rollout.name}"
+    if stare is not None and hasattr(stare, "reweight_w"):
+        ok += f", stare: variant={stare.variant} W={stare.reweight_w} M={stare.reweight_m}"
+    print(ok, flush=True)
+    return 0
 
 
 if __name__ == "__main__":

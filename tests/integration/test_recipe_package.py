@@ -49,7 +49,9 @@ def test_every_shipped_recipe_composes_and_validates_outside_the_repository(name
 
 
 def test_the_recipes_list_covers_the_families_and_the_cpu_runs():
-    assert len([n for n in SHIPPED if not n.startswith("cpu/")]) == 10
+    gpu = [n for n in SHIPPED if not n.startswith("cpu/")]
+    assert len(gpu) == 12  # six STARE / GRPO-ds pairs
+    assert {"shortcot_qwen2.5-math-1.5b_stare", "shortcot_qwen2.5-math-1.5b_grpo"} <= set(gpu)
     cpu_runs = {f"cpu/{f}_tiny_{m}" for f in ("shortcot", "longcot", "tooluse") for m in ("stare", "grpo")}
     assert sorted(n for n in SHIPPED if n.startswith("cpu/")) == sorted([*cpu_runs, "cpu/tiny_grpo"])
 

@@ -14,7 +14,43 @@ def test_every_family_has_stare_and_grpo_versions():
     grpo = {r[: -len("_grpo")] for r in RECIPES if r.endswith("_grpo")}
     assert stare == grpo
     assert {s.split("_")[0] for s in stare} == {"shortcot", "longcot", "tooluse"}
-    assert len(stare) == 5
+    assert len(stare) == 6
+    assert "shortcot_qwen2.5-math-1.5b" in stare  # the 1.5B pair (issue 32 item 4)
+
+
+def test_the_1_5b_shortcot_recipe_is_the_7b_one_scaled(monkeypatch, tmp_path):
+    """shortcot_qwen2.5-math-1.5b_{stare,grpo} differ from the 7B pair only in what their base recipe's comment
+    says (the model, GPUs per node, the micro-batch token budget) and the experiment name; verl derives the
+    log-prob budgets from the actor's."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MODEL", raising=False)
+    for method in ("stare", "grpo"):
+        small = OmegaConf.to_container(compose_recipe(f"shortcot_qwen2.5-math-1.5b_{method}", resolve=False))
+        big = OmegaConf.to_container(compose_recipe(f"shortcot_qwen2.5-math-7b_{method}", resolve=False))
+        diff = {k: (big_v, small_v) for k, big_v, small_v in _leaves(big, small) if big_v != small_v}
+        name = {"stare": "stare", "grpo": "grpo-ds"}[method]
+        assert diff == {
+            "actor_rollout_ref.model.path": ("${oc.env:MODEL,Qwen/Qwen2.5-Math-7B}",
+                                             "${oc.env:MODEL,Qwen/Qwen2.5-Math-1.5B}"),
+            "trainer.n_gpus_per_node": (8, 4),
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (16384, 32768),
+            "trainer.experiment_name": (f"shortcot_qwen2.5-math-7b-{name}", f"shortcot_qwen2.5-math-1.5b-{name}"),
+        }  # fmt: skip
+        cfg = compose_recipe(f"shortcot_qwen2.5-math-1.5b_{method}")
+        assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-Math-1.5B"
+        assert cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 32768
+        assert cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 32768
+        assert cfg.data.max_prompt_length + cfg.data.max_response_length == 4096  # the model's context
+
+
+def _leaves(a, b, prefix=""):
+    """(dotted key, value in a, value in b) of every leaf of two nested dicts (None where one lacks it)."""
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            yield from _leaves(x, y, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", x, y
 
 
 @pytest.mark.parametrize("name", [r for r in RECIPES if r.endswith(("_stare", "_grpo"))])

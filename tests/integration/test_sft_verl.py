@@ -310,3 +310,30 @@ def test_end_of_turn_becomes_an_eos_of_the_sft_checkpoint(tiny_model, tmp_path):
     assert GenerationConfig.from_pretrained(hf).eos_token_id == [eot, eot_base]
     assert L.mark_end_of_turn(hf) is False  # already there: unchanged
     assert L.mark_end_of_turn(hf, token="<|no_such_token|>") is False
+
+
+def test_gpu_dry_run_without_cuda_prints_the_plan(tiny_model, monkeypatch, capsys, tmp_path):
+    """``train --device gpu --dry-run`` where torch sees no CUDA device: the torchrun plan for --nproc GPUs (default
+    8), validated; the model check only on a model that is here (a dry run downloads nothing); a real run is still
+    refused (issue 32 item 4)."""
+    _, res, _ = tiny_model
+    monkeypatch.setattr(L, "has_gpu", lambda: 0)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # an empty cache: the hub id is not here
+    monkeypatch.chdir(tmp_path)
+    data = [f"data.train_files={res['train']}", f"data.val_files={res['val']}", "data.train_batch_size=8"]
+    assert L.main(["train", "--device", "gpu", "--dry-run", *data]) == 0
+    out = capsys.readouterr().out
+    assert "dry run without a CUDA device here: planned for 8 GPUs on one node" in out
+    assert "model check skipped: Qwen/Qwen2.5-7B is neither a local folder nor in the Hugging Face cache" in out
+    assert "--nproc_per_node=8 -m verl.trainer.sft_trainer" in out and "--config-name=tooluse_qwen2.5-7b" in out
+    assert out.rstrip().endswith(" ".join(data))
+    assert L.main(["train", "--device", "gpu", "--dry-run", "--nproc", "4", *data]) == 0
+    assert "--nproc_per_node=4 " in capsys.readouterr().out
+    # a plan that would fail at launch: still printed, then the reason
+    assert L.main(["train", "--device", "gpu", "--dry-run", "data.train_files=/nonexistent.parquet"]) == 2
+    out, err = capsys.readouterr()
+    assert "would run (but see the error below):" in out and "data.train_files=/nonexistent.parquet" in out
+    assert "SFT data file /nonexistent.parquet not found" in err
+    assert L.main(["train", "--device", "gpu", *data]) == 2
+    assert "torch sees no CUDA device" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -382,3 +382,56 @@ def test_the_tiny_recipe_and_its_turn_override_come_from_the_family(monkeypatch,
     cmd = launched["cmd"]
     assert f"--config-name={family}_tiny_stare" in cmd
     assert ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2" in cmd) is turns
+
+
+_NOISY = (
+    "import sys\n"
+    "for i in range(200):\n"
+    "    print(f'\\x1b[36m(AgentLoopWorkerTQ pid={100 + i})\\x1b[0m 2025-12-02 22:34:{i % 60:02d},{i:03d} - WARNING - "
+    "transfer_queue.utils.common - target_num_threads 8 should not exceed total physical CPU cores 2.')\n"
+    "    if i % 50 == 0:\n"
+    "        print(f'(TaskRunner pid=7) step:{i // 50 + 1} - actor/entropy:0.5')\n"
+    "print('done', flush=True)\n"
+)
+
+
+def test_train_log_keeps_each_repeated_warning_once_cpu_launch(tmp_path):
+    """run_main_ppo (the tiny-recipe runs) pipes main_ppo's output through the repeated-warning filter: the warning
+    once, every step line, the repeat count at the end (issue 32 item 6)."""
+    import sys
+
+    log, part = tmp_path / "train.log", tmp_path / "verl_metrics.jsonl"
+    env = train.run_env("log-filter-test", part)
+    assert train.run_main_ppo([sys.executable, "-c", _NOISY], env, log, part, total_steps=1) == 0
+    lines = log.read_text().splitlines()
+    assert sum("target_num_threads" in ln for ln in lines) == 2  # the first occurrence, and the report's line
+    assert [ln for ln in lines if "step:" in ln] == [f"(TaskRunner pid=7) step:{k} - actor/entropy:0.5" for k in range(1, 5)]
+    assert lines[-3] == "done"
+    assert lines[-2].startswith("[train.log] 199 repeats of 1 warning line(s) left out above")
+    assert lines[-1] == ("[train.log]   (repeated 199 more times) - WARNING - transfer_queue.utils.common - "
+                         "target_num_threads 8 should not exceed total physical CPU cores 2.")  # fmt: skip
+
+
+class _NoisyMainPPO(_FakeMainPPO):
+    """main_ppo stand-in that prints the same warning from three Ray actors, then a step line."""
+
+    def __init__(self, cmd, **kwargs):
+        import io
+
+        _FakeMainPPO.launched.append(cmd)
+        warn = [f"(WorkerDict pid={p}) WARNING:2025-12-02 22:34:0{p},1:cores 2\n".encode() for p in (1, 2, 3)]
+        self.stdout = io.BytesIO(b"".join(warn) + b"step:1 - actor/entropy:0.3\n")
+
+
+def test_train_log_keeps_each_repeated_warning_once_gpu_launch(monkeypatch, tmp_path, capfd):
+    """The SGLang path: the console shows main_ppo's output whole, train.log each warning once and the count."""
+    monkeypatch.setattr(train, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
+    monkeypatch.setattr(train.subprocess, "Popen", _NoisyMainPPO)
+    run = tmp_path / "run"
+    assert train.main(["--family", "shortcot", "--run-dir", str(run)]) == 0
+    assert capfd.readouterr().out.count("WARNING:") == 3
+    log = (run / "train.log").read_text().splitlines()
+    assert log[1:] == ["(WorkerDict pid=1) WARNING:2025-12-02 22:34:01,1:cores 2", "step:1 - actor/entropy:0.3",
+                       "[train.log] 2 repeats of 1 warning line(s) left out above (each kept once, its first "
+                       "occurrence; timestamps, pids and Ray's actor prefix ignored):",
+                       "[train.log]   (repeated 2 more times) WARNING::cores 2"]  # fmt: skip
