@@ -279,10 +279,13 @@ def _model_is_here(model: str | None) -> bool:
 
 def _run(cmd: list[str], env: dict[str, str]) -> int:
     """Run ``cmd`` in its own process group; on Ctrl-C or exit, end that group (torchrun and its ranks)."""
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    try:
+    proc = None
+    try:  # the launch inside the try: a Ctrl-C / kill landing just after it still ends the group
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         return proc.wait()
     except BaseException:
+        if proc is None:
+            raise
         try:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=20)

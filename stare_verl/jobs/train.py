@@ -126,14 +126,17 @@ def run_main_ppo(
 
     tag = env[RUN_TAG_ENV]
     seen = 0
+    proc = reader = dedup = None
     with open(log_path, "ab") as log, tqdm(total=total_steps, desc="RL steps", unit="step") as bar:
-        proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        dedup = RepeatedWarningFilter(log)
-        reader = threading.Thread(target=dedup.copy, args=(proc.stdout,), name="train-log", daemon=True)
-        reader.start()
+        # everything after the launch is inside the try: a Ctrl-C / kill that lands while the log reader is being
+        # set up (main_ppo already started, in its own session) still stops the run and prints the exit status
         try:
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            dedup = RepeatedWarningFilter(log)
+            reader = threading.Thread(target=dedup.copy, args=(proc.stdout,), name="train-log", daemon=True)
+            reader.start()
             while proc.poll() is None:
                 time.sleep(2.0)
                 rows = read_verl_jsonl([metrics_part])
@@ -146,16 +149,19 @@ def run_main_ppo(
         except KeyboardInterrupt:
             rc = INTERRUPTED
         finally:
-            if proc.poll() is None:
+            if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
-            kill_tagged(tag)
-            reader.join(timeout=10)  # the pipe ends with the last process that holds it (killed above)
-            dedup.finish()
-            proc.stdout.close()
+            kill_tagged(tag)  # also what a launch interrupted inside Popen started (found by its tag)
+            if reader is not None:
+                reader.join(timeout=10)  # the pipe ends with the last process that holds it (killed above)
+            if dedup is not None:
+                dedup.finish()
+            if proc is not None:
+                proc.stdout.close()
     return rc
 
 

@@ -17,7 +17,7 @@ def _help(capsys, argv):
 
 def test_main_help_lists_the_delegated_subcommands_with_their_help_line(capsys):
     out = _help(capsys, ["--help"])
-    assert "{recipes,check,eval,train,compare,sft}" in out
+    assert "{recipes,check,plot,eval,train,compare,sft}" in out
     listed = dict(re.findall(r"^    (\w+)\s+(\S.*)$", out, flags=re.MULTILINE))
     assert set(listed) == {"recipes", "check", "eval", "train", "compare", "sft"}
     flat = " ".join(out.split())  # argparse wraps the help lines

@@ -61,6 +61,13 @@ from stare_verl.jobs import train
 from stare_verl.jobs.procs import RUN_TAG_ENV, interrupt_on_termination
 interrupt_on_termination()
 out = Path(sys.argv[1])
+if len(sys.argv) > 3:  # a slow log set-up: the signal lands after the launch, before the wait loop
+    import time
+    class SlowFilter(train.RepeatedWarningFilter):
+        def __init__(self, *a, **k):
+            time.sleep(float(sys.argv[3]))
+            super().__init__(*a, **k)
+    train.RepeatedWarningFilter = SlowFilter
 child = "import os, time, pathlib; pathlib.Path(%r).write_text(str(os.getpid())); time.sleep(120)" % str(out / "pid")
 env = {**os.environ, RUN_TAG_ENV: sys.argv[2]}
 rc = train.run_main_ppo([sys.executable, "-c", child], env, out / "log", out / "metrics.jsonl", 5)
@@ -98,6 +105,33 @@ def test_a_terminated_driver_stops_main_ppo_as_ctrl_c_does(tmp_path, sig, inheri
             time.sleep(0.2)
         child = int((tmp_path / "pid").read_text())
         driver.send_signal(sig)
+        out, _ = driver.communicate(timeout=90)
+        assert "rc 130" in out
+        deadline = time.time() + 30
+        while _alive(child) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _alive(child)
+        assert tagged_processes(tag) == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        kill_tagged(tag)
+
+
+def test_a_signal_during_the_launch_set_up_still_stops_main_ppo(tmp_path):
+    """The window between main_ppo's start (its own session) and the driver's wait loop (the log reader's set-up,
+    widened here to 5 s): a SIGTERM landing there stops the stand-in and prints the exit status, as one landing in
+    the loop does (it once left the driver dead without a word and main_ppo training detached)."""
+    tag = f"test-{uuid.uuid4().hex[:8]}"
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tmp_path), tag, "5"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+            assert time.time() < deadline and driver.poll() is None, "the stand-in never started"
+            time.sleep(0.05)
+        child = int((tmp_path / "pid").read_text())
+        driver.send_signal(signal.SIGTERM)  # within the 5 s set-up
         out, _ = driver.communicate(timeout=90)
         assert "rc 130" in out
         deadline = time.time() + 30
