@@ -46,8 +46,9 @@ $(SANDBOX_VENV)/.stare-installed: envs/sandbox/requirements-sandbox.txt
 	$(SANDBOX_VENV)/bin/python -I -c "import numpy, sympy, scipy, mpmath, matplotlib; print('sandbox-python: numpy', numpy.__version__, 'sympy', sympy.__version__, 'scipy', scipy.__version__, 'matplotlib', matplotlib.__version__)"
 	touch $@
 
+# Two pytest sessions side by side (tests/support/suite.py): tests/e2e one after another, everything else beside it.
 test: install system-deps
-	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadgroup tests
+	$(BIN)/python -m tests.support.suite -q --durations=15
 
 # The GPU checks only (tests marked gpu: stare_sync with the FSDP actor and the hf / SGLang rollout on CUDA, the
 # estimator on CUDA tensors); under 5 minutes on one GPU. Without CUDA they are skipped (make test skips them too).
