@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+import time
 
 import pytest
 
 from envs.sandbox import ExecLimits, LocalSandbox, SandboxConfig, probe_backend
+from envs.sandbox.local import _IDLE_CPU_SLACK_S
 from tests.integration.test_sandbox import live_pids
 
 KINDS = [
@@ -145,7 +147,11 @@ def test_session_cpu_is_accounted_across_calls_and_overruns_restart_it(kind):
         out["after_thread"] = await sb.run_in_session("s", "print('v' in globals())")
         await sb.run_in_session("s", "v = 2")
         out["alarm"] = await sb.run_in_session("s", _SPIN_BETWEEN_CALLS)  # burns CPU while idle
-        await asyncio.sleep(1.5)
+        # wait for the work, not for seconds: until the timer has burnt more CPU between calls than the host lets
+        # pass (a fixed 1.5 s at load 20 gave it too little CPU, and the next call then hit its wall limit instead)
+        session, deadline = sb._sessions["s"], time.monotonic() + 120
+        while session._session_cpu() - session._cpu_idle_mark <= 2 * _IDLE_CPU_SLACK_S and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
         out["after_alarm"] = await sb.run_in_session("s", "print('v' in globals())")
         await sb.run_in_session("s", "v = 3")
         out["cancel"] = await sb.run_in_session("s", _CANCEL_TIMER_AND_SPIN)  # per-call budget, timer cancelled

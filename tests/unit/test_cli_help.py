@@ -19,7 +19,7 @@ def test_main_help_lists_the_delegated_subcommands_with_their_help_line(capsys):
     out = _help(capsys, ["--help"])
     assert "{recipes,check,plot,eval,train,compare,sft}" in out
     listed = dict(re.findall(r"^    (\w+)\s+(\S.*)$", out, flags=re.MULTILINE))
-    assert set(listed) == {"recipes", "check", "eval", "train", "compare", "sft"}
+    assert set(listed) == {"recipes", "check", "plot", "eval", "train", "compare", "sft"}
     flat = " ".join(out.split())  # argparse wraps the help lines
     for name, (_, line) in cli.DELEGATED.items():
         assert line.startswith(listed[name]) and f"{name} {line}" in flat
