@@ -65,12 +65,12 @@ def launch_main_ppo(
     log_path: str | os.PathLike,
     timeout_s: float,
     *,
-    settle_s: float = 20.0,
+    settle_s: float = 60.0,
     attempts: int = 3,
     ran: Callable[[], bool] | None = None,
 ) -> Launch:
     """Run ``cmd`` (a ``main_ppo`` command) to its end, its output (stdout and stderr) to ``log_path``; then wait
-    up to ``settle_s`` for the processes tagged ``env[RUN_TAG_ENV]`` to go (Ray's own shutdown should leave none)
+    up to ``settle_s`` (60 s: Ray took over 20 s to shut down at load 20) for the processes tagged ``env[RUN_TAG_ENV]`` to go (Ray's own shutdown should leave none)
     and kill those still there (reported in ``leaked``).
 
     A failed run is launched again (``attempts`` in all) only when its log holds :data:`RAY_START_TIMEOUT` and
