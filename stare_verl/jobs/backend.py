@@ -187,3 +187,14 @@ def stderr_to(sink: IO[bytes]):
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def in_hf_cache(model: str) -> bool:
+    """Whether the Hugging Face hub id ``model`` has its ``config.json`` in the local cache (loads offline);
+    False for anything that is not a valid repo id. Never downloads, never raises."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(model, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repo id either
+        return False

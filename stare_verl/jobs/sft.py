@@ -267,14 +267,9 @@ def _model_is_here(model: str | None) -> bool:
     ``config.json`` is in the Hugging Face cache."""
     if not model or model == "None":
         return False
-    if Path(model).expanduser().is_dir():
-        return True
-    try:
-        from huggingface_hub import try_to_load_from_cache
+    from stare_verl.jobs.backend import in_hf_cache
 
-        return isinstance(try_to_load_from_cache(model, "config.json"), str)
-    except Exception:  # noqa: BLE001 - not a valid repo id either
-        return False
+    return Path(model).expanduser().is_dir() or in_hf_cache(model)
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> int:

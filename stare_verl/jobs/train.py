@@ -45,7 +45,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
+from stare_verl.jobs.backend import (
+    RunBackend,
+    choose_backend,
+    in_hf_cache,
+    probe_gpu,
+    sandbox_backend,
+    stderr_to,
+)
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
 from stare_verl.jobs.logfilter import RepeatedWarningFilter
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, interrupt_on_termination, kill_tagged
@@ -352,9 +359,14 @@ def tiny_run_dir(args: argparse.Namespace, family: str, backend: RunBackend, mod
     ``runs/<family>-<method>-seed<seed>``, with ``-gpu`` (and ``-<MODEL's name>``) appended off the CPU: a GPU run
     (and each MODEL) gets a folder of its own, never resumed from, or answered by, the CPU run's."""
     where = "" if backend.path == "cpu" else "-gpu" + (f"-{Path(model).name}" if model else "")
+    return _run_path(args, family, where)
+
+
+def _run_path(args: argparse.Namespace, family: str, suffix: str) -> Path:
+    """``--run-dir``, ``$RUN_DIR`` or ``runs/<family>-<method label>-seed<seed><suffix>``, absolute."""
     return Path(
         args.run_dir or os.environ.get("RUN_DIR")
-        or Path("runs") / f"{family}-{method_of(args.method).label}-seed{args.seed}{where}"
+        or Path("runs") / f"{family}-{method_of(args.method).label}-seed{args.seed}{suffix}"
     ).resolve()  # fmt: skip
 
 
@@ -437,9 +449,10 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     rows = read_verl_jsonl(run.verl_metric_parts())
     write_metrics_jsonl(rows, run.metrics)
     known = {"family": family, "method": args.method, "seed": args.seed, "eval_before": before}
-    plots = plot_run(rows, run.plots, title=run_title(rows, known, method_settings(run, known)))
+    settings = method_settings(run, known)  # the run's Hydra config, read once for every plot
+    plots = plot_run(rows, run.plots, title=run_title(rows, known, settings))
     if rc != 0:
-        plots += _dashboard(rows, run, known)  # what the run got to, before the error below
+        plots += _dashboard(rows, run, known, settings)  # what the run got to, before the error below
     if rc == INTERRUPTED:
         print(
             f"[{name}] interrupted: main_ppo and its Ray processes were stopped. The same command resumes from the "
@@ -477,7 +490,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         "wall_s": round(time.time() - t0, 1),
         "phases_s": phases,
     }
-    summary["plots"] = [str(p) for p in plots + _dashboard(rows, run, summary)]
+    summary["plots"] = [str(p) for p in plots + _dashboard(rows, run, summary, settings)]
     run.write_summary(summary)
     if before is not None:
         print(f"[{name}] held-out after RL:  {_fmt_eval(after) if after else 'no checkpoint'}", flush=True)
@@ -489,14 +502,17 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     return 0
 
 
-def _dashboard(rows: list[dict[str, Any]], run: RunFolder, summary: dict[str, Any]) -> list[Path]:
-    """``plots/dashboard.png`` of the run (:func:`stare_verl.jobs.dashboard.draw_dashboard`) from its metric rows
-    and ``summary`` (method, seed, family, held-out evaluations); returns ``[path]``, or ``[]`` when no step
-    logged a metric. Raises OSError when the PNG cannot be written."""
-    from stare_verl.jobs.dashboard import DASHBOARD_NAME, NoMetricsError, draw_dashboard, method_settings
+def _dashboard(
+    rows: list[dict[str, Any]], run: RunFolder, summary: dict[str, Any], settings: dict[str, Any]
+) -> list[Path]:
+    """``plots/dashboard.png`` of the run (:func:`stare_verl.jobs.dashboard.draw_dashboard`) from its metric rows,
+    ``summary`` (method, seed, family, held-out evaluations) and the method's ``settings``
+    (:func:`stare_verl.jobs.dashboard.method_settings`); returns ``[path]``, or ``[]`` when no step logged a
+    metric. Raises OSError when the PNG cannot be written."""
+    from stare_verl.jobs.dashboard import DASHBOARD_NAME, NoMetricsError, draw_dashboard
 
     try:
-        dash = draw_dashboard(rows, run.plots / DASHBOARD_NAME, summary, method_settings(run, summary))
+        dash = draw_dashboard(rows, run.plots / DASHBOARD_NAME, summary, settings)
     except NoMetricsError:
         return []
     return [dash.path]
@@ -578,10 +594,7 @@ def gpu_recipe_name(args: argparse.Namespace) -> tuple[str | None, str | None]:
 def gpu_run(args: argparse.Namespace) -> RunFolder:
     """The run folder of a GPU-recipe run: ``--run-dir``, ``$RUN_DIR`` or ``runs/<family>-<method>-seed<seed>-sglang``
     (absolute); nothing is created."""
-    return RunFolder(Path(
-        args.run_dir or os.environ.get("RUN_DIR")
-        or Path("runs") / f"{args.family}-{method_of(args.method).label}-seed{args.seed}-sglang"
-    ).resolve())  # fmt: skip
+    return RunFolder(_run_path(args, args.family, "-sglang"))
 
 
 def gpu_command(args: argparse.Namespace, recipe: str, run: RunFolder, mapped: list[str], model: str | None) -> list[str]:
@@ -609,13 +622,7 @@ def model_problem(model: str, offline: bool = True) -> str | None:
         return f"MODEL={model}: no such folder"
     if not offline:
         return None  # a hub id: the recipe's run downloads it
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        cached = try_to_load_from_cache(model, "config.json")
-    except Exception:  # not a valid repo id either  # noqa: BLE001
-        cached = None
-    if isinstance(cached, str):
+    if in_hf_cache(model):
         return None
     return (
         f"MODEL={model} is neither a model folder nor in the Hugging Face cache, and runs are offline "
@@ -923,8 +930,9 @@ def dry_run(args: argparse.Namespace, probe) -> int:
         if err or no_recipe:
             print(f"error: {err or no_recipe}", file=sys.stderr)
             return 2
-        if model and model_problem(model, offline=False):
-            notes.append(f"a real run here would stop: {model_problem(model, offline=False)}")
+        problem = model_problem(model, offline=False) if model else None
+        if problem:
+            notes.append(f"a real run here would stop: {problem}")
         run = gpu_run(args)
         cmd = gpu_command(args, recipe, run, mapped, model)
         what, compose_name = "verl + SGLang, the GPU recipe", recipe
@@ -941,8 +949,9 @@ def dry_run(args: argparse.Namespace, probe) -> int:
         recipe = f"{job_family(args.family).cpu_recipe}_{method_of(args.method).recipe}"
         if tiny_model:
             model_dir = Path(tiny_model)
-            if model_problem(tiny_model):
-                notes.append(f"a real run here would stop: {model_problem(tiny_model)}")
+            problem = model_problem(tiny_model)
+            if problem:
+                notes.append(f"a real run here would stop: {problem}")
         else:
             sft_cfg = sft_config(args, args.family)
             model_dir = (sft_cfg.resolved_cache_dir() / f"sft-{config_hash(sft_cfg)}").resolve()

@@ -94,44 +94,31 @@ def test_a_terminated_driver_stops_main_ppo_as_ctrl_c_does(tmp_path, sig, inheri
     """kill / timeout / a closed terminal (SIGTERM, SIGHUP) stop the run's processes as Ctrl-C (SIGINT) does,
     instead of leaving main_ppo (its own session) training detached; also when the driver inherited SIGINT as
     ignored (a background job of a non-interactive shell), where Python alone would keep ignoring Ctrl-C."""
-    tag = f"test-{uuid.uuid4().hex[:8]}"
-    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tmp_path), tag], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True,
-                              preexec_fn=_ignore_sigint if inherited == "ignored" else None)  # fmt: skip
-    try:
-        deadline = time.time() + 120
-        while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
-            assert time.time() < deadline and driver.poll() is None, "the stand-in never started"
-            time.sleep(0.2)
-        child = int((tmp_path / "pid").read_text())
-        driver.send_signal(sig)
-        out, _ = driver.communicate(timeout=90)
-        assert "rc 130" in out
-        deadline = time.time() + 30
-        while _alive(child) and time.time() < deadline:
-            time.sleep(0.2)
-        assert not _alive(child)
-        assert tagged_processes(tag) == []
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-        kill_tagged(tag)
+    _signal_driver_and_check(tmp_path, sig, preexec_fn=_ignore_sigint if inherited == "ignored" else None)
 
 
 def test_a_signal_during_the_launch_set_up_still_stops_main_ppo(tmp_path):
     """The window between main_ppo's start (its own session) and the driver's wait loop (the log reader's set-up,
     widened here to 5 s): a SIGTERM landing there stops the stand-in and prints the exit status, as one landing in
     the loop does (it once left the driver dead without a word and main_ppo training detached)."""
+    _signal_driver_and_check(tmp_path, signal.SIGTERM, setup_s=5.0)  # the signal lands within the 5 s set-up
+
+
+def _signal_driver_and_check(tmp_path, sig, *, preexec_fn=None, setup_s: float | None = None) -> None:
+    """Start :data:`_DRIVER` (``setup_s``: its log set-up made that slow), send ``sig`` as soon as the stand-in for
+    main_ppo has started, then check that the driver reports 130 and that the stand-in and every tagged process
+    are gone."""
     tag = f"test-{uuid.uuid4().hex[:8]}"
-    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tmp_path), tag, "5"], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    argv = [sys.executable, "-c", _DRIVER, str(tmp_path), tag, *([str(setup_s)] if setup_s is not None else [])]
+    driver = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              preexec_fn=preexec_fn)  # fmt: skip
     try:
         deadline = time.time() + 120
         while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
             assert time.time() < deadline and driver.poll() is None, "the stand-in never started"
             time.sleep(0.05)
         child = int((tmp_path / "pid").read_text())
-        driver.send_signal(signal.SIGTERM)  # within the 5 s set-up
+        driver.send_signal(sig)
         out, _ = driver.communicate(timeout=90)
         assert "rc 130" in out
         deadline = time.time() + 30
