@@ -46,7 +46,8 @@ $(SANDBOX_VENV)/.stare-installed: envs/sandbox/requirements-sandbox.txt
 	$(SANDBOX_VENV)/bin/python -I -c "import numpy, sympy, scipy, mpmath, matplotlib; print('sandbox-python: numpy', numpy.__version__, 'sympy', sympy.__version__, 'scipy', scipy.__version__, 'matplotlib', matplotlib.__version__)"
 	touch $@
 
-# Two pytest sessions side by side (tests/support/suite.py): tests/e2e one after another, everything else beside it.
+# Two pytest sessions side by side (tests/support/suite.py): tests/e2e one after another, everything else beside it
+# (then the long-CoT e2e case, so both sessions take about as long).
 test: install system-deps
 	$(BIN)/python -m tests.support.suite -q --durations=15
 
