@@ -177,6 +177,36 @@ def test_worker_parse_cache_keeps_only_finished_parses():
     assert _mv_worker.answer(json.dumps({"budget_s": 1}), check, timer)["error"].startswith("KeyError")
 
 
+class _MissedTicks:
+    """A CpuTimer whose alarm never fires: what a check sees on a loaded machine when it is preempted between the
+    kernel's ticks and finishes before one lands while it runs (a CI run at load 7 scored a 1e-4 s check)."""
+
+    def arm(self, seconds: float) -> None:
+        pass
+
+    def disarm(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("pair", [(r"(x+1)^2", r"x^2+2x+1"), RATIO, (r"\frac{\pi}{2}", r"\pi/2"), ("12", "x^2+2x+1")])
+def test_a_check_over_budget_is_a_timeout_even_when_the_alarm_misses_it(pair):
+    """The budget is CPU time, whatever the load: a check that used more than its budget is answered timeout
+    (and leaves the parse cache as it was) even when the alarm did not fire; within budget it gets its verdict."""
+    from envs.scoring import _mv_worker
+
+    check = _mv_worker.make_checker()
+    check([("1", "1")])  # one parse in the cache before, which must stay
+    before = dict(check.cache)
+    for budget in (1e-5, 1e-4):
+        req = json.dumps({"pairs": [list(pair)], "budget_s": budget})
+        assert _mv_worker.answer(req, check, _MissedTicks()) == {"timeout": True}, budget
+        assert dict(check.cache) == before
+    t0 = time.process_time()
+    got = _mv_worker.answer(json.dumps({"pairs": [list(pair)], "budget_s": 10.0}), check, _MissedTicks())
+    assert got == {"equal": pair[0] != "12"} and time.process_time() - t0 > 1e-4  # the work is over 0.1 ms
+    assert set(check.cache) == set(before) | set(pair)
+
+
 def test_reward_counts_a_timeout_and_a_later_call_scores_right(one_worker, monkeypatch):
     pool = one_worker()
     monkeypatch.setattr(verify_mod, "_POOL", pool)
