@@ -25,7 +25,7 @@ YAML = REPO / "recipes" / "tool_use" / "tool_config.yaml"
 
 
 def _tool(**config) -> CodeInterpreterTool:
-    base = {"type": "native", "sandbox": {"limits": {"timeout_s": 2}}}
+    base = {"type": "native", "sandbox": {"limits": {"timeout_s": 5}}}  # calls that must finish do under load
     base.update(config)
     return CodeInterpreterTool(base, None)
 

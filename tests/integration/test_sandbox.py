@@ -452,7 +452,7 @@ def test_bwrap_without_separate_uids_is_still_contained(monkeypatch):
     # The fallback when unprivileged user namespaces are off: the launcher runs as root, the code as
     # uid 65534 in its own user namespace (no capabilities); RLIMIT_NPROC is not applied then.
     monkeypatch.setenv("STARE_SANDBOX_SECRET", "s3cr3t-value")
-    sb = LocalSandbox("bwrap", SandboxConfig(limits=ExecLimits(timeout_s=2)), separate_uids=False)
+    sb = LocalSandbox("bwrap", SandboxConfig(limits=ExecLimits(timeout_s=5)), separate_uids=False)
     assert not sb.separate_uids
     marker = "543.21"
     code = f"""

@@ -39,7 +39,7 @@ def _sandbox(kind: str, **limits) -> LocalSandbox:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_session_keeps_globals_and_restarts_cleanly_after_a_timeout(kind):
-    sb = _sandbox(kind, timeout_s=1.5)
+    sb = _sandbox(kind, timeout_s=4)  # the session start and the prints finish under load; the loop does not
 
     async def go():
         out = [await sb.run_in_session("a", "x = 41\ndef f(v):\n    return v + 1")]
@@ -56,7 +56,7 @@ def test_session_keeps_globals_and_restarts_cleanly_after_a_timeout(kind):
     assert r[0].exit_code == 0 and not r[0].session_restarted
     assert r[1].stdout == "42\n" and r[1].exit_code == 0
     assert r[2].stdout == "False\n"
-    assert r[3].timed_out and 1.5 <= r[3].duration_s < 5.5
+    assert r[3].timed_out and 4 <= r[3].duration_s < 30  # the limit, and no hang
     assert r[4].stdout == "False\n" and r[4].session_restarted  # fresh interpreter, reported
     assert r[5].stdout == "2\n" and r[6].stdout == "42\n" and not r[6].session_restarted
     assert sb.session_keys == []
