@@ -90,6 +90,67 @@ def kill_tagged(tag: str, rounds: int = 5, timeout: float = 10.0) -> list[int]:
     return tagged_processes(tag) or left
 
 
+SHM_DIR = "/dev/shm"
+# POSIX shared memory a run's engines make: Python's SharedMemory default names (vLLM's message queues), verl's
+# weight-transfer buckets, multiprocessing's named semaphores.
+RUN_SHM_PREFIXES = ("psm_", "verl_weights_", "sem.mp-")
+
+
+def _mapped_shm(shm_dir: str) -> set[str]:
+    """Names under ``shm_dir`` that some live process maps (read from ``/proc/<pid>/maps``)."""
+    names: set[str] = set()
+    prefix = shm_dir.rstrip("/") + "/"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    i = line.find(prefix)
+                    if i >= 0:
+                        names.add(line[i + len(prefix):].split()[0])
+        except OSError:  # gone, or not ours to read
+            continue
+    return names
+
+
+def remove_orphan_shm(since: float, shm_dir: str = SHM_DIR, prefixes: tuple[str, ...] = RUN_SHM_PREFIXES) -> list[str]:
+    """Remove the shared-memory segments a finished run left: names starting with one of ``prefixes``, created
+    (changed) at or after ``since`` (``time.time()`` seconds) and mapped by no live process. Ray kills the vLLM
+    server's processes with SIGKILL at shutdown, so vLLM never unlinks its message queues' segments (160-240 MB
+    each in a tiny run). Segments of a run still going are mapped by its processes and kept.
+
+    Returns:
+        the names removed (sorted); nothing is raised for a segment that vanished or cannot be removed.
+    """
+    try:
+        entries = os.listdir(shm_dir)
+    except OSError:
+        return []
+    candidates = []
+    for name in entries:
+        if not name.startswith(prefixes):
+            continue
+        try:
+            if os.stat(os.path.join(shm_dir, name)).st_ctime >= since:
+                candidates.append(name)
+        except OSError:
+            continue
+    if not candidates:
+        return []
+    mapped = _mapped_shm(shm_dir)
+    removed = []
+    for name in sorted(candidates):
+        if name in mapped:
+            continue
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+            removed.append(name)
+        except OSError:
+            continue
+    return removed
+
+
 def describe(pids: list[int]) -> list[str]:
     """``"<pid> <state> <command line>"`` of each PID (for error messages about leftover processes)."""
     out = []

