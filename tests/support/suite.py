@@ -9,8 +9,9 @@ against the rest's 493 s before the long-CoT run moved). Between them the sessio
 session's output is written to ``.pytest-e2e.log`` and printed after the other's; the exit status is the first
 non-zero of the two (0 when both passed).
 
-Ctrl-C (SIGINT), SIGTERM and SIGHUP stop both sessions with SIGINT (pytest's own clean-up: fixtures, the e2e runs'
-process checks), then kill what is left after 60 s.
+Ctrl-C (SIGINT), SIGTERM and SIGHUP stop both sessions with one SIGINT each (pytest's own clean-up: fixtures, the
+e2e runs' process checks), then kill what is left after 60 s. The sessions run in process groups of their own, so
+that a Ctrl-C reaches them only through the runner (once), and get SIGINT when the runner dies.
 
 Usage: ``python -m tests.support.suite [pytest options]`` (the options go to both sessions).
 """
@@ -50,6 +51,25 @@ def session_args(tests: Path = Path("tests")) -> tuple[list[str], list[str]]:
     return e2e, [*rest, *beside]
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _own_group_interrupted_with_parent() -> None:
+    """In a session's process, before pytest starts: a process group of its own, so that a Ctrl-C (the terminal's
+    SIGINT to the foreground group) or a ``kill -INT -- -<group>`` reaches the runner alone, which passes one SIGINT
+    on; a second SIGINT while pytest tears down its fixtures interrupted that clean-up (the e2e runs' kills), and the
+    run's Ray agents lived on for a minute. SIGINT also comes when the runner dies (``PR_SET_PDEATHSIG``: a
+    ``kill -9`` of the runner or of its group), so the sessions always get pytest's clean-up."""
+    import ctypes
+    import os
+
+    os.setpgid(0, 0)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the group of its own still holds
+        pass
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -76,8 +96,9 @@ def main(argv: list[str]) -> int:
     procs: list[subprocess.Popen] = []
     try:
         with open(LOG, "w") as log:
-            procs.append(subprocess.Popen([*pytest, *argv, *e2e_args], stdout=log, stderr=subprocess.STDOUT))
-            procs.append(subprocess.Popen([*pytest, *argv, *rest_args]))
+            procs.append(subprocess.Popen([*pytest, *argv, *e2e_args], stdout=log, stderr=subprocess.STDOUT,
+                                          preexec_fn=_own_group_interrupted_with_parent))  # fmt: skip
+            procs.append(subprocess.Popen([*pytest, *argv, *rest_args], preexec_fn=_own_group_interrupted_with_parent))
             rest = procs[1].wait()
             e2e = procs[0].wait()
     except KeyboardInterrupt:

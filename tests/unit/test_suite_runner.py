@@ -1,8 +1,11 @@
 """``make test``'s runner (tests/support/suite.py): two pytest sessions side by side, every test run once, the
 exit status the first non-zero of the two."""
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,3 +63,69 @@ def test_session_args_split_the_real_tree_so_every_test_runs_once():
     named = [Path(a).name for a in rest[: -len(BESIDE)]]
     assert "e2e" not in named and {"unit", "integration"} <= set(named)
     assert not any(n.startswith(("_", ".")) or n == "conftest.py" for n in named)
+
+
+_SLOW_TREE = """
+import os, time, pytest
+from pathlib import Path
+
+@pytest.fixture
+def held():
+    Path(os.environ["MARK_DIR"], "started-" + os.environ.get("PYTEST_XDIST_WORKER", str(os.getpid()))).touch()
+    yield
+    with open(Path(os.environ["MARK_DIR"], "teardowns"), "a") as f:  # pytest's clean-up ran to its end
+        f.write("down\\n")
+
+def test_slow(held):
+    time.sleep(60)
+"""
+
+
+def _slow_tree(root):
+    for d in ("e2e", "unit"):
+        (root / "tests" / d).mkdir(parents=True)
+        (root / "tests" / d / f"test_{d}.py").write_text(_SLOW_TREE)
+
+
+def _start(root, marks):
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "MARK_DIR": str(marks)}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.suite", "-q", "-p", "no:cacheprovider"],
+                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.time() + 120
+    while len(list(marks.glob("started-*"))) < 2:
+        assert time.time() < deadline and proc.poll() is None, "the two sessions did not start"
+        time.sleep(0.2)
+    return proc
+
+
+@pytest.mark.parametrize("how", ["ctrl-c to the group", "kill -9 of the runner"])
+def test_an_interrupt_stops_both_sessions_once_through_their_clean_up(tmp_path, how):
+    """A Ctrl-C reaches the sessions once (no second KeyboardInterrupt in the middle of their fixtures' teardown),
+    and a runner killed outright still leaves its sessions to clean up: both teardowns run, nothing is left."""
+    _slow_tree(tmp_path)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = _start(tmp_path, marks)
+    sessions = [int(p.name.split("-")[1]) for p in marks.glob("started-*")]
+    if how == "ctrl-c to the group":
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the runner's whole (foreground) group
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, out
+        assert "During handling of the above exception" not in out, out
+    else:
+        proc.kill()
+        proc.communicate(timeout=60)
+    deadline = time.time() + 60
+    while any(_alive(pid) for pid in sessions) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in sessions)
+    assert (marks / "teardowns").read_text() == "down\n" * 2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
