@@ -295,9 +295,8 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
-    user_overrides = list(args.overrides)
     if backend.rollout == "vllm":
-        from stare_verl.cpu.vllm_engine import VllmSetupError, check_head_dim, rollout_overrides
+        from stare_verl.cpu.vllm_engine import VllmSetupError, check_head_dim
 
         shape = sft_config(args, family).model
         try:
@@ -305,9 +304,10 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         except VllmSetupError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        user_overrides = rollout_overrides() + user_overrides  # the user's keys still come last
-    # the launch overrides (the twin's pins added, its note printed) once, for the check and the launch below
-    args = argparse.Namespace(**{**vars(args), "overrides": method_overrides(args.method, user_overrides)})
+    # the launch overrides (the engine's keys first, the user's last, the twin's pins added, its note printed) once,
+    # for the check and the launch below
+    overrides = method_overrides(args.method, engine_overrides(backend) + list(args.overrides))
+    args = argparse.Namespace(**{**vars(args), "overrides": overrides})
     t0 = time.time()
     what = "CPU default" if backend.path == "cpu" else f"GPU ({backend.path}: no SGLang installed)"
     print(f"[{name}] {what}, method={args.method}, seed={args.seed}, run folder {run_dir}", flush=True)
@@ -398,6 +398,16 @@ def with_rollout(args: argparse.Namespace, backend: RunBackend) -> tuple[RunBack
     except VllmSetupError as err:
         return backend, str(err)
     return dataclasses.replace(backend, rollout="vllm"), None
+
+
+def engine_overrides(backend: RunBackend) -> list[str]:
+    """The launch keys of ``backend``'s rollout engine, placed before the user's overrides: verl's vLLM rollout on the
+    CPU (:func:`stare_verl.cpu.vllm_engine.rollout_overrides`), nothing for ``hf`` (the recipes' own)."""
+    if backend.rollout != "vllm":
+        return []
+    from stare_verl.cpu.vllm_engine import rollout_overrides
+
+    return rollout_overrides()
 
 
 def rollout_engine(backend: RunBackend) -> str:
@@ -991,13 +1001,13 @@ def dry_run(args: argparse.Namespace, probe) -> int:
     backend = choose_backend(probe, force_cpu=args.cpu)
     notes: list[str] = []
     if getattr(args, "rollout", "hf") == "vllm":
-        planned, problem = with_rollout(args, backend)
+        _, problem = with_rollout(args, backend)
         if backend.path != "cpu":
             print(f"error: {problem}", file=sys.stderr)
             return 2
         if problem:
             notes.append(f"a real run here would stop: {problem}")
-        backend = dataclasses.replace(planned, rollout="vllm")
+        backend = dataclasses.replace(backend, rollout="vllm")
     if backend.path == "cpu":
         why = "--cpu" if args.cpu else _no_gpu_recipe_here(probe)
     else:
@@ -1041,12 +1051,8 @@ def dry_run(args: argparse.Namespace, probe) -> int:
             if not model_dir.is_dir():
                 notes.append(f"the cold-start SFT checkpoint {model_dir} is not cached yet: a real run trains it first")
         data = {"train": run.data / "train.parquet", "val": run.data / "val.parquet"}
-        engine = []
-        if backend.rollout == "vllm":
-            from stare_verl.cpu.vllm_engine import rollout_overrides
-
-            engine = rollout_overrides()
-        launch = argparse.Namespace(**{**vars(args), "overrides": method_overrides(args.method, engine + args.overrides)})
+        overrides = method_overrides(args.method, engine_overrides(backend) + list(args.overrides))
+        launch = argparse.Namespace(**{**vars(args), "overrides": overrides})
         cmd = tiny_recipe_command(launch, backend, args.family, model_dir, data, run, recipe, tiny_model is not None)
         what = "verl on this CPU, the tiny recipe" if backend.path == "cpu" else "the tiny recipe on the GPU (no SGLang)"
         compose_name = f"cpu/{recipe}"
