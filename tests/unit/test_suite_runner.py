@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from stare_verl.jobs.procs import _alive
 from tests.support import REPO
 from tests.support.suite import BESIDE, session_args
 
@@ -121,11 +122,3 @@ def test_an_interrupt_stops_both_sessions_once_through_their_clean_up(tmp_path, 
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in sessions)
     assert (marks / "teardowns").read_text() == "down\n" * 2
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

@@ -41,16 +41,10 @@ from tests.support.cpu import (  # noqa: E402
     main_ppo_cmd,
     read_metrics,
 )
+from tests.support.leftovers import _shm  # noqa: E402
 
 RUN_TIMEOUT_S = 1500
 STARE_KEYS = ("stare/model_tokens", "stare/batch_entropy", "stare/gate_on", "stare/nonfinite_tokens")
-
-
-def _shm() -> set[str]:
-    try:
-        return set(os.listdir("/dev/shm"))
-    except OSError:
-        return set()
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +66,11 @@ def vllm_run(tmp_path_factory):
     ])  # fmt: skip
     env = cpu_env({RUN_TAG_ENV: f"vllm-{uuid.uuid4().hex}", "VERL_FILE_LOGGER_PATH": str(metrics_path),
                    **engine_env(root / "cache", environ={})})  # fmt: skip
-    shm_before = _shm()
+    shm_before = set(_shm())
     run = launch_main_ppo(cmd, env, root, root / "main_ppo.log", RUN_TIMEOUT_S, attempts=1)
     by_step = {} if run.rc != 0 else {r["step"]: r["data"] for r in read_metrics(metrics_path)}
     print(f"vLLM main_ppo: rc {run.rc}, {run.wall:.0f} s, shm removed after the run: {run.shm_removed}")
-    return {"run": run, "metrics": by_step, "shm_left": _shm() - shm_before, "model": model}
+    return {"run": run, "metrics": by_step, "shm_left": set(_shm()) - shm_before, "model": model}
 
 
 def test_stare_sync_with_the_tool_agent_loop_through_vllm(vllm_run):
