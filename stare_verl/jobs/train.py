@@ -321,7 +321,9 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
             placeholders = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x",
                             "trainer.default_local_dir=x"]  # fmt: skip
             cfg = compose_recipe(f"cpu/{recipe}", placeholders + list(args.overrides))
-            validate_recipe(cfg)
+            mismatch = engine_mismatch(cfg.actor_rollout_ref.rollout.name, backend)
+            if not mismatch:
+                validate_recipe(cfg)
             tool_config = cfg.actor_rollout_ref.rollout.multi_turn.get("tool_config_path")
             backend = dataclasses.replace(backend, sandbox=sandbox_backend(tool_config))
     except Exception as err:
@@ -329,6 +331,9 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
             f"error: recipes/cpu/{recipe}.yaml with your overrides would fail at launch: {err}",
             file=sys.stderr,
         )
+        return 2
+    if mismatch:
+        print(f"error: {mismatch}", file=sys.stderr)
         return 2
     print(f"[{name}] {backend.line()}; rollout engine {rollout_engine(backend)}", flush=True)
     run = RunFolder(run_dir)
@@ -408,6 +413,19 @@ def engine_overrides(backend: RunBackend) -> list[str]:
     from stare_verl.cpu.vllm_engine import rollout_overrides
 
     return rollout_overrides()
+
+
+def engine_mismatch(rollout_name: str, backend: RunBackend) -> str | None:
+    """Why a CPU run's composed ``actor_rollout_ref.rollout.name`` (``rollout_name``, after the user's overrides)
+    cannot run as ``backend``'s engine, or None. ``--rollout`` picks the engine and everything that goes with it
+    (the virtualenv, the engine's keys and environment, the run folder, the summary's ``rollout_engine``); an
+    override of the key alone would run one engine under another's name. Off the CPU path the key is the user's."""
+    if backend.path != "cpu" or rollout_name == backend.rollout:
+        return None
+    return (
+        f"actor_rollout_ref.rollout.name={rollout_name} contradicts --rollout {backend.rollout} (this run's engine); "
+        "the CPU run's engine is chosen by --rollout hf|vllm (make train-* ROLLOUT=vllm): drop the override"
+    )
 
 
 def rollout_engine(backend: RunBackend) -> str:
@@ -1077,6 +1095,10 @@ def _print_plan(name: str, compose_name: str, overrides: list[str], cmd: list[st
             cfg = compose_recipe(compose_name, overrides)
     except Exception as err:  # noqa: BLE001 - a bad override: one line
         print(f"error: recipes/{compose_name}.yaml with these overrides does not compose: {err}", file=sys.stderr)
+        return 2
+    mismatch = engine_mismatch(cfg.actor_rollout_ref.rollout.name, backend)
+    if mismatch:
+        print(f"error: {mismatch}", file=sys.stderr)
         return 2
     print(f"[{name}] composed config (recipes/{compose_name}.yaml with the overrides of the command below):")
     print(OmegaConf.to_yaml(cfg), end="")

@@ -477,3 +477,33 @@ def test_run_folder_and_engine_name_of_the_vllm_rollout(tmp_path):
     assert train.tiny_run_dir(args, "tooluse", vllm, None).name == "tooluse-stare-seed1-vllm"
     assert train.rollout_engine(cpu).startswith("hf (stare_verl.cpu's transformers ")
     assert train.with_rollout(argparse.Namespace(rollout="hf"), cpu) == (cpu, None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "override"),
+    [
+        (["--rollout", "vllm", "--dry-run"], "actor_rollout_ref.rollout.name=hf"),
+        (["--dry-run"], "actor_rollout_ref.rollout.name=vllm"),
+        (["--dry-run"], "++actor_rollout_ref.rollout.name=sglang"),
+        ([], "actor_rollout_ref.rollout.name=vllm"),  # the real run: refused before the SFT, no run folder
+    ],
+)
+def test_rollout_name_override_contradicting_the_engine_is_refused(monkeypatch, tmp_path, capsys, argv, override):
+    """The CPU run's engine comes from ``--rollout`` (its virtualenv, keys, environment, run folder and summary);
+    an override of ``actor_rollout_ref.rollout.name`` alone that names another engine is one error line, exit 2."""
+    monkeypatch.setattr(train, "probe_gpu", lambda: CPU_PROBE)
+    run_dir = tmp_path / "run"
+    assert train.main(["--family", "tooluse", *argv, "--run-dir", str(run_dir), override]) == 2
+    err = capsys.readouterr().err
+    engine = "vllm" if "vllm" in argv else "hf"
+    named = override.lstrip("+").split("=")[1]
+    assert f"actor_rollout_ref.rollout.name={named} contradicts --rollout {engine}" in err
+    assert "drop the override" in err and err.count("\n") == 1
+    assert not run_dir.exists()
+
+
+def test_rollout_name_override_naming_the_engine_itself_is_accepted(monkeypatch, capsys):
+    monkeypatch.setattr(train, "probe_gpu", lambda: CPU_PROBE)
+    assert train.main(["--family", "shortcot", "--dry-run", "actor_rollout_ref.rollout.name=hf"]) == 0
+    assert "rollout=hf" in capsys.readouterr().out
+    assert train.engine_mismatch("vllm", RunBackend("gpu-hf", "hf", "cuda", "cuda")) is None  # the GPU user's key

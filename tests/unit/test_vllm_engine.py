@@ -129,3 +129,18 @@ def test_vllm_venv_requirements_of_this_checkout(monkeypatch, capsys):
     names = {req._name(x) for x in lines if x}
     assert {"pydantic", "math-verify", "reasoning-gym", "ray", "tensordict", "pytest", "ruff"} <= names
     assert not names & {"torch", "transformers", "verl", "torchvision", "torchaudio", "torchcodec", "tokenizers"}
+
+
+@pytest.mark.parametrize("rollout", ["vlm", "VLLM", "sglang"])
+def test_make_refuses_an_unknown_rollout_before_installing_anything(rollout):
+    """``make train-* ROLLOUT=<not hf|vllm>`` stops at parse time (``make -n``: nothing runs), naming the two
+    engines, instead of after the install (a minute or more) with argparse's "invalid choice"."""
+    import subprocess
+
+    res = subprocess.run(["make", "-n", "train-tooluse", f"ROLLOUT={rollout}"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert res.returncode != 0
+    assert f"ROLLOUT={rollout} is not an engine: ROLLOUT=hf (the default) or ROLLOUT=vllm" in res.stderr
+    ok = subprocess.run(["make", "-n", "train-tooluse", "ROLLOUT=vllm", "DRY_RUN=1"], cwd=REPO, capture_output=True,
+                        text=True, timeout=60)  # fmt: skip
+    assert ok.returncode == 0 and "--rollout vllm --family tooluse --dry-run" in ok.stdout
