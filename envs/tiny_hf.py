@@ -97,7 +97,20 @@ def _pieces(texts: Iterable[str]) -> Iterable[str]:
                 yield piece
 
 
-def build_tokenizer(texts: Iterable[str], out_dir: str | Path | None = None, vocab_size: int = 384):
+def digit_groups(digits_per_token: int) -> tuple[str, ...]:
+    """Every string of 2 to ``digits_per_token`` decimal digits ("00" ... "99", then "000" ... "999"), in that order:
+    the added tokens that make a number ``digits_per_token`` digits a token (empty for 1).
+
+    Added tokens, not BPE merges or a pre-tokenizer rule: ``AutoTokenizer`` loads a folder whose ``config.json`` says
+    ``model_type`` qwen2 as ``Qwen2Tokenizer``, which replaces the saved pre-tokenizer with Qwen2's (one digit a
+    pre-token, so no merge can join digits) but keeps the added tokens, which are matched before pre-tokenization,
+    leftmost and longest first. So SFT, verl's rollout and vLLM all cut ``188604`` as ``188`` ``604`` (3) or ``18``
+    ``86`` ``04`` (2), left to right, the last group shorter."""
+    return tuple(f"{i:0{n}d}" for n in range(2, digits_per_token + 1) for i in range(10**n))
+
+
+def build_tokenizer(texts: Iterable[str], out_dir: str | Path | None = None, vocab_size: int = 384,
+                    digits_per_token: int = 1):
     """Train the byte-level BPE on ``texts`` and wrap it as a transformers tokenizer with :data:`CHAT_TEMPLATE`.
 
     Args:
@@ -105,19 +118,29 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path | None = None, voc
             strings in it are cut out before training).
         out_dir: if given, the tokenizer is saved there with ``save_pretrained`` and loaded back with
             :func:`load_tokenizer` (so what is returned is exactly what later runs load).
-        vocab_size: total vocabulary size: the 256 byte symbols, :data:`SPECIAL_TOKENS`, :data:`ADDED_TOKENS`
-            and BPE merges (fewer merges when the corpus has fewer to learn).
+        vocab_size: total vocabulary size: the 256 byte symbols, :data:`SPECIAL_TOKENS`, :data:`ADDED_TOKENS`,
+            the digit groups (:func:`digit_groups`) and BPE merges (fewer merges when the corpus has fewer to learn).
+        digits_per_token: 1 (every decimal digit its own token), or 2 / 3: numbers are cut left to right into
+            groups of that many digits (the last may be shorter), each group one token. Fewer, more distinct
+            tokens to copy: the tool-use model copies numbers from the question into its code and from the tool's
+            output into its answer, and with one digit a token it confuses a digit of the question with one of
+            the output (issue 30).
 
     Returns:
         ``transformers.PreTrainedTokenizerFast``: eos ``<|im_end|>``, pad ``<|endoftext|>``, left padding,
-        :data:`CHAT_TEMPLATE`; every decimal digit is its own token; each special/added token is one id.
+        :data:`CHAT_TEMPLATE`; numbers cut as ``digits_per_token`` says; each special/added token is one id.
         Deterministic for a given corpus (order included).
 
     Raises:
-        ValueError: ``vocab_size`` below ``MIN_VOCAB_SIZE`` (265), or a corpus with nothing but token markers.
+        ValueError: ``digits_per_token`` not 1-3; ``vocab_size`` below ``MIN_VOCAB_SIZE`` (265) plus the digit
+            groups; a corpus with nothing but token markers.
     """
-    if vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"vocab_size {vocab_size} is below {MIN_VOCAB_SIZE} (bytes + special + added tokens)")
+    if not 1 <= digits_per_token <= 3:
+        raise ValueError(f"digits_per_token must be 1, 2 or 3 (got {digits_per_token})")
+    groups = digit_groups(digits_per_token)
+    if vocab_size < MIN_VOCAB_SIZE + len(groups):
+        raise ValueError(f"vocab_size {vocab_size} is below {MIN_VOCAB_SIZE + len(groups)} (bytes + special + added "
+                         f"tokens + {len(groups)} digit groups of digits_per_token {digits_per_token})")
     corpus = list(_pieces(texts))
     if not corpus:
         raise ValueError("empty tokenizer corpus")
@@ -130,13 +153,13 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path | None = None, voc
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(ADDED_TOKENS),
+        vocab_size=vocab_size - len(ADDED_TOKENS) - len(groups),
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS + groups])
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

@@ -151,7 +151,8 @@ def test_sft_config_family_defaults_and_cache_key():
     assert len({S.config_hash(tool), S.config_hash(short), S.config_hash(long)}) == 3
     assert (short.steps, short.max_response_tokens) == (job_family("shortcot").sft_defaults["steps"], 48)
     assert S.SFTConfig(family="shortcot", steps=7).steps == 7
-    assert (tool.steps, tool.decay_steps, tool.max_response_tokens, tool.stop_accuracy) == (1000, 0, 128, None)
+    assert (tool.steps, tool.decay_steps, tool.max_response_tokens, tool.stop_accuracy) == (1300, 0, 128, None)
+    assert (short.steps, short.anneal_below_loss, short.digits_per_token) == (1000, None, 1)
     # tool use trains a 2-layer model (it leaves the copy plateau earlier); the CoT families the calibrated 4-layer one
     assert tool.model == TinyModelConfig(num_hidden_layers=2)
     assert S.SFTConfig(model=TinyModelConfig()).model == TinyModelConfig()  # an instance is taken whole

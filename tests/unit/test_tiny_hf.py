@@ -146,3 +146,38 @@ def test_tiny_model_shapes_and_errors(tok):
         tiny_qwen2_config(tok, TinyModelConfig(hidden_size=130))
     with pytest.raises(ValueError, match="must divide num_attention_heads"):
         tiny_qwen2_config(tok, TinyModelConfig(num_key_value_heads=3))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_digit_groups_cut_numbers_left_to_right_and_survive_the_qwen2_loader(demos, tmp_path, n):
+    """digits_per_token 2 / 3: a number is cut left to right into groups of n digits, each one token, and a model
+    folder (config.json with model_type qwen2, which AutoTokenizer loads as Qwen2Tokenizer, replacing the saved
+    pre-tokenizer) tokenises every demonstration exactly as the SFT's own tokenizer did."""
+    from transformers import AutoTokenizer
+
+    from envs.tiny_hf import build_model, digit_groups, save_model
+
+    groups = digit_groups(n)
+    assert len(groups) == sum(10**k for k in range(2, n + 1)) and groups[:2] == ("00", "01")
+    texts = [render_demo(d) for d in demos]
+    tok = build_tokenizer(texts, tmp_path / "tok", vocab_size=384 + len(groups), digits_per_token=n)
+    assert len(tok) == 384 + len(groups)
+    cut = {2: ["18", "86", "04", " ", "-", "68", "19", " ", "15", "6", " ", "7"],
+           3: ["188", "604", " ", "-", "681", "9", " ", "156", " ", "7"]}[n]
+    ids = tok.encode("188604 -6819 156 7", add_special_tokens=False)
+    assert [tok.decode([i]).strip() for i in ids if tok.decode([i]).strip()] == [c for c in cut if c.strip()]
+    save_model(build_model(tok), tok, tmp_path / "model")
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path / "model"))
+    assert type(loaded).__name__ == "Qwen2Tokenizer"  # what verl, the hf rollout and vLLM load
+    for text in texts + ["\\boxed{-2169}", "print(8402 - 9320 + 4111)"]:
+        assert loaded.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+        assert loaded.decode(loaded.encode(text, add_special_tokens=False)) == text
+
+
+def test_digit_groups_need_room_in_the_vocabulary(demos):
+    texts = [render_demo(d) for d in demos]
+    with pytest.raises(ValueError, match="digit groups"):
+        build_tokenizer(texts, vocab_size=300, digits_per_token=2)  # 265 + 100 needed
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="digits_per_token"):
+            build_tokenizer(texts, vocab_size=2000, digits_per_token=bad)

@@ -136,6 +136,8 @@ REPORT_FILE = "sft_report.json"
 _NOT_IN_KEY = {"cache_dir", "eval_every", "eval_every_n", "num_threads", "progress", "eval_temperatures"}
 # The early stop's fields: in the key only when the early stop is on.
 _EARLY_STOP_FIELDS = {"stop_accuracy", "check_every", "n_dev"}
+# The anneal's fields: in the key only when the anneal is on.
+_ANNEAL_FIELDS = {"anneal_below_loss", "anneal_steps", "anneal_final_lr_ratio"}
 
 
 class SFTConfig(BaseModel):
@@ -172,6 +174,7 @@ class SFTConfig(BaseModel):
     n_train: int = Field(4096, ge=1)
     n_heldout: int = Field(200, ge=1)
     vocab_size: int = Field(384, ge=265)
+    digits_per_token: int = Field(1, ge=1, le=4)
     model: TinyModelConfig = Field(default_factory=TinyModelConfig)
     init_seed: int = 0
     train_seed: int = 0
@@ -183,6 +186,9 @@ class SFTConfig(BaseModel):
     decay_steps: int = Field(0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
     stop_accuracy: float | None = Field(None, gt=0, le=1)
+    anneal_below_loss: float | None = Field(None, gt=0, allow_inf_nan=False)
+    anneal_steps: int = Field(300, ge=1)
+    anneal_final_lr_ratio: float = Field(0.15, ge=0, le=1, allow_inf_nan=False)
     check_every: int = Field(100, ge=1)
     n_dev: int = Field(64, ge=1)
     max_response_tokens: int = Field(128, ge=8, description="episode token budget of the held-out evaluation")
@@ -225,6 +231,10 @@ class SFTConfig(BaseModel):
         if self.stop_accuracy is not None and self.check_every >= self.steps:
             raise ValueError(f"stop_accuracy: no dev check would run (check_every {self.check_every} >= steps "
                              f"{self.steps}); lower check_every or turn the early stop off")
+        if self.anneal_below_loss is not None and self.decay_steps:
+            raise ValueError("decay_steps (a decay at the end of the run) cannot be combined with anneal_below_loss "
+                             "(a decay once the loss falls; on by default for tool use): set anneal_below_loss to "
+                             "None (--anneal-below-loss off) to use decay_steps")
         if self.decay_steps and self.stop_accuracy is not None:
             raise ValueError("stop_accuracy (an early stop) cannot be combined with decay_steps (a schedule that "
                              "needs the run's end): set one of them")
@@ -257,8 +267,12 @@ def key_config(cfg: SFTConfig) -> dict[str, Any]:
     field); the others add their demonstrations-per-problem count.
     """
     exclude = _NOT_IN_KEY | ({"decay_steps"} if cfg.decay_steps == 0 else set())  # keys from before the field
+    if cfg.digits_per_token == 1:  # keys from before the field
+        exclude = exclude | {"digits_per_token"}
     if cfg.stop_accuracy is None:  # keys from before the early stop
         exclude = exclude | _EARLY_STOP_FIELDS
+    if cfg.anneal_below_loss is None:  # keys from before the anneal
+        exclude = exclude | _ANNEAL_FIELDS
     fam = job_family(cfg.family)
     if fam.legacy_sft_key:
         return {"config": cfg.model_dump(mode="json", exclude=exclude | {"family"}), "versions": _versions()}
@@ -385,7 +399,13 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any], 
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
-                history["loss"].append((int(state.global_step), float(logs["loss"])))
+                step, loss = int(state.global_step), float(logs["loss"])
+                history["loss"].append((step, loss))
+                if cfg.anneal_below_loss is not None and history["anneal_from"] is None and loss < cfg.anneal_below_loss:
+                    history["anneal_from"] = step
+                    print(f"[sft] step {step}: training loss {loss:.3f} < {cfg.anneal_below_loss}: the lr decays to "
+                          f"{cfg.anneal_final_lr_ratio} x over the next {cfg.anneal_steps} steps, then the SFT ends",
+                          file=sys.stderr, flush=True)
             if logs and "learning_rate" in logs:
                 history["lr"].append((int(state.global_step), float(logs["learning_rate"])))
 
@@ -405,6 +425,9 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any], 
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             step = int(state.global_step)
+            start = history["anneal_from"]
+            if start is not None and step >= start + cfg.anneal_steps:
+                control.should_training_stop = True
             if cfg.stop_accuracy is not None and dev and step % cfg.check_every == 0 and step < cfg.steps:
                 acc, seconds = self._greedy_accuracy(model, dev)
                 self.check_s += seconds
@@ -423,6 +446,22 @@ def _make_callback(cfg: SFTConfig, tokenizer, heldout, history: dict[str, Any], 
                       f"{train_s:.0f} s of training)", file=sys.stderr, flush=True)
 
     return Recorder()
+
+
+def anneal_lr_factor(step: int, cfg: SFTConfig, anneal_from: int | None) -> float:
+    """The lr multiplier of the anneal schedule at optimizer step ``step`` (0-based count of steps taken).
+
+    Linear warm-up over ``cfg.warmup_steps`` (``step / warmup_steps``, as transformers' ``constant_with_warmup``),
+    then 1 until the anneal starts (``anneal_from``, the step whose logged training loss first fell below
+    ``cfg.anneal_below_loss``; None: not yet), then a linear fall to ``cfg.anneal_final_lr_ratio`` over
+    ``cfg.anneal_steps`` steps, where the run ends.
+    """
+    if step < cfg.warmup_steps:
+        return step / cfg.warmup_steps
+    if anneal_from is None or step <= anneal_from:
+        return 1.0
+    done = min(1.0, (step - anneal_from) / cfg.anneal_steps)
+    return 1.0 - (1.0 - cfg.anneal_final_lr_ratio) * done
 
 
 def train_sft(cfg: SFTConfig, out_dir: str | Path) -> dict[str, Any]:
@@ -464,12 +503,14 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
     demos, rejected = build_family_demos(cfg, splits["sft_train"])
     if not demos:
         raise RuntimeError("no demonstration survived the check against the ground truth")
-    tokenizer = build_tokenizer([render_demo(d) for d in demos], out, vocab_size=cfg.vocab_size)
+    tokenizer = build_tokenizer([render_demo(d) for d in demos], out, vocab_size=cfg.vocab_size,
+                                digits_per_token=cfg.digits_per_token)
     builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen2")
     features = _Features([encode_demo(d, tokenizer, builder) for d in demos])
     data_s = time.perf_counter() - t0
     model = build_model(tokenizer, cfg.model, seed=cfg.init_seed)
-    history: dict[str, Any] = {"loss": [], "lr": [], "evals": [], "checks": [], "stopped_at": None}
+    history: dict[str, Any] = {"loss": [], "lr": [], "evals": [], "checks": [], "stopped_at": None,
+                               "anneal_from": None}
     recorder = _make_callback(cfg, tokenizer, splits["heldout"], history, splits.get("sft_dev", ()))
     args = TrainingArguments(
         output_dir=str(out / "trainer"),
@@ -496,6 +537,10 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
         model=model, args=args, train_dataset=features, data_collator=_collate(tokenizer.pad_token_id),
         callbacks=[recorder],
     )
+    if cfg.anneal_below_loss is not None:  # the Trainer keeps a scheduler it is given
+        trainer.create_optimizer()
+        trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            trainer.optimizer, lambda step: anneal_lr_factor(step, cfg, history["anneal_from"]))
     t1 = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t1 - recorder.eval_s
@@ -518,6 +563,7 @@ def _train_sft(cfg: SFTConfig, out: Path) -> dict[str, Any]:
         "steps": steps,
         "max_steps": cfg.steps,
         "stopped_at": history["stopped_at"],
+        "anneal_from": history["anneal_from"],
         "checks": history["checks"],
         "train_s": round(train_s, 2),
         "steps_per_s": round(steps / train_s, 3) if train_s > 0 else None,
@@ -575,6 +621,10 @@ def ensure_sft_checkpoint(cfg: SFTConfig | None = None, *, force: bool = False) 
     shutil.rmtree(tmp, ignore_errors=True)
     plan = f"{cfg.steps} steps" if cfg.stop_accuracy is None else (
         f"at most {cfg.steps} steps, early stop at dev greedy accuracy >= {cfg.stop_accuracy}")
+    if cfg.anneal_below_loss is not None:
+        plan = (f"at most {cfg.steps} steps; once the training loss falls below {cfg.anneal_below_loss}, "
+                f"{cfg.anneal_steps} more with the lr falling to {cfg.anneal_final_lr_ratio} x"
+                + ("" if cfg.stop_accuracy is None else f"; early stop at dev greedy accuracy >= {cfg.stop_accuracy}"))
     print(f"[sft] cache miss: training {final} ({plan})", file=sys.stderr, flush=True)
     try:
         train_sft(cfg, tmp)
@@ -643,6 +693,21 @@ def _stop_accuracy_arg(text: str) -> float | str:
     return value
 
 
+def _off_or_positive(text: str) -> float | str:
+    """``--anneal-below-loss``: ``off`` or a number > 0."""
+    import argparse
+
+    if text == "off":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'off' or a number > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected 'off' or a number > 0, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m stare_verl.jobs.demo.sft --out DIR [--steps N] ...``: train (or reuse) and print held-out accuracy.
 
@@ -671,10 +736,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="end early at the first check whose greedy accuracy on the dev split reaches this "
                          "(default: off; checks every --check-every steps on --n-dev problems; --steps is then the "
                          "most steps). make train-* take it as ARGS=\"--sft-stop-accuracy X\"")
+    ap.add_argument("--vocab-size", type=int, default=None)
+    ap.add_argument("--digits-per-token", type=int, default=None)
+    ap.add_argument("--anneal-below-loss", type=_off_or_positive, default=None,
+                    help="when the logged training loss first falls below this, the lr decays linearly over "
+                         "--anneal-steps to --anneal-final-lr-ratio x and the SFT ends there ('off': no anneal; "
+                         "default: the family's, 0.1 for tool use, off for the CoT families)")
+    ap.add_argument("--anneal-steps", type=int, default=None, help="steps of the anneal's decay (300)")
+    ap.add_argument("--anneal-final-lr-ratio", type=float, default=None,
+                    help="the lr at the anneal's end, as a share of --lr (0.15: the RL lr of the CPU recipes)")
     ap.add_argument("--check-every", type=int, default=None, help="steps between the early stop's checks (100)")
     ap.add_argument("--n-dev", type=int, default=None, help="dev problems of each early-stop check (64)")
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--init-seed", type=int, default=0)
+    ap.add_argument("--train-seed", type=int, default=0, help="data order (and the demonstrations' sampling)")
     ap.add_argument("--eval-every", type=int, default=0, help="greedy held-out check every N steps (0: off)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--force", action="store_true", help="retrain even if cached")
@@ -682,13 +757,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-accuracy", type=float, default=None)
     a = ap.parse_args(argv)
     given = {k: getattr(a, k) for k in ("steps", "n_train", "n_heldout", "lr", "batch_size", "warmup_steps",
-                                         "decay_steps", "max_response_tokens", "check_every", "n_dev")
+                                         "decay_steps", "max_response_tokens", "check_every", "n_dev",
+                                         "anneal_steps", "anneal_final_lr_ratio", "vocab_size", "digits_per_token")
              if getattr(a, k) is not None}  # fmt: skip
-    if a.stop_accuracy is not None:
-        given["stop_accuracy"] = None if a.stop_accuracy == "off" else a.stop_accuracy
+    for key in ("stop_accuracy", "anneal_below_loss"):
+        if getattr(a, key) is not None:
+            given[key] = None if getattr(a, key) == "off" else getattr(a, key)
     try:
         cfg = SFTConfig(
-            family=a.family, cache_dir=a.out, data_seed=a.data_seed, init_seed=a.init_seed, eval_every=a.eval_every,
+            family=a.family, cache_dir=a.out, data_seed=a.data_seed, init_seed=a.init_seed, train_seed=a.train_seed, eval_every=a.eval_every,
             num_threads=a.threads, progress=not a.no_progress, **given,
         )
     except ValidationError as err:
