@@ -366,7 +366,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
             f"{min_acc} (--min-sft-accuracy); RL from it would have little to learn from. "
             f"The same configuration retrains to the same checkpoint on this machine: train longer (--sft-steps "
             f"{max(1500, sft_cfg.steps + 500)}, a checkpoint of its own; when the copy plateau ends depends on the "
-            "seed and the machine), or lower the threshold.",
+            "seed and the machine), try another --sft-seed, or lower the threshold.",
             file=sys.stderr,
         )
         return 1
@@ -473,6 +473,8 @@ def sft_config(args: argparse.Namespace, family: str):
         sft_kw["cache_dir"] = args.sft_cache
     if args.sft_stop_accuracy is not None:
         sft_kw["stop_accuracy"] = args.sft_stop_accuracy
+    if args.sft_seed is not None:
+        sft_kw["init_seed"] = sft_kw["train_seed"] = args.sft_seed
     return SFTConfig(family=family, **sft_kw)
 
 
@@ -787,6 +789,9 @@ def bad_option(args: argparse.Namespace) -> str | None:
         value = getattr(args, name, low)
         if value < low:
             return f"--{name.replace('_', '-')} must be >= {low} (got {value})"
+    seed = getattr(args, "sft_seed", None)
+    if seed is not None and seed < 0:
+        return f"--sft-seed must be >= 0 (got {seed})"
     acc = getattr(args, "min_sft_accuracy", None)
     if acc is not None and not 0.0 <= acc <= 1.0:
         return f"--min-sft-accuracy must be in [0, 1] (got {acc})"
@@ -932,6 +937,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-threads", type=int, default=0, help="torch threads of the SFT (0: torch's default)")
     p.add_argument(
         "--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the family's calibrated count)"
+    )
+    p.add_argument(
+        "--sft-seed", type=int, default=None,
+        help="the cold-start SFT's initialisation and data-order seed (default 0; a checkpoint of its own)",
     )
     p.add_argument(
         "--sft-stop-accuracy", type=float, default=None,

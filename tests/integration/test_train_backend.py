@@ -203,6 +203,7 @@ def test_cpu_run_env_keeps_the_cpu_platform(tmp_path):
         (["--max-turns", "0"], "--max-turns must be >= 1"),
         (["--save-freq", "-1"], "--save-freq must be >= 0"),
         (["--sft-steps", "-5"], "--sft-steps must be >= 0"),
+        (["--sft-seed", "-1"], "--sft-seed must be >= 0"),
         (["--sft-threads", "-3"], "--sft-threads must be >= 0"),
         (["--min-sft-accuracy", "2"], "--min-sft-accuracy must be in [0, 1]"),
         (["--sft-stop-accuracy", "0"], "--sft-stop-accuracy must be in (0, 1]"),
@@ -507,3 +508,13 @@ def test_rollout_name_override_naming_the_engine_itself_is_accepted(monkeypatch,
     assert train.main(["--family", "shortcot", "--dry-run", "actor_rollout_ref.rollout.name=hf"]) == 0
     assert "rollout=hf" in capsys.readouterr().out
     assert train.engine_mismatch("vllm", RunBackend("gpu-hf", "hf", "cuda", "cuda")) is None  # the GPU user's key
+
+
+def test_sft_seed_sets_the_cold_starts_initialisation_and_data_order():
+    from stare_verl.jobs.demo.sft import config_hash
+    from stare_verl.jobs.train import build_parser, sft_config
+
+    default = sft_config(build_parser().parse_args([]), "tooluse")
+    seeded = sft_config(build_parser().parse_args(["--sft-seed", "2"]), "tooluse")
+    assert (default.init_seed, default.train_seed, seeded.init_seed, seeded.train_seed) == (0, 0, 2, 2)
+    assert config_hash(seeded) != config_hash(default)  # a checkpoint of its own
