@@ -159,6 +159,38 @@ def rollout_overrides(dtype: str = "float32") -> list[str]:
     ]
 
 
+def serve_command(model: str | os.PathLike, port: int, *, host: str = "127.0.0.1", served_model_name: str | None = None,
+                  dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
+                  tool_call_parser: str | None = "hermes", vllm: str | os.PathLike = "vllm") -> list[str]:  # fmt: skip
+    """The ``vllm serve`` command line of an OpenAI-compatible server on this CPU, for ``make eval URL=...``
+    (``stare_verl.jobs.evaluation``): the launch settings of the rollout (:func:`rollout_overrides`: the model's
+    dtype, eager mode); run it with :func:`engine_env` in its environment.
+
+    Args:
+        model: a Hugging Face model folder with its tokenizer (its chat template renders the tools).
+        port: TCP port; host: the address to listen on (loopback by default).
+        served_model_name: the name requests give (``--model`` of the evaluation); None: the folder's path.
+        max_model_len: context window in tokens; None: the model's ``max_position_embeddings``.
+        seed: vLLM's global seed (requests that give a seed use their own).
+        tool_call_parser: with a parser (``hermes``: the chat template's ``<tool_call>`` blocks) the server
+            answers requests whose ``tool_choice`` is the default "auto" and returns ``tool_calls``; None:
+            requests with tools need ``tool_choice: none`` (``--tool-choice none`` of the evaluation), and the
+            calls stay in the text, where the evaluation parses them.
+        vllm: the ``vllm`` executable (``.venv-vllm/bin/vllm``).
+    Returns:
+        the argument list (for ``subprocess``).
+    """
+    cmd = [str(vllm), "serve", str(model), "--host", host, "--port", str(int(port)), "--dtype", dtype,
+           "--enforce-eager", "--seed", str(int(seed))]  # fmt: skip
+    if served_model_name:
+        cmd += ["--served-model-name", served_model_name]
+    if max_model_len:
+        cmd += ["--max-model-len", str(int(max_model_len))]
+    if tool_call_parser:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+    return cmd
+
+
 def engine_env(cache_dir: str | os.PathLike, kv_cache_gib: int = DEFAULT_KV_CACHE_GIB,
                environ: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
     """Environment variables for the vLLM processes (Ray workers inherit the driver's): KV-cache size (GiB),

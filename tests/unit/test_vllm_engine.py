@@ -144,3 +144,13 @@ def test_make_refuses_an_unknown_rollout_before_installing_anything(rollout):
     ok = subprocess.run(["make", "-n", "train-tooluse", "ROLLOUT=vllm", "DRY_RUN=1"], cwd=REPO, capture_output=True,
                         text=True, timeout=60)  # fmt: skip
     assert ok.returncode == 0 and "--rollout vllm --family tooluse --dry-run" in ok.stdout
+
+
+def test_serve_command_is_a_loopback_cpu_server():
+    cmd = ve.serve_command("/m", 8123, served_model_name="tiny", vllm="/venv/bin/vllm")
+    assert cmd[:3] == ["/venv/bin/vllm", "serve", "/m"]
+    flags = " ".join(cmd[3:])
+    assert "--host 127.0.0.1 --port 8123 --dtype float32 --enforce-eager --seed 0" in flags
+    assert "--served-model-name tiny" in flags and "--enable-auto-tool-choice --tool-call-parser hermes" in flags
+    bare = ve.serve_command("/m", 1, tool_call_parser=None, max_model_len=512)
+    assert "--enable-auto-tool-choice" not in bare and bare[-2:] == ["--max-model-len", "512"]
