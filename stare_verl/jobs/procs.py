@@ -96,9 +96,13 @@ SHM_DIR = "/dev/shm"
 RUN_SHM_PREFIXES = ("psm_", "verl_weights_", "sem.mp-")
 
 
-def _mapped_shm(shm_dir: str) -> set[str]:
-    """Names under ``shm_dir`` that some live process maps (read from ``/proc/<pid>/maps``)."""
+def _mapped_shm(shm_dir: str) -> tuple[set[str], set[int]]:
+    """Names under ``shm_dir`` that some live process maps, and the inode numbers of every mapping of a file under
+    ``shm_dir`` (read from ``/proc/<pid>/maps``). The inodes matter for named semaphores: glibc's ``sem_open``
+    creates and maps a temporary ``sem.XXXXXX``, links it to ``sem.<name>`` and unlinks the temporary name, so a
+    live semaphore shows in ``maps`` as ``sem.XXXXXX (deleted)``, never under its own name."""
     names: set[str] = set()
+    inodes: set[int] = set()
     prefix = shm_dir.rstrip("/") + "/"
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -109,16 +113,22 @@ def _mapped_shm(shm_dir: str) -> set[str]:
                     i = line.find(prefix)
                     if i >= 0:
                         names.add(line[i + len(prefix):].split()[0])
+                        fields = line[:i].split()  # address perms offset dev inode
+                        if len(fields) >= 5 and fields[4].isdigit():
+                            inodes.add(int(fields[4]))
         except OSError:  # gone, or not ours to read
             continue
-    return names
+    return names, inodes
 
 
 def remove_orphan_shm(since: float, shm_dir: str = SHM_DIR, prefixes: tuple[str, ...] = RUN_SHM_PREFIXES) -> list[str]:
     """Remove the shared-memory segments a finished run left: names starting with one of ``prefixes``, created
     (changed) at or after ``since`` (``time.time()`` seconds) and mapped by no live process. Ray kills the vLLM
     server's processes with SIGKILL at shutdown, so vLLM never unlinks its message queues' segments (160-240 MB
-    each in a tiny run). Segments of a run still going are mapped by its processes and kept.
+    each in a tiny run). Segments of a run still going are mapped by its processes and kept, named semaphores
+    (``sem.mp-*``) included, which are mapped under a deleted temporary name (found by inode, see
+    :func:`_mapped_shm`): without that, a run's clean-up removed the live semaphores of a vLLM engine starting
+    beside it, whose spawned workers then failed (``SemLock._rebuild``: FileNotFoundError).
 
     Returns:
         the names removed (sorted); nothing is raised for a segment that vanished or cannot be removed.
@@ -127,21 +137,22 @@ def remove_orphan_shm(since: float, shm_dir: str = SHM_DIR, prefixes: tuple[str,
         entries = os.listdir(shm_dir)
     except OSError:
         return []
-    candidates = []
+    candidates: dict[str, int] = {}  # name -> inode
     for name in entries:
         if not name.startswith(prefixes):
             continue
         try:
-            if os.stat(os.path.join(shm_dir, name)).st_ctime >= since:
-                candidates.append(name)
+            st = os.stat(os.path.join(shm_dir, name))
         except OSError:
             continue
+        if st.st_ctime >= since:
+            candidates[name] = st.st_ino
     if not candidates:
         return []
-    mapped = _mapped_shm(shm_dir)
+    mapped, mapped_inodes = _mapped_shm(shm_dir)
     removed = []
     for name in sorted(candidates):
-        if name in mapped:
+        if name in mapped or candidates[name] in mapped_inodes:  # a live named semaphore: mapped under another name
             continue
         try:
             os.unlink(os.path.join(shm_dir, name))

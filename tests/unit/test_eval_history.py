@@ -137,3 +137,52 @@ def test_the_api_history_renders_to_the_local_engines_token_context(reasoning):
     rendered = tok.apply_chat_template(requests[1], tokenize=False, add_generation_prompt=True)
     assert f"<think>{reasoning}</think>" in engine_context
     assert rendered == engine_context
+
+
+class _UsageClient:
+    """A ChatClient stand-in that reports ``usage`` like vLLM: a request's prompt tokens are the previous request's
+    prompt + completion tokens + ``observation`` (the tool message and its template tokens); a turn of ``turn_len``
+    tokens is cut at the request's ``max_tokens``. Every request's ``max_tokens`` is recorded."""
+
+    def __init__(self, turns, observation, prompt=20):
+        self.turns, self.observation, self.prompt = list(turns), observation, prompt
+        self.asked, self._context = [], {}  # turn -> prompt + completion of its last request
+
+    async def chat(self, messages, **params):
+        n_assistant = sum(m["role"] == "assistant" for m in messages)
+        prompt = self.prompt if n_assistant == 0 else self._context[n_assistant - 1] + self.observation
+        text, turn_len = self.turns[n_assistant]
+        self.asked.append(params["max_tokens"])
+        cut = params["max_tokens"] < turn_len
+        completion = min(turn_len, params["max_tokens"])
+        self._context[n_assistant] = prompt + completion
+        return ChatResult(content=text if not cut else "cut", finish_reason="length" if cut else "stop",
+                          prompt_tokens=prompt, completion_tokens=completion)
+
+
+def _budget_episode(turns, observation, max_tokens):
+    client = _UsageClient(turns, observation)
+    rec = asyncio.run(run_episode(Sample(_problem(), 0, 0), ChatGenerate(client, EvalSettings(k=1)),
+                                  max_tokens=max_tokens, max_turns=4,
+                                  runner=ToolCallRunner({"code_interpreter": _Tool()})))  # fmt: skip
+    return client.asked, rec
+
+
+def test_api_budget_counts_the_observation_as_training_does():
+    """The observation's tokens come out of the episode budget (the local engine's rule): 10 model tokens + 30
+    observation tokens leave 60 of 100 for the second turn, whose 70 tokens are asked again cut at 60."""
+    asked, rec = _budget_episode([(CALL, 10), ("\\boxed{42}", 70)], observation=30, max_tokens=100)
+    assert asked == [100, 90, 60]  # the second request learns the observation's size; the third is cut there
+    assert rec.turns == 2 and rec.termination == "length" and rec.finish_reason == "length"
+    assert rec.response_tokens == 100 and rec.tokens == 70 and not rec.correct
+    asked, rec = _budget_episode([(CALL, 10), ("\\boxed{42}", 5)], observation=30, max_tokens=100)
+    assert asked == [100, 90] and rec.correct and rec.response_tokens == 45  # it fits: asked once
+
+
+def test_api_turn_after_an_observation_that_fills_the_budget_is_dropped():
+    """10 model tokens + 95 observation tokens exceed a budget of 100: training ends the episode without a
+    second turn, so the turn the server made is dropped (not counted, not scored)."""
+    asked, rec = _budget_episode([(CALL, 10), ("\\boxed{42}", 5)], observation=95, max_tokens=100)
+    assert asked == [100, 90]
+    assert rec.turns == 1 and rec.termination == "length" and rec.tool_executed == 1
+    assert not rec.correct and rec.response == "" and rec.tokens == 10 and rec.response_tokens == 10

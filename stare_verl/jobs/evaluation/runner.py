@@ -52,6 +52,7 @@ from envs.tool_use.history import assistant_message, with_reasoning
 from stare_verl.jobs.evaluation.client import ChatClient, ChatResult, RequestFailed
 from stare_verl.jobs.evaluation.episode import (
     CONTEXT_FULL,
+    NO_BUDGET,
     RECORD_KEYS,
     EvalProblem,
     EvalRecord,
@@ -477,6 +478,15 @@ class ChatGenerate:
     tokens; a server that parsed the calls gets them back in its own format (assistant ``tool_calls``, each
     observation with its ``tool_call_id``).
 
+    The episode's token budget, as training counts it (``max_tokens``: model + tool/template tokens after the
+    prompt; the local engine's rule, ``engine.EngineGenerate``): the tool observations and template tokens
+    appended since the last turn are only known from the server's ``usage`` of the next request (its
+    ``prompt_tokens`` minus the previous request's prompt and completion tokens). When they leave no budget, the
+    turn is dropped and the episode ends without it (``episode.NO_BUDGET``, as training ends it); when the turn
+    is longer than what they leave, it is asked again with that ``max_tokens`` (the same seed, so a server that
+    samples deterministically per seed, as vLLM does, returns the same turn cut there). Without ``usage`` the
+    observations are not counted.
+
     Errors: a 400 whose message gives the context numbers is asked again with the ``max_tokens`` that fits; a
     400 about ``tool_choice`` is re-raised with what to do; a context-window 400 on a later turn ends the
     episode as cut (``episode.CONTEXT_FULL``); anything else is raised (``RequestFailed``, ``ServerUnreachable``).
@@ -511,6 +521,16 @@ class ChatGenerate:
                 return await self.client.chat(messages, **{**params, "max_tokens": fit})
             raise
 
+    @staticmethod
+    def _added_tokens(req: TurnRequest, res: ChatResult) -> int:
+        """Tokens of the context appended since the episode's previous turn (observations, template), from
+        ``usage``: this request's prompt tokens minus the previous request's prompt + completion tokens; 0 on
+        the first turn or when the server reports no usage."""
+        before = req.state.get("next_context")
+        if before is None or res.prompt_tokens is None:
+            return 0
+        return max(0, int(res.prompt_tokens) - int(before))
+
     async def __call__(self, req: TurnRequest) -> TurnResult:
         """One turn through the server (see the class docstring)."""
         params: dict[str, Any] = {
@@ -525,10 +545,19 @@ class ChatGenerate:
                 params["tool_choice"] = self.s.tool_choice
         try:
             res = await self._chat(req.messages, params)
+            added = self._added_tokens(req, res)
+            if added and req.max_tokens is not None:
+                left = req.max_tokens - added
+                if left <= 0:  # the observations fill the budget: training ends the episode without this turn
+                    return TurnResult(generated=False, finish_reason=NO_BUDGET)
+                if res.completion_tokens is not None and res.completion_tokens > left:  # cut where training cuts
+                    res = await self._chat(req.messages, {**params, "max_tokens": left})
         except RequestFailed as err:
             if req.turn == 0 or "HTTP 400" not in str(err) or not _CONTEXT_ERR.search(str(err)):
                 raise  # the first turn must fit: a setting (--max-tokens) or the data is wrong
             return TurnResult(generated=False, finish_reason=CONTEXT_FULL, error=str(err)[:300])
+        if res.prompt_tokens is not None and res.completion_tokens is not None:
+            req.state["next_context"] = res.prompt_tokens + res.completion_tokens
         # the training loop's history message: the reasoning the server split off goes back in front of the
         # content; calls the server parsed go back in its format (ids included), others stay in the text
         message = assistant_message(res.content, res.tool_calls or None, reasoning=res.reasoning)
