@@ -38,9 +38,11 @@ same digit in the question), and the climb after the loss drop was slow at a con
 of the way (seed 1, held-out greedy on 200: constant lr 0.385; the anneal alone 0.55; two digits a token alone,
 1000 constant-lr steps, 0.765); together, every seed landed (1 torch thread, two runs side by side with other jobs
 beside them; init and data-order seed, anneal start, last step, held-out greedy / T = 1 on 200 problems):
-seed 0: 650, 950, 0.895 / 0.770; seed 1: 525, 825, 0.945 / 0.790 (measured with an earlier cut of the numbers,
-BPE-merged pairs); seed 3: 500, 800, 0.915 / 0.820; seeds 1 and 2 with this build: see the README. Three digits a
-token (1536 tokens) left the plateau later (seed 1: 0.72 at step 700 against 0.625).
+seed 0: 650, 950, 0.895 / 0.770; seed 1: 525, 825, 0.970 / 0.870; seed 2: 475, 775, 0.905 / 0.795; seed 3: 500,
+800, 0.915 / 0.820 (against 0.89 / 0.385 / 0.545 / 0.77 greedy after 1000 constant-lr steps with one digit a
+token). An earlier cut of the pairs (BPE merges instead of added tokens, which Qwen2Tokenizer's loader would have
+split again) gave seeds 1 / 2 0.945 / 0.955. Three digits a token (1536 tokens) left the plateau later (seed 1,
+constant lr: 0.72 at step 700 against 0.625 with two).
 
 Why 2 layers for tool use (issue 16; 1 torch thread each, two runs side by side, held-out greedy accuracy on 64
 problems every 100 steps): the 2-layer model left the copy plateau earlier, 0 / 0 / 2 / 34 / 56 / 64 / 69 / 84 /
