@@ -43,7 +43,7 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch, ca
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
-        assert r["stare/target_entropy"] == 0.02
+        assert r["stare/target_entropy"] == 0.04
         assert r["stare/model_tokens"] > 0 and r["stare/nonfinite_tokens"] == 0
         assert 0 <= r["critic/score/mean"] <= 1 and r["actor/entropy"] > 0
         # the reward's own accuracy is logged per step; with 0/1 rewards it is the mean score
@@ -63,7 +63,7 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch, ca
     for key in ("eval_before", "eval_after"):
         assert set(summary[key]) == {"T=0", "T=1"} and summary[key]["T=0"]["n"] == 8
     report = summary["entropy_report"]  # the end-of-run entropy report (runlog.entropy_report)
-    assert report["steps"] == 2 and report["target_entropy"] == 0.02 and report["verdict"] is not None
+    assert report["steps"] == 2 and report["target_entropy"] == 0.04 and report["verdict"] is not None
     assert report["acc_after"]["greedy"] == summary["eval_after"]["T=0"]["accuracy"]
     # the evaluation before RL is cached with the SFT checkpoint: later runs from it reuse it
     (sft_dir,) = (tmp_path / "cache").glob("sft-*")
