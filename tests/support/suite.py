@@ -18,9 +18,11 @@ Usage: ``python -m tests.support.suite [pytest options]`` (the options go to bot
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -93,18 +95,28 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, interrupt)
     pytest = [sys.executable, "-m", "pytest"]
     e2e_args, rest_args = session_args()
+    # Each session's tmp_path folders under a folder of this run's own: pytest's default /tmp/pytest-of-<user>/
+    # keeps the 3 newest numbered folders, so any other pytest started on the machine meanwhile (a developer's
+    # single test, a second checkout's make test) deleted a running session's tmp_path under it (a loaded run
+    # failed so). --basetemp in argv wins.
+    root = Path(tempfile.mkdtemp(prefix="stare-make-test-"))
+    own = not any(a == "--basetemp" or a.startswith("--basetemp=") for a in argv)
+    e2e_tmp, rest_tmp = ([f"--basetemp={root / 'e2e'}"], [f"--basetemp={root / 'rest'}"]) if own else ([], [])
     procs: list[subprocess.Popen] = []
     try:
         with open(LOG, "w") as log:
-            procs.append(subprocess.Popen([*pytest, *argv, *e2e_args], stdout=log, stderr=subprocess.STDOUT,
+            procs.append(subprocess.Popen([*pytest, *argv, *e2e_tmp, *e2e_args], stdout=log, stderr=subprocess.STDOUT,
                                           preexec_fn=_own_group_interrupted_with_parent))  # fmt: skip
-            procs.append(subprocess.Popen([*pytest, *argv, *rest_args], preexec_fn=_own_group_interrupted_with_parent))
+            procs.append(subprocess.Popen([*pytest, *argv, *rest_tmp, *rest_args],
+                                          preexec_fn=_own_group_interrupted_with_parent))  # fmt: skip
             rest = procs[1].wait()
             e2e = procs[0].wait()
     except KeyboardInterrupt:
         _stop(procs)
         print(f"make test: interrupted; the e2e session's output is in {LOG}", file=sys.stderr)
         return 130
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     print(f"\n===== {E2E} (run beside the rest; {LOG}) =====", flush=True)
     print(LOG.read_text(errors="replace"), end="", flush=True)
     print(f"\n===== make test: {E2E} exit {e2e}, the rest exit {rest} =====", flush=True)

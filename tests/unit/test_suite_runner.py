@@ -122,3 +122,29 @@ def test_an_interrupt_stops_both_sessions_once_through_their_clean_up(tmp_path, 
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in sessions)
     assert (marks / "teardowns").read_text() == "down\n" * 2
+
+
+def test_each_session_keeps_its_tmp_path_under_a_folder_of_its_own(tmp_path):
+    """Another pytest started meanwhile (here: 4 of them, more than pytest's 3 kept numbered folders under the
+    shared default base) does not delete a running session's tmp_path; the run's folder is gone afterwards."""
+    _tree(tmp_path, True, True)
+    (tmp_path / "tests" / "unit" / "test_y.py").write_text(
+        "import subprocess, sys\n"
+        "def test_tmp_path_survives_other_pytests(tmp_path, tmp_path_factory):\n"
+        "    (tmp_path / 'mine').write_text('x')\n"
+        "    base = tmp_path_factory.getbasetemp()\n"
+        "    assert base.name == 'rest' and base.parent.name.startswith('stare-make-test-')\n"
+        "    print('BASE', base.parent)\n"
+        "    for _ in range(4):\n"
+        "        subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'other'],\n"
+        "                       capture_output=True, timeout=120)\n"
+        "    assert (tmp_path / 'mine').read_text() == 'x'\n"
+    )
+    (tmp_path / "other").mkdir()  # a pytest of someone else's, with tmp_path under the default base
+    (tmp_path / "other" / "test_o.py").write_text("def test_o(tmp_path):\n    (tmp_path / 'f').write_text('y')\n")
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "tests.support.suite", "-q", "-s", "-p", "no:cacheprovider"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    base = Path(next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("BASE")))
+    assert not base.exists()
