@@ -30,8 +30,9 @@ steps at a constant lr after warm-up; held-out greedy accuracy >= 0.5 is the che
 
 Tool use since issue 30: numbers two digits a token (``digits_per_token=2``, 100 added tokens, vocabulary 484) and
 the anneal (``anneal_below_loss=0.1``: once the logged training loss falls below 0.1, the end of the copy plateau,
-the lr falls linearly over ``anneal_steps`` 300 steps to ``anneal_final_lr_ratio`` 0.15 x, 3e-4, the RL lr of the
-CPU recipe, and the SFT ends; ``steps`` 1300 is the most). Why: the old checkpoints' held-out errors were mostly in
+the lr falls linearly over ``anneal_steps`` 300 steps to ``anneal_final_lr_ratio`` 0.15 x, 3e-4, the RL lr the
+CPU recipes had, and the SFT ends; ``steps`` 1300 is the most; RL from it runs at 1e-4, since 3e-4 lowered its
+accuracy: ``recipes/cpu/base/tooluse_tiny.yaml``). Why: the old checkpoints' held-out errors were mostly in
 copying the tool's output into ``\boxed{}`` (teacher-forced on 200 held-out episodes, seed 1 after 1025 steps:
 8.6 % of answer tokens wrong against 0.8 % of the code's; the wrong token was typically a digit that follows the
 same digit in the question), and the climb after the loss drop was slow at a constant lr. Alone, each helped part
@@ -164,7 +165,8 @@ class SFTConfig(BaseModel):
     the field existed).
     Data: ``data_seed`` (reasoning-gym seeds of all splits), ``n_train`` demonstrations (CoT families: from
     ``n_train // COT_DEMOS_PER_PROBLEM`` problems, see :func:`sft_problem_count`), ``n_heldout`` held-out
-    problems (evaluated after SFT; the RL val set of the same seed). Tokenizer: ``vocab_size``.
+    problems (evaluated after SFT; the RL val set of the same seed). Tokenizer: ``vocab_size`` (total, the digit
+    groups included), ``digits_per_token`` (1-3; ``envs.tiny_hf.build_tokenizer``; in the key only when not 1).
     Model: ``model`` (architecture), ``init_seed``. Fields the caller leaves unset default per family
     (``JobFamily.sft_defaults``: tool use's 2-layer model, the CoT families' ``steps`` and ``max_response_tokens``). Training: ``steps``, ``batch_size``, ``lr`` (AdamW),
     ``weight_decay``, ``warmup_steps`` (then constant lr), ``decay_steps`` (the lr falls linearly over the
@@ -174,7 +176,11 @@ class SFTConfig(BaseModel):
     Early stop (in the cache key only when on): ``stop_accuracy`` (None: off; else every ``check_every`` steps the
     greedy accuracy on ``n_dev`` problems of the data seed's ``sft_dev`` split, disjoint from the held-out and SFT
     splits, is measured, and training ends at the first check that reaches it; ``steps`` is then the most steps).
-    It cannot be combined with ``decay_steps``. Why: when the copy plateau ends depends on the seed (and on the
+    It cannot be combined with ``decay_steps``.
+    Anneal (in the cache key only when on): ``anneal_below_loss`` (None: off; else the first logged training loss
+    below it starts a linear lr fall over ``anneal_steps`` steps to ``anneal_final_lr_ratio`` x ``lr``, and the run
+    ends there; ``steps`` is then the most steps; see :func:`anneal_lr_factor`). Not with ``decay_steps``; with
+    ``stop_accuracy`` whichever ends the run first. Why: when the copy plateau ends depends on the seed (and on the
     machine's floating-point order), so a fixed step count either wastes steps or stops before the drop.
 
     Run-only (not in the cache key): ``cache_dir`` (default ``$STARE_CACHE_DIR`` or ``runs/cache``),
@@ -190,7 +196,7 @@ class SFTConfig(BaseModel):
     n_train: int = Field(4096, ge=1)
     n_heldout: int = Field(200, ge=1)
     vocab_size: int = Field(384, ge=265)
-    digits_per_token: int = Field(1, ge=1, le=4)
+    digits_per_token: int = Field(1, ge=1, le=3)
     model: TinyModelConfig = Field(default_factory=TinyModelConfig)
     init_seed: int = 0
     train_seed: int = 0
@@ -753,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
                          "default: the family's, 0.1 for tool use, off for the CoT families)")
     ap.add_argument("--anneal-steps", type=int, default=None, help="steps of the anneal's decay (300)")
     ap.add_argument("--anneal-final-lr-ratio", type=float, default=None,
-                    help="the lr at the anneal's end, as a share of --lr (0.15: the RL lr of the CPU recipes)")
+                    help="the lr at the anneal's end, as a share of --lr (0.15)")
     ap.add_argument("--check-every", type=int, default=None, help="steps between the early stop's checks (100)")
     ap.add_argument("--n-dev", type=int, default=None, help="dev problems of each early-stop check (64)")
     ap.add_argument("--data-seed", type=int, default=0)
