@@ -103,8 +103,9 @@ def digit_groups(digits_per_token: int) -> tuple[str, ...]:
 
     Added tokens, not BPE merges or a pre-tokenizer rule: ``AutoTokenizer`` loads a folder whose ``config.json`` says
     ``model_type`` qwen2 as ``Qwen2Tokenizer``, which replaces the saved pre-tokenizer with Qwen2's (one digit a
-    pre-token, so no merge can join digits) but keeps the added tokens, which are matched before pre-tokenization,
-    leftmost and longest first. So SFT, verl's rollout and vLLM all cut ``188604`` as ``188`` ``604`` (3) or ``18``
+    pre-token, so no merge can join digits; it also adds NFC normalisation, so text that NFC changes, e.g. a
+    combining accent, may get other ids there) but keeps the added tokens, which are matched before
+    pre-tokenization, leftmost and longest first. So SFT, verl's rollout and vLLM all cut ``188604`` as ``188`` ``604`` (3) or ``18``
     ``86`` ``04`` (2), left to right, the last group shorter."""
     return tuple(f"{i:0{n}d}" for n in range(2, digits_per_token + 1) for i in range(10**n))
 

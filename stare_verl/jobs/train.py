@@ -790,8 +790,8 @@ def bad_option(args: argparse.Namespace) -> str | None:
         if value < low:
             return f"--{name.replace('_', '-')} must be >= {low} (got {value})"
     seed = getattr(args, "sft_seed", None)
-    if seed is not None and seed < 0:
-        return f"--sft-seed must be >= 0 (got {seed})"
+    if seed is not None and not 0 <= seed < 2**32:
+        return f"--sft-seed must be in [0, 2**32 - 1] (got {seed})"
     acc = getattr(args, "min_sft_accuracy", None)
     if acc is not None and not 0.0 <= acc <= 1.0:
         return f"--min-sft-accuracy must be in [0, 1] (got {acc})"

@@ -235,6 +235,8 @@ def test_early_stop_config_and_cache_key():
      "cannot be combined with decay_steps"),
     (["--decay-steps", "10"], "anneal-below-loss off"),
     (["--anneal-below-loss", "-1"], "expected 'off' or a number > 0"),
+    (["--vocab-size", "300"], "vocab_size 300 is below 365"),
+    (["--train-seed", "-1"], "train_seed: Input should be greater than or equal to 0"),
     (["--stop-accuracy", "0.5", "--steps", "50"], "no dev check would run"),
     (["--steps", "0"], "steps: Input should be greater than or equal to 1"),
     (["--stop-accuracy", "2"], "expected 'off' or a number in (0, 1]"),
@@ -290,6 +292,8 @@ def test_anneal_config_cache_key_and_tool_use_defaults():
         S.SFTConfig(decay_steps=100)  # tool use anneals by default: a second schedule is refused, naming the fix
     assert S.SFTConfig(decay_steps=100, anneal_below_loss=None).decay_steps == 100
     for bad in ({"anneal_below_loss": 0.0}, {"anneal_below_loss": float("inf")}, {"anneal_steps": 0},
-                {"anneal_final_lr_ratio": 1.5}, {"digits_per_token": 0}, {"digits_per_token": 5}):
+                {"anneal_final_lr_ratio": 1.5}, {"digits_per_token": 0}, {"digits_per_token": 4},
+                {"vocab_size": 300}, {"digits_per_token": 3, "vocab_size": 500}, {"train_seed": -1},
+                {"init_seed": 2**32}, {"data_seed": -1}):
         with pytest.raises(ValueError):
             S.SFTConfig(**bad)

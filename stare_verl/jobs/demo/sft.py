@@ -121,7 +121,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from envs.tiny_hf import TinyModelConfig, build_model, build_tokenizer, load_tokenizer, save_model
+from envs.tiny_hf import (
+    MIN_VOCAB_SIZE,
+    TinyModelConfig,
+    build_model,
+    build_tokenizer,
+    digit_groups,
+    load_tokenizer,
+    save_model,
+)
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
 from stare_verl.jobs.families.problems import split_problems
 from stare_verl.jobs.families.tooluse import Demo
@@ -192,14 +200,14 @@ class SFTConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     family: str = DEFAULT_FAMILY  # a registered job family (stare_verl.jobs.families)
-    data_seed: int = 0
+    data_seed: int = Field(0, ge=0, le=2**32 - 1)
     n_train: int = Field(4096, ge=1)
     n_heldout: int = Field(200, ge=1)
     vocab_size: int = Field(384, ge=265)
     digits_per_token: int = Field(1, ge=1, le=3)
     model: TinyModelConfig = Field(default_factory=TinyModelConfig)
-    init_seed: int = 0
-    train_seed: int = 0
+    init_seed: int = Field(0, ge=0, le=2**32 - 1)
+    train_seed: int = Field(0, ge=0, le=2**32 - 1)
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(2e-3, gt=0, allow_inf_nan=False)
@@ -246,6 +254,10 @@ class SFTConfig(BaseModel):
 
     @model_validator(mode="after")
     def _schedule_fits(self) -> SFTConfig:
+        need = MIN_VOCAB_SIZE + len(digit_groups(self.digits_per_token))
+        if self.vocab_size < need:
+            raise ValueError(f"vocab_size {self.vocab_size} is below {need}: the bytes, special and added tokens and "
+                             f"the digit groups of digits_per_token {self.digits_per_token}")
         if self.decay_steps and self.warmup_steps + self.decay_steps > self.steps:
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) + decay_steps ({self.decay_steps}) exceed steps ({self.steps})"
