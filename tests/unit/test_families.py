@@ -30,7 +30,8 @@ def test_builtin_descriptors_hold_what_the_jobs_spelled_out():
     assert [job_family(n).eval_turns(5) for n in BUILTIN] == [5, 1, 1]
     assert [job_family(n).demos_per_problem for n in BUILTIN] == [1, 4, 4]
     assert [job_family(n).legacy_sft_key for n in BUILTIN] == [True, False, False]
-    assert dict(job_family("tooluse").sft_defaults) == {"model": {"num_hidden_layers": 2}}
+    assert dict(job_family("tooluse").sft_defaults) == {"model": {"num_hidden_layers": 2}, "vocab_size": 484,
+                                                        "digits_per_token": 2, "steps": 1300, "anneal_below_loss": 0.1}
     assert dict(job_family("shortcot").sft_defaults) == {"steps": 1000, "max_response_tokens": 48}
     assert dict(job_family("longcot").sft_defaults) == {"steps": 800, "max_response_tokens": 128}
     assert job_family("tooluse").accepts_expression("1 - 2")  # tool use takes every question
