@@ -85,10 +85,6 @@ test-gpu: install system-deps
 bench: install system-deps
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
 
-# Phase breakdown of the main job, first and cached run (10-30 minutes on 2 cores): FAMILY=tooluse|shortcot|longcot
-bench-main-job: install system-deps
-	$(BIN)/python bench/main_job.py --family $(or $(FAMILY),tooluse) $(ARGS)
-
 # Offline reasoning-gym sets for every family (no network).
 data: install
 	$(BIN)/python -m envs.datasets offline --out data
@@ -134,6 +130,11 @@ train-shortcot: $(TRAIN_ENV)
 
 train-longcot: $(TRAIN_ENV)
 	$(TRAIN) --family longcot $(DRY) $(ARGS) $(OVERRIDES)
+
+# Phase breakdown of the main job, first and cached run (10-30 minutes on 2 cores): FAMILY=tooluse|shortcot|longcot;
+# ROLLOUT=vllm times verl's vLLM rollout (in .venv-vllm); ARGS="--sft-cache DIR" with a filled cache: the cached run only.
+bench-main-job: $(TRAIN_ENV) system-deps
+	$(TRAIN_PY) bench/main_job.py --family $(or $(FAMILY),tooluse) $(if $(ROLLOUT),--rollout $(ROLLOUT)) $(ARGS)
 
 # Cold-start SFT of the tool-use model: verl's SFT trainer (torchrun) on a GPU node, with
 # recipes/sft/tooluse_qwen2.5-7b.yaml on data/sft/ (make data-hf writes it); MODEL=<base model, default

@@ -10,8 +10,8 @@ This is where the README's promised times come from; timing targets never go int
 2-core machine): first run <= 600 s, cached run <= 300 s.
 
 Usage: ``python bench/main_job.py [--family tooluse] [--steps 30] [--keep DIR] [--sft-cache DIR] [train options ...]``
-(``--sft-cache`` with a filled cache runs the cached run only)
-(``make bench-main-job FAMILY=tooluse``). Takes as long as the two runs (10-30 minutes on 2 cores).
+(``--sft-cache`` with a filled cache runs the cached run only; ``--rollout vllm`` from ``.venv-vllm`` times verl's
+vLLM rollout) (``make bench-main-job FAMILY=tooluse [ROLLOUT=vllm]``). Takes as long as the two runs (10-30 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def report(label: str, summary: dict, run_dir: Path) -> str:
     """One block of the printout: phases, verl start-up, the median step and the target."""
     phases = summary.get("phases_s", {})
     steps = step_breakdown(run_dir / "metrics.jsonl")
-    lines = [f"{label}: {summary['total_s']:.0f} s total (target <= {TARGET_S[label]:.0f} s)"]
+    engine = summary.get("rollout_engine", "?")
+    lines = [f"{label}: {summary['total_s']:.0f} s total (target <= {TARGET_S[label]:.0f} s), rollout engine {engine}"]
     for k, v in phases.items():
         lines.append(f"  {k:<12} {v:7.1f} s")
         if k == "sft" and v > 5 and summary.get("sft_checkpoint"):  # trained in this run: its steps
