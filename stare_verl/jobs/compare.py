@@ -77,6 +77,7 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
         has_target = False
     e_first = statistics.fmean(first) if first else float("nan")
     e_last = statistics.fmean(last) if last else float("nan")
+    heldout = (summary.get("entropy_report") or {}).get("heldout_entropy") or {}
     cov_key = "entropy_control/cov_logp_adv_eff" if any("entropy_control/cov_logp_adv_eff" in r for r in rows) \
         else "stare/cov_logp_adv_eff"  # fmt: skip
     return {
@@ -97,6 +98,8 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
         if ent and has_target
         else None,
         "has_target": has_target,
+        "heldout_entropy_after": (heldout.get("after") or {}).get("entropy"),
+        "heldout_entropy_ratio": heldout.get("ratio"),
         "gate_on_share": statistics.fmean(gate) if gate else float("nan"),
         "target_entropy": target,
         "forking_entropy": _mean(rows, "entropy_control/forking_entropy"),
@@ -127,6 +130,8 @@ TABLE_COLUMNS = [
     ("entropy_last_quarter", "entropy, last quarter (nats)"),
     ("entropy_ratio_last_first", "last / first"),
     ("mean_abs_entropy_minus_target", "mean abs(H - target)"),
+    ("heldout_entropy_after", "held-out entropy after (nats)"),
+    ("heldout_entropy_ratio", "held-out entropy after / before"),
     ("forking_entropy", "forking-token entropy"),
     ("cov_logp_adv_mean", "Cov(log pi, A)"),
     ("gate_on_share", "steps with gate on"),
@@ -173,7 +178,9 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = DEFAU
         lines.append(
             f"target entropy {stats[0]['target_entropy']:.4f} nats; mean ± sd over seeds; held-out "
             "accuracy after RL (T=1: the mean over all samples, avg@k); Cov(log pi, A): the run's mean after the "
-            "method's change; mean abs(H - target) only for methods that steer toward the target"
+            "method's change; mean abs(H - target) only for methods that steer toward the target; held-out "
+            "entropy: per model token, teacher-forced on the held-out problems' demonstrations (the same episodes "
+            "for every run and for the SFT checkpoint, so free of the rollout batches' swing)"
             + (f"; {regime}" if regime else "")
         )
     lines.append("")

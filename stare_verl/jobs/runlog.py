@@ -410,11 +410,21 @@ def _accuracy(ev: dict[str, Any] | None, key: str) -> float | None:
     return v.get("accuracy")
 
 
+def _heldout_entropy(heldout: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``heldout`` with ``ratio`` (after / before entropy) added; None when either side is missing."""
+    b, a = (heldout or {}).get("before"), (heldout or {}).get("after")
+    if not b or not a:
+        return None
+    ratio = a["entropy"] / b["entropy"] if b["entropy"] > 0 else None
+    return {"before": b, "after": a, "ratio": ratio}
+
+
 def entropy_report(
     rows: list[dict[str, Any]],
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
     band: float = ENTROPY_BAND,
+    heldout: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a run did to its entropy (``summary.json``'s ``entropy_report``; :func:`format_entropy_report` prints it).
 
@@ -426,7 +436,11 @@ def entropy_report(
     over the steps with the gate on, the mean weight applied (``stare/w`` / ``stare/m``; None for a set that
     never held a token, e.g. L- of variant C1) and the mean share of model tokens in the set; ``mean_token_weight``:
     ``stare/mean_weight`` over all steps. ``reweighting``: False when every step ran with W = M = 1 (the GRPO-ds
-    twin). ``verdict``: ``held`` (last quarter within ``band`` of the target), ``below`` or ``above``;
+    twin). ``heldout_entropy``: ``heldout`` (``{"before": .., "after": ..}``, each
+    ``stare_verl.jobs.demo.evaluate.reference_entropy``'s dict: the policy's entropy per model token on the same
+    held-out episodes before and after RL, free of the batch-to-batch swing of the rollout entropy) with
+    ``ratio`` = after / before; None when not measured. ``verdict``: ``held`` (last quarter within ``band`` of the
+    target), ``below`` or ``above``;
     ``below_with_gate_on``: below it and the gate on in most of the last quarter's steps, the case where STARE
     reweighted but did not hold the entropy. ``message``: one plain sentence of that. Pure: reads nothing.
     """
@@ -464,6 +478,7 @@ def entropy_report(
         "mean_token_weight": _mean([float(r["stare/mean_weight"]) for r in rows if "stare/mean_weight" in r]),
         "acc_before": {"greedy": _accuracy(before, "T=0"), "T=1": _accuracy(before, "T=1")},
         "acc_after": {"greedy": _accuracy(after, "T=0"), "T=1": _accuracy(after, "T=1")},
+        "heldout_entropy": _heldout_entropy(heldout),
     }
     ratio = report["last_quarter_over_target"]
     if ratio is None:
@@ -514,6 +529,13 @@ def format_entropy_report(report: dict[str, Any]) -> list[str]:
     if any(v is not None for v in (*b.values(), *a.values())):
         lines.append(
             f"held-out accuracy: greedy {f(b['greedy'])} -> {f(a['greedy'])}, T = 1 {f(b['T=1'])} -> {f(a['T=1'])}"
+        )
+    h = r.get("heldout_entropy")
+    if h:
+        lines.append(
+            f"held-out entropy (teacher-forced on {h['before']['episodes']} held-out demonstrations, "
+            f"{h['before']['tokens']} model tokens): {h['before']['entropy']:.4f} -> {h['after']['entropy']:.4f} "
+            f"({f(h['ratio'], '.2f')} x); their NLL {h['before']['nll']:.4f} -> {h['after']['nll']:.4f}"
         )
     lines.append(r["message"])
     return lines

@@ -60,4 +60,6 @@ def test_cot_cpu_default_run_writes_run_folder(tmp_path, monkeypatch, family):
     for key in ("eval_before", "eval_after"):
         assert set(summary[key]) == {"T=0", "T=1"} and summary[key]["T=0"]["n"] == 8
         assert summary[key]["T=0"]["mean_tool_calls"] == 0 and summary[key]["T=0"]["mean_turns"] == 1
+    probe = summary["entropy_report"]["heldout_entropy"]  # one demonstration per held-out problem, one model turn
+    assert probe["before"]["episodes"] == probe["after"]["episodes"] == 8 and probe["after"]["entropy"] > 0
     assert leftover_processes(f"{tag}-", prefix=True, grace_s=20.0) == []

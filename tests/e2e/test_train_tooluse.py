@@ -65,9 +65,16 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch, ca
     report = summary["entropy_report"]  # the end-of-run entropy report (runlog.entropy_report)
     assert report["steps"] == 2 and report["target_entropy"] == 0.04 and report["verdict"] is not None
     assert report["acc_after"]["greedy"] == summary["eval_after"]["T=0"]["accuracy"]
+    # the held-out probe: the same 8 demonstrations read by the SFT and the RL checkpoint (model tokens only)
+    probe = report["heldout_entropy"]
+    assert probe["before"]["episodes"] == probe["after"]["episodes"] == 8
+    assert probe["before"]["tokens"] == probe["after"]["tokens"] > 8 * 10
+    assert 0 < probe["before"]["entropy"] and 0 < probe["after"]["entropy"]
+    assert probe["ratio"] == pytest.approx(probe["after"]["entropy"] / probe["before"]["entropy"])
     # the evaluation before RL is cached with the SFT checkpoint: later runs from it reuse it
     (sft_dir,) = (tmp_path / "cache").glob("sft-*")
     assert json.loads((sft_dir / "eval_n8_turns3.json").read_text()) == summary["eval_before"]
+    assert json.loads((sft_dir / "heldout_entropy_n8.json").read_text())["before"] == probe["before"]
     assert _our_leftovers(tag) == []
 
     # a second invocation with the same run folder resumes from global_step_2 and runs step 3 only

@@ -44,7 +44,10 @@ __all__ = [
     "TokenPolicy",
     "evaluate_checkpoint",
     "evaluate_model",
+    "heldout_entropy",
+    "heldout_episodes",
     "heldout_problem",
+    "reference_entropy",
     "run_episodes",
     "sandbox_tool",
 ]
@@ -304,6 +307,103 @@ def evaluate_checkpoint(
                          **episode_kwargs)
     return {t: rep for t, (rep, _) in res.items()}
 
+
+def reference_entropy(
+    model: Any, episodes: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 64
+) -> dict[str, Any]:
+    """Teacher-forced entropy and negative log-likelihood of the policy on fixed episodes, model tokens only.
+
+    A probe of the policy's entropy that does not depend on what it samples: every checkpoint is read on the same
+    token sequences, so two checkpoints (before / after RL, STARE / GRPO-ds) compare without the batch-to-batch
+    swing of the rollout entropy (``stare/batch_entropy`` moves up to 5x between steps on the tiny tool-use model,
+    with which problems a batch holds). For each position ``t`` with ``mask[t + 1] == 1`` (a token the model
+    generates: response_mask 1; tool output, template and prompt tokens excluded) it takes the entropy of
+    ``softmax(logits[t])`` (T = 1, the rollout temperature; ``verl.utils.torch_functional.entropy_from_logits``)
+    and ``-log p(ids[t + 1])``; both are token means over all such positions of all episodes.
+
+    Args:
+        model: a causal LM (``transformers``) in eval mode, on the CPU.
+        episodes: ``(input_ids, mask)`` pairs of equal lengths (``stare_verl.jobs.demo.sft.encode_demo``).
+        batch_size: episodes per forward pass (right-padded, with an attention mask).
+    Returns:
+        ``{"entropy": nats per model token, "nll": nats per model token, "episodes": n, "tokens": model tokens}``.
+    Raises:
+        ValueError: ids and mask of different lengths, or no model token in any episode.
+    """
+    import torch
+    from verl.utils.torch_functional import entropy_from_logits
+
+    for ids, mask in episodes:
+        if len(ids) != len(mask):
+            raise ValueError(f"an episode has {len(ids)} ids and {len(mask)} mask entries")
+    total_h, total_nll, tokens = 0.0, 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(episodes), batch_size):
+            chunk = episodes[start : start + batch_size]
+            width = max(len(ids) for ids, _ in chunk)
+            # right padding: a causal model's logits at the real positions do not see the pad tokens
+            ids_t = torch.tensor([list(ids) + [0] * (width - len(ids)) for ids, _ in chunk])
+            attn = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in chunk])
+            sel = torch.tensor([list(m[1:]) + [0] * (width - len(m)) for _, m in chunk], dtype=torch.bool)
+            if not bool(sel.any()):
+                continue
+            logits = model(input_ids=ids_t, attention_mask=attn).logits[:, :-1].float()[sel]  # [model tokens, V]
+            total_h += float(entropy_from_logits(logits).sum())
+            logp = torch.log_softmax(logits, dim=-1)
+            total_nll -= float(logp.gather(1, ids_t[:, 1:][sel][:, None]).sum())
+            tokens += int(sel.sum())
+    if tokens == 0:
+        raise ValueError("no model token (mask 1) in the episodes: nothing to measure")
+    return {"entropy": total_h / tokens, "nll": total_nll / tokens, "episodes": len(episodes), "tokens": tokens}
+
+
+def heldout_episodes(
+    path: str | Path,
+    n: int | None = None,
+    data_seed: int | None = None,
+    n_heldout: int | None = None,
+    family: str | None = None,
+    demo_seed: int = 0,
+) -> list[tuple[list[int], list[int]]]:
+    """The held-out problems' demonstrations as ``(input_ids, mask)`` episodes, the fixed input of
+    :func:`reference_entropy`.
+
+    One demonstration per problem (the family's SFT ``JobFamily.demonstrations``, ``demo_seed``; tool use: real
+    sandbox output) of the first ``n`` problems of ``heldout_problems(n_heldout, data_seed)``, the problems
+    :func:`evaluate_checkpoint` scores and the SFT never trained on, encoded as the SFT encodes them
+    (``stare_verl.jobs.demo.sft.encode_demo``: verl's agent-loop token layout, mask 1 on the assistant turns only)
+    with the tokenizer at ``path``. ``data_seed`` / ``n_heldout`` / ``family`` default to the ``sft_config.json``
+    in ``path``, as in :func:`evaluate_checkpoint`.
+
+    Raises:
+        ValueError: ``data_seed``/``n_heldout`` neither given nor in ``sft_config.json``; no demonstration.
+    """
+    from envs.tiny_hf import load_tokenizer
+    from stare_verl.jobs.demo.sft import encode_demo
+
+    saved: dict[str, Any] = {}
+    cfg_file = Path(path) / "sft_config.json"
+    if cfg_file.is_file():
+        saved = json.loads(cfg_file.read_text()).get("config", {})
+    data_seed = saved.get("data_seed") if data_seed is None else data_seed
+    n_heldout = saved.get("n_heldout") if n_heldout is None else n_heldout
+    if data_seed is None or n_heldout is None:
+        raise ValueError(f"{path} has no sft_config.json: give data_seed and n_heldout")
+    family = family or saved.get("family") or DEFAULT_FAMILY
+    problems = heldout_problems(int(n_heldout), int(data_seed), family)[: n or None]
+    demos, _ = job_family(family).demonstrations(problems, seed=demo_seed, per_problem=1)
+    if not demos:
+        raise ValueError(f"no demonstration for the {len(problems)} held-out problems of {family}")
+    tokenizer = load_tokenizer(path)
+    return [tuple(map(list, encode_demo(d, tokenizer))) for d in demos]
+
+
+def heldout_entropy(path: str | Path, episodes: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[str, Any]:
+    """:func:`reference_entropy` of the checkpoint at ``path`` (model weights; e.g. verl's ``huggingface``
+    export of an RL step) on ``episodes`` (:func:`heldout_episodes` of the SFT checkpoint it started from)."""
+    from stare_verl.cpu.hf_server import load_model
+
+    return reference_entropy(load_model(str(path)), episodes)
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m stare_verl.jobs.demo.evaluate CKPT [--n N] [--data-seed S --n-heldout M]``: print the reports."""
