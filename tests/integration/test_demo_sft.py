@@ -241,6 +241,11 @@ def test_early_stop_config_and_cache_key():
     (["--steps", "0"], "steps: Input should be greater than or equal to 1"),
     (["--stop-accuracy", "2"], "expected 'off' or a number in (0, 1]"),
     (["--n-dev", "0", "--stop-accuracy", "0.5"], "n_dev: Input should be greater than or equal to 1"),
+    # a threshold that would switch its own check off: NaN compares false, so a NaN bar passes every checkpoint
+    (["--min-accuracy", "nan"], "expected a number in [0, 1], got 'nan'"),
+    (["--min-accuracy", "1.5"], "expected a number in [0, 1], got '1.5'"),
+    (["--min-accuracy", "high"], "expected a number in [0, 1], got 'high'"),
+    (["--warmup-steps", "2000", "--steps", "1000"], "--warmup-steps 2000 exceeds the run's 1000 steps"),
 ])
 def test_sft_cli_rejects_bad_settings_with_a_usage_error(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:

@@ -735,6 +735,19 @@ _stop_accuracy_arg = _off_or(lambda v: 0 < v <= 1, "a number in (0, 1]")
 _off_or_positive = _off_or(lambda v: 0 < v < float("inf"), "a number > 0")
 
 
+def _accuracy_arg(text: str) -> float:
+    """An argparse type: an accuracy in [0, 1] (a NaN would make every comparison false: no check at all)."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m stare_verl.jobs.demo.sft --out DIR [--steps N] ...``: train (or reuse) and print held-out accuracy.
 
@@ -781,7 +794,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--force", action="store_true", help="retrain even if cached")
     ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--min-accuracy", type=float, default=None)
+    ap.add_argument("--min-accuracy", type=_accuracy_arg, default=None,
+                    help="exit 2 when the greedy held-out accuracy is below this (in [0, 1])")
     a = ap.parse_args(argv)
     given = {k: getattr(a, k) for k in ("steps", "n_train", "n_heldout", "lr", "batch_size", "warmup_steps",
                                          "decay_steps", "max_response_tokens", "check_every", "n_dev",
@@ -797,6 +811,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValidationError as err:
         ap.error("; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in err.errors()))
+    if a.warmup_steps is not None and a.warmup_steps > cfg.steps:  # the lr would never reach --lr
+        ap.error(f"--warmup-steps {a.warmup_steps} exceeds the run's {cfg.steps} steps: the lr would never reach "
+                 f"--lr ({cfg.lr:g})")
     path = ensure_sft_checkpoint(cfg, force=a.force)
     rep = read_report(path)
     print(f"checkpoint: {path}")
