@@ -1,4 +1,4 @@
-"""Small helpers shared by the backends: capped output capture and process-tree killing."""
+"""Small helpers shared by the backends: capped output capture, spawning and process-tree killing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import time
+from collections.abc import Sequence
+from typing import Any
 
 TRUNCATION_MARKER = "\n[... {omitted} bytes truncated ...]\n"
 
@@ -69,6 +72,100 @@ def normalize_status(returncode: int | None) -> int | None:
     return returncode
 
 
+class PipeProcess:
+    """A started sandbox process with asyncio pipes: the part of ``asyncio.subprocess.Process`` the backends use
+    (``pid``, ``returncode``, ``stdin`` / ``stdout`` / ``stderr`` streams, ``wait``, ``kill``), over a
+    ``subprocess.Popen`` made by :func:`spawn`. ``wait`` returns when the process has exited (its pipes may still
+    hold output: read them to EOF); ``close_pipes`` drops our ends."""
+
+    def __init__(self, popen: subprocess.Popen, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader,
+                 stderr: asyncio.StreamReader, transports: list[asyncio.BaseTransport]) -> None:  # fmt: skip
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self._transports = transports
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process has ended (negative: killed by that signal), else None."""
+        return self._popen.poll()
+
+    def kill(self) -> None:
+        """SIGKILL the process (ProcessLookupError once it is gone and reaped, as asyncio's)."""
+        if self._popen.poll() is not None:
+            raise ProcessLookupError(self.pid)
+        self._popen.kill()
+
+    async def wait(self) -> int:
+        """Wait until the process exits (a pidfd on the event loop; a thread where pidfds are unavailable)."""
+        if self._popen.poll() is not None:
+            return self._popen.returncode
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # no pidfd (old kernel or Python): one thread per wait
+            return await asyncio.to_thread(self._popen.wait)
+        exited = loop.create_future()
+        loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+        try:
+            if self._popen.poll() is None:  # it may have ended between the check above and add_reader
+                await exited
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+        return self._popen.wait()
+
+    def close_pipes(self) -> None:
+        """Close our ends of the three pipes (pending reads see EOF)."""
+        for t in self._transports:
+            t.close()
+
+
+async def spawn(argv: Sequence[str], *, limit: int = 2**16, **popen_kwargs: Any) -> PipeProcess:
+    """Start ``argv`` with piped stdin / stdout / stderr in a new session, as ``asyncio.create_subprocess_exec``
+    would, but through ``subprocess.Popen``, whose child never runs Python code between fork and exec.
+
+    Why not ``create_subprocess_exec``: under uvloop (verl's agent-loop workers run on it) the event loop forks with
+    libuv and runs ``PyOS_AfterFork_Child`` in the child, which takes the interpreter's thread-state lock; when
+    another thread of the worker held that lock at the fork (thread pools, Ray, the transfer queue), the child
+    blocks forever before exec and the parent's loop blocks with it, reading the exec pipe: a training step that
+    never ends (seen once in ~1100 tool calls, 17 steps into a run). ``Popen`` spawns in C (vfork or fork, then only
+    async-signal-safe calls). It runs in the loop's thread and takes a few milliseconds.
+
+    Args:
+        argv: program and arguments.
+        limit: buffer limit of the stdout / stderr stream readers (bytes), as ``create_subprocess_exec``'s.
+        popen_kwargs: more ``subprocess.Popen`` arguments (``env``, ``cwd``, ``pass_fds``, ...).
+    Returns:
+        the :class:`PipeProcess`.
+    Raises:
+        OSError: the program cannot be started (as ``Popen``).
+    """
+    loop = asyncio.get_running_loop()
+    popen = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True, **popen_kwargs)  # fmt: skip
+    transports: list[asyncio.BaseTransport] = []
+    try:
+        readers = []
+        for pipe in (popen.stdout, popen.stderr):
+            reader = asyncio.StreamReader(limit=limit, loop=loop)
+            transport, _ = await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), pipe)
+            transports.append(transport)
+            readers.append(reader)
+        transport, protocol = await loop.connect_write_pipe(lambda: asyncio.streams.FlowControlMixin(loop=loop),
+                                                            popen.stdin)  # fmt: skip
+        transports.append(transport)
+        writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    except BaseException:
+        for t in transports:
+            t.close()
+        with contextlib.suppress(OSError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait()
+        raise
+    return PipeProcess(popen, writer, readers[0], readers[1], transports)
+
+
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as fh:
@@ -88,12 +185,11 @@ def _alive(pid: int) -> bool:
     return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
 
 
-async def kill_tree(proc: asyncio.subprocess.Process, uid: int | None = None, grace_s: float = 3.0) -> None:
+async def kill_tree(proc: PipeProcess, uid: int | None = None, grace_s: float = 3.0) -> None:
     """SIGKILL a launched sandbox: its direct children (the sandbox's PID-namespace init), its process
     group and, when given, every process of the slot's ``uid``; then wait until they are gone (at most
-    ``grace_s``). Safe to call on a finished process. Callers keep reading stdout/stderr meanwhile (in
-    Python 3.11 ``Process.wait`` only returns once the pipes are closed); pipes still open after
-    ``grace_s`` are closed from our side."""
+    ``grace_s``). Safe to call on a finished process. Callers keep reading stdout/stderr meanwhile; when the
+    process has not exited after ``grace_s``, our ends of its pipes are closed and it gets ``grace_s`` more."""
     kids = _children(proc.pid) if proc.returncode is None else []
     for pid in kids:
         with contextlib.suppress(OSError):
@@ -107,11 +203,7 @@ async def kill_tree(proc: asyncio.subprocess.Process, uid: int | None = None, gr
     try:
         await asyncio.wait_for(proc.wait(), timeout=grace_s)
     except asyncio.TimeoutError:
-        transport = getattr(proc, "_transport", None)  # no public way to close a Process's pipes
-        for fd in (0, 1, 2):
-            pipe = transport.get_pipe_transport(fd) if transport is not None else None
-            if pipe is not None:
-                pipe.close()
+        proc.close_pipes()
         await asyncio.wait_for(proc.wait(), timeout=grace_s)
     deadline = time.monotonic() + grace_s
     while any(_alive(pid) for pid in kids) and time.monotonic() < deadline:

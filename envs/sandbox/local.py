@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections import OrderedDict
@@ -27,6 +26,7 @@ from pathlib import Path
 from . import _io
 from ._io import (
     OutputCapture,
+    PipeProcess,
     clear_uid,
     cpu_seconds,
     descendants,
@@ -34,6 +34,7 @@ from ._io import (
     kill_tree,
     looks_like_oom,
     normalize_status,
+    spawn,
     thread_count,
     tmpfs_bytes,
     uid_pids,
@@ -277,10 +278,7 @@ class LocalSandbox:
     ) -> ExecResult:
         t0 = time.monotonic()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, **kwargs,
-            )
+            proc = await spawn(argv, **kwargs)
         except OSError as exc:
             return ExecResult(backend=self.name, sandbox_error=f"could not start the sandbox: {exc}")
         out, err = OutputCapture(limits.max_output_bytes), OutputCapture(limits.max_output_bytes)
@@ -407,7 +405,7 @@ class PythonSession:
     def __init__(self, sandbox: LocalSandbox, limits: ExecLimits):
         self.sandbox = sandbox
         self.limits = limits
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: PipeProcess | None = None
         self._ctl: asyncio.StreamReader | None = None
         self._ctl_transport: asyncio.BaseTransport | None = None
         self._uid: int | None = None
@@ -433,10 +431,7 @@ class PythonSession:
         r, w = os.pipe()
         try:
             argv, kwargs, self._workdir = sb._launch_spec(self.limits, "session", self._uid, ctl_fd=w)
-            self._proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, pass_fds=(w,), limit=1 << 20, **kwargs,
-            )
+            self._proc = await spawn(argv, pass_fds=(w,), limit=1 << 20, **kwargs)
         except BaseException:
             os.close(r)
             raise
