@@ -69,6 +69,12 @@ def test_a_sharper_policy_reads_lower(model):
 def test_bad_episodes_raise(model):
     with pytest.raises(ValueError, match="ids and"):
         reference_entropy(model, [([1, 2, 3], [0, 1])])
+    with pytest.raises(ValueError, match="token id 40 is outside the model's vocabulary of 40"):
+        reference_entropy(model, [([1, 2, 40], [0, 1, 1])])
+    with pytest.raises(ValueError, match="token id -1 is outside"):
+        reference_entropy(model, [([1, -1, 3], [0, 1, 1])])
+    with pytest.raises(ValueError, match="no model token"):
+        reference_entropy(model, [])
     with pytest.raises(ValueError, match="no model token"):
         reference_entropy(model, [([1, 2, 3], [1, 0, 0]), ([4], [1])])  # a first-token mask predicts nothing
 

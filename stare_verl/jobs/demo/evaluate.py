@@ -328,14 +328,20 @@ def reference_entropy(
     Returns:
         ``{"entropy": nats per model token, "nll": nats per model token, "episodes": n, "tokens": model tokens}``.
     Raises:
-        ValueError: ids and mask of different lengths, or no model token in any episode.
+        ValueError: ids and mask of different lengths, an id outside the model's vocabulary, or no model token in
+            any episode.
     """
     import torch
     from verl.utils.torch_functional import entropy_from_logits
 
+    vocab = model.get_input_embeddings().num_embeddings
     for ids, mask in episodes:
         if len(ids) != len(mask):
             raise ValueError(f"an episode has {len(ids)} ids and {len(mask)} mask entries")
+        bad = [i for i in ids if not 0 <= int(i) < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the model's vocabulary of {vocab}: episodes from "
+                             "another tokenizer?")
     total_h, total_nll, tokens = 0.0, 0.0, 0
     with torch.no_grad():
         for start in range(0, len(episodes), batch_size):
