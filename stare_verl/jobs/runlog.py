@@ -411,10 +411,12 @@ def _accuracy(ev: dict[str, Any] | None, key: str) -> float | None:
 
 
 def _heldout_entropy(heldout: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``heldout`` with ``ratio`` (after / before entropy) added; None when either side is missing."""
+    """``heldout`` with ``ratio`` (after / before entropy) added; None when either side is missing or lacks a
+    number of ``reference_entropy``'s dict."""
     b, a = (heldout or {}).get("before"), (heldout or {}).get("after")
-    if not b or not a:
-        return None
+    keys = ("entropy", "nll", "episodes", "tokens")
+    if not all(isinstance(d, dict) and all(isinstance(d.get(k), (int, float)) for k in keys) for d in (b, a)):
+        return None  # missing, or not the probe's numbers: no line rather than a failed report
     ratio = a["entropy"] / b["entropy"] if b["entropy"] > 0 else None
     return {"before": b, "after": a, "ratio": ratio}
 

@@ -242,7 +242,11 @@ def _heldout_entropy(sft_dir: Path, ckpt: Path, n: int, name: str) -> dict[str, 
         try:
             ref = json.loads(cached.read_text())
             episodes, before = ref["episodes"], ref["before"]
+            if not (_probe_result(before) and isinstance(episodes, list) and episodes
+                    and all(isinstance(e, list) and len(e) == 2 for e in episodes)):  # fmt: skip
+                raise ValueError("not the probe's cache")
         except (OSError, ValueError, KeyError, TypeError):  # none yet, or a torn / foreign file: build it again
+            print(f"[{name}] held-out entropy: building {cached.name} (the held-out demonstrations)", flush=True)
             episodes = heldout_episodes(sft_dir, n)
             before = heldout_entropy(sft_dir, episodes)
             tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
@@ -250,9 +254,18 @@ def _heldout_entropy(sft_dir: Path, ckpt: Path, n: int, name: str) -> dict[str, 
             os.replace(tmp, cached)
         after = heldout_entropy(ckpt, episodes)
     except Exception as err:  # a diagnostic: never the reason a trained run reports nothing
-        print(f"[{name}] warning: no held-out entropy ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
+        print(f"[{name}] warning: no held-out entropy ({type(err).__name__}: {err}); delete {cached} to build it "
+              "again", file=sys.stderr, flush=True)  # fmt: skip
         return None
     return {"before": before, "after": after}
+
+
+def _probe_result(d: Any) -> bool:
+    """Whether ``d`` has the form of ``reference_entropy``'s dict (numbers for entropy, nll, episodes, tokens)."""
+    return isinstance(d, dict) and all(
+        isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool)
+        for k in ("entropy", "nll", "episodes", "tokens")
+    )
 
 
 def _sft_report_eval(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: int) -> dict[str, Any] | None:

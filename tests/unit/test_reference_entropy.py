@@ -57,6 +57,13 @@ def test_entropy_and_nll_over_model_tokens_only(model):
     assert reference_entropy(model, flipped)["entropy"] != pytest.approx(got["entropy"], rel=1e-6)
 
 
+def test_empty_and_one_token_episodes_measure_nothing_beside_others(model):
+    alone = reference_entropy(model, EPISODES)
+    mixed = reference_entropy(model, [([], []), *EPISODES, ([7], [1])], batch_size=8)
+    assert (mixed["entropy"], mixed["tokens"], mixed["episodes"]) == pytest.approx(
+        (alone["entropy"], alone["tokens"], 5))
+
+
 def test_a_sharper_policy_reads_lower(model):
     sharp = build_model(None, TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                         num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64),
@@ -69,6 +76,14 @@ def test_a_sharper_policy_reads_lower(model):
 def test_bad_episodes_raise(model):
     with pytest.raises(ValueError, match="ids and"):
         reference_entropy(model, [([1, 2, 3], [0, 1])])
+    with pytest.raises(ValueError, match="episode 0: mask entries must be 0 or 1"):
+        reference_entropy(model, [([1, 2, 3], [0, 2, 1])])
+    with pytest.raises(ValueError, match="episode 1: ids and mask must be integers"):
+        reference_entropy(model, [([1, 2], [0, 1]), ([1.5, 2], [0, 1])])
+    with pytest.raises(ValueError, match="episode 0 has 65 tokens, more than the model's 64 positions"):
+        reference_entropy(model, [([1] * 65, [0] + [1] * 64)])
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        reference_entropy(model, EPISODES, batch_size=0)
     with pytest.raises(ValueError, match="token id 40 is outside the model's vocabulary of 40"):
         reference_entropy(model, [([1, 2, 40], [0, 1, 1])])
     with pytest.raises(ValueError, match="token id -1 is outside"):
@@ -93,7 +108,8 @@ def test_entropy_report_carries_the_heldout_probe():
     line = [x for x in format_entropy_report(rep) if x.startswith("held-out entropy")]
     assert line == ["held-out entropy (teacher-forced on 200 held-out demonstrations, 7458 model tokens): "
                     "0.0413 -> 0.0310 (0.75 x); their NLL 0.0260 -> 0.0410"]  # fmt: skip
-    for missing in (None, {"before": before}, {"after": after}):
+    for missing in (None, {"before": before}, {"after": after}, {"before": 1, "after": after},
+                    {"before": {"entropy": 0.04}, "after": after}, {"before": before, "after": "x"}):
         rep = entropy_report(_rows(), heldout=missing)
         assert rep["heldout_entropy"] is None
         assert not any(x.startswith("held-out entropy") for x in format_entropy_report(rep))
@@ -126,10 +142,19 @@ def test_train_caches_the_episodes_and_survives_a_failing_probe(tmp_path, monkey
     (sft / "heldout_entropy_n3.json").write_text("{torn")  # a torn cache is built again
     assert train._heldout_entropy(sft, tmp_path / "rl", 3, "t")["before"]["entropy"] == 0.05
     assert calls["episodes"] == 2
+    # so is JSON of another shape (a user's hand edit, another version's file): the run never loses the probe
+    good = json.loads((sft / "heldout_entropy_n3.json").read_text())
+    for n, foreign in enumerate([{"episodes": 5, "before": 1}, {"episodes": [], "before": {}},
+                                 {**good, "before": 1}, {**good, "before": {"entropy": 0.05}}, [1, 2]], start=3):
+        (sft / "heldout_entropy_n3.json").write_text(json.dumps(foreign))
+        assert train._heldout_entropy(sft, tmp_path / "rl", 3, "t")["before"]["entropy"] == 0.05
+        assert calls["episodes"] == n
+        assert json.loads((sft / "heldout_entropy_n3.json").read_text()) == good
 
     def no_sandbox(path, n):
         raise RuntimeError("no sandbox backend")
 
     monkeypatch.setattr(ev, "heldout_episodes", no_sandbox)
     assert train._heldout_entropy(sft, tmp_path / "rl", 5, "t") is None
-    assert "warning: no held-out entropy (RuntimeError: no sandbox backend)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "warning: no held-out entropy (RuntimeError: no sandbox backend); delete" in err

@@ -308,6 +308,27 @@ def evaluate_checkpoint(
     return {t: rep for t, (rep, _) in res.items()}
 
 
+def _checked_episode(k: int, ids: Sequence[int], mask: Sequence[int], vocab: int, max_len: int | None):
+    """``(ids, mask)`` of episode ``k`` as lists of ints, or ValueError naming what is wrong with it."""
+    import operator
+
+    if len(ids) != len(mask):
+        raise ValueError(f"episode {k} has {len(ids)} ids and {len(mask)} mask entries")
+    try:
+        ids, mask = [operator.index(i) for i in ids], [operator.index(m) for m in mask]
+    except TypeError as err:
+        raise ValueError(f"episode {k}: ids and mask must be integers ({err})") from None
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"episode {k}: token id {bad[0]} is outside the model's vocabulary of {vocab} (episodes "
+                         "from another tokenizer?)")
+    if any(m not in (0, 1) for m in mask):
+        raise ValueError(f"episode {k}: mask entries must be 0 or 1")
+    if max_len is not None and len(ids) > max_len:
+        raise ValueError(f"episode {k} has {len(ids)} tokens, more than the model's {max_len} positions")
+    return ids, mask
+
+
 def reference_entropy(
     model: Any, episodes: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 64
 ) -> dict[str, Any]:
@@ -328,20 +349,18 @@ def reference_entropy(
     Returns:
         ``{"entropy": nats per model token, "nll": nats per model token, "episodes": n, "tokens": model tokens}``.
     Raises:
-        ValueError: ids and mask of different lengths, an id outside the model's vocabulary, or no model token in
-            any episode.
+        ValueError: an episode whose ids and mask differ in length, an id that is not an integer of the model's
+            vocabulary, a mask entry other than 0 / 1, an episode longer than the model's positions, a batch size
+            below 1, or no model token in any episode.
     """
     import torch
     from verl.utils.torch_functional import entropy_from_logits
 
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
     vocab = model.get_input_embeddings().num_embeddings
-    for ids, mask in episodes:
-        if len(ids) != len(mask):
-            raise ValueError(f"an episode has {len(ids)} ids and {len(mask)} mask entries")
-        bad = [i for i in ids if not 0 <= int(i) < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the model's vocabulary of {vocab}: episodes from "
-                             "another tokenizer?")
+    max_len = getattr(model.config, "max_position_embeddings", None)
+    episodes = [_checked_episode(k, ids, mask, vocab, max_len) for k, (ids, mask) in enumerate(episodes)]
     total_h, total_nll, tokens = 0.0, 0.0, 0
     with torch.no_grad():
         for start in range(0, len(episodes), batch_size):
@@ -350,7 +369,7 @@ def reference_entropy(
             # right padding: a causal model's logits at the real positions do not see the pad tokens
             ids_t = torch.tensor([list(ids) + [0] * (width - len(ids)) for ids, _ in chunk])
             attn = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in chunk])
-            sel = torch.tensor([list(m[1:]) + [0] * (width - len(m)) for _, m in chunk], dtype=torch.bool)
+            sel = torch.tensor([m[1:] + [0] * (width - 1 - len(m[1:])) for _, m in chunk], dtype=torch.bool)
             if not bool(sel.any()):
                 continue
             logits = model(input_ids=ids_t, attention_mask=attn).logits[:, :-1].float()[sel]  # [model tokens, V]
@@ -427,8 +446,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="task family (default: the checkpoint's sft_config.json, else tooluse)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     args = ap.parse_args(argv)
-    reports = evaluate_checkpoint(args.checkpoint, args.n, args.data_seed, args.n_heldout, args.temperatures,
-                                  family=args.family)
+    import math
+
+    for opt in ("n", "n_heldout"):
+        if getattr(args, opt) is not None and getattr(args, opt) < 1:
+            ap.error(f"--{opt.replace('_', '-')} must be >= 1 (got {getattr(args, opt)})")
+    if any(not (math.isfinite(t) and t >= 0) for t in args.temperatures):
+        ap.error(f"--temperatures must be finite and >= 0 (got {args.temperatures})")
+    if not Path(args.checkpoint).is_dir():
+        ap.error(f"{args.checkpoint} is not a checkpoint folder")
+    try:
+        reports = evaluate_checkpoint(args.checkpoint, args.n, args.data_seed, args.n_heldout, args.temperatures,
+                                      family=args.family)
+    except ValueError as err:  # no sft_config.json and no --data-seed / --n-heldout, no problems, ...
+        ap.error(str(err))
     for t, rep in reports.items():
         print(f"T={t}: " + json.dumps(rep.to_dict()))
     return 0
