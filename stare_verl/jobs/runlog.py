@@ -410,12 +410,20 @@ def _accuracy(ev: dict[str, Any] | None, key: str) -> float | None:
     return v.get("accuracy")
 
 
+def is_probe_result(d: Any) -> bool:
+    """Whether ``d`` has the form of ``stare_verl.jobs.demo.evaluate.reference_entropy``'s dict (numbers, not
+    booleans, for ``entropy``, ``nll``, ``episodes`` and ``tokens``)."""
+    return isinstance(d, dict) and all(
+        isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool)
+        for k in ("entropy", "nll", "episodes", "tokens")
+    )
+
+
 def _heldout_entropy(heldout: dict[str, Any] | None) -> dict[str, Any] | None:
     """``heldout`` with ``ratio`` (after / before entropy) added; None when either side is missing or lacks a
     number of ``reference_entropy``'s dict."""
     b, a = (heldout or {}).get("before"), (heldout or {}).get("after")
-    keys = ("entropy", "nll", "episodes", "tokens")
-    if not all(isinstance(d, dict) and all(isinstance(d.get(k), (int, float)) for k in keys) for d in (b, a)):
+    if not (is_probe_result(b) and is_probe_result(a)):
         return None  # missing, or not the probe's numbers: no line rather than a failed report
     ratio = a["entropy"] / b["entropy"] if b["entropy"] > 0 else None
     return {"before": b, "after": a, "ratio": ratio}

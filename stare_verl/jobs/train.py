@@ -62,7 +62,7 @@ from stare_verl.jobs.procs import (
     kill_tagged,
     remove_orphan_shm,
 )
-from stare_verl.jobs.runlog import RunFolder, entropy_report, format_entropy_report
+from stare_verl.jobs.runlog import RunFolder, entropy_report, format_entropy_report, is_probe_result
 from stare_verl.recipe_files import recipes_dir
 
 # Per family (stare_verl.jobs.families.JobFamily): the held-out greedy accuracy the cold-start SFT checkpoint needs
@@ -242,7 +242,7 @@ def _heldout_entropy(sft_dir: Path, ckpt: Path, n: int, name: str) -> dict[str, 
         try:
             ref = json.loads(cached.read_text())
             episodes, before = ref["episodes"], ref["before"]
-            if not (_probe_result(before) and isinstance(episodes, list) and episodes
+            if not (is_probe_result(before) and isinstance(episodes, list) and episodes
                     and all(isinstance(e, list) and len(e) == 2 for e in episodes)):  # fmt: skip
                 raise ValueError("not the probe's cache")
         except (OSError, ValueError, KeyError, TypeError):  # none yet, or a torn / foreign file: build it again
@@ -259,13 +259,6 @@ def _heldout_entropy(sft_dir: Path, ckpt: Path, n: int, name: str) -> dict[str, 
         return None
     return {"before": before, "after": after}
 
-
-def _probe_result(d: Any) -> bool:
-    """Whether ``d`` has the form of ``reference_entropy``'s dict (numbers for entropy, nll, episodes, tokens)."""
-    return isinstance(d, dict) and all(
-        isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool)
-        for k in ("entropy", "nll", "episodes", "tokens")
-    )
 
 
 def _sft_report_eval(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: int) -> dict[str, Any] | None:

@@ -256,6 +256,24 @@ def evaluate_model(
     return out
 
 
+def _checkpoint_heldout(
+    path: str | Path, n: int | None, data_seed: int | None, n_heldout: int | None, family: str | None
+) -> tuple[dict[str, Any], str, list[Problem]]:
+    """``(saved, family, problems)`` of a checkpoint: its ``sft_config.json`` settings (``{}`` without one), the
+    family (given, else saved, else ``DEFAULT_FAMILY``) and the first ``n`` of ``heldout_problems(n_heldout,
+    data_seed)``, each of the two given or saved. Raises ValueError when either is neither."""
+    saved: dict[str, Any] = {}
+    cfg_file = Path(path) / "sft_config.json"
+    if cfg_file.is_file():
+        saved = json.loads(cfg_file.read_text()).get("config", {})
+    data_seed = saved.get("data_seed") if data_seed is None else data_seed
+    n_heldout = saved.get("n_heldout") if n_heldout is None else n_heldout
+    if data_seed is None or n_heldout is None:
+        raise ValueError(f"{path} has no sft_config.json: give data_seed and n_heldout")
+    family = family or saved.get("family") or DEFAULT_FAMILY
+    return saved, family, heldout_problems(int(n_heldout), int(data_seed), family)[: n or None]
+
+
 def evaluate_checkpoint(
     path: str | Path,
     n: int | None = None,
@@ -289,16 +307,7 @@ def evaluate_checkpoint(
     from envs.tiny_hf import load_tokenizer
     from stare_verl.cpu.hf_server import load_model
 
-    saved: dict[str, Any] = {}
-    cfg_file = Path(path) / "sft_config.json"
-    if cfg_file.is_file():
-        saved = json.loads(cfg_file.read_text()).get("config", {})
-    data_seed = saved.get("data_seed") if data_seed is None else data_seed
-    n_heldout = saved.get("n_heldout") if n_heldout is None else n_heldout
-    if data_seed is None or n_heldout is None:
-        raise ValueError(f"{path} has no sft_config.json: give data_seed and n_heldout")
-    family = family or saved.get("family") or DEFAULT_FAMILY
-    problems = heldout_problems(int(n_heldout), int(data_seed), family)[: n or None]
+    saved, family, problems = _checkpoint_heldout(path, n, data_seed, n_heldout, family)
     model = load_model(str(path))
     tokenizer = load_tokenizer(path)
     if "max_response_tokens" not in episode_kwargs and "max_response_tokens" in saved:
@@ -406,16 +415,7 @@ def heldout_episodes(
     from envs.tiny_hf import load_tokenizer
     from stare_verl.jobs.demo.sft import encode_demo
 
-    saved: dict[str, Any] = {}
-    cfg_file = Path(path) / "sft_config.json"
-    if cfg_file.is_file():
-        saved = json.loads(cfg_file.read_text()).get("config", {})
-    data_seed = saved.get("data_seed") if data_seed is None else data_seed
-    n_heldout = saved.get("n_heldout") if n_heldout is None else n_heldout
-    if data_seed is None or n_heldout is None:
-        raise ValueError(f"{path} has no sft_config.json: give data_seed and n_heldout")
-    family = family or saved.get("family") or DEFAULT_FAMILY
-    problems = heldout_problems(int(n_heldout), int(data_seed), family)[: n or None]
+    saved, family, problems = _checkpoint_heldout(path, n, data_seed, n_heldout, family)
     demos, _ = job_family(family).demonstrations(problems, seed=demo_seed, per_problem=1)
     if not demos:
         raise ValueError(f"no demonstration for the {len(problems)} held-out problems of {family}")

@@ -712,40 +712,31 @@ def load_checkpoint(path: str | Path):
     return model, load_tokenizer(path)
 
 
-def _off_or(ok, allowed: str):
-    """An argparse type: ``off``, or a number for which ``ok(value)`` holds (else a usage error naming ``allowed``)."""
+def _number_arg(ok, allowed: str, off: bool = True):
+    """An argparse type: a number for which ``ok(value)`` holds, or ``off`` when ``off`` is allowed (else a usage
+    error naming ``allowed``; NaN never passes a check written as a comparison)."""
     import argparse
 
+    expected = f"'off' or {allowed}" if off else allowed
+
     def parse(text: str) -> float | str:
-        if text == "off":
+        if off and text == "off":
             return text
         try:
             value = float(text)
         except ValueError:
             value = None
         if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"expected 'off' or {allowed}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 
     return parse
 
 
-# --stop-accuracy and --anneal-below-loss
-_stop_accuracy_arg = _off_or(lambda v: 0 < v <= 1, "a number in (0, 1]")
-_off_or_positive = _off_or(lambda v: 0 < v < float("inf"), "a number > 0")
-
-
-def _accuracy_arg(text: str) -> float:
-    """An argparse type: an accuracy in [0, 1] (a NaN would make every comparison false: no check at all)."""
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
+# --stop-accuracy, --anneal-below-loss and --min-accuracy
+_stop_accuracy_arg = _number_arg(lambda v: 0 < v <= 1, "a number in (0, 1]")
+_off_or_positive = _number_arg(lambda v: 0 < v < float("inf"), "a number > 0")
+_accuracy_arg = _number_arg(lambda v: 0 <= v <= 1, "a number in [0, 1]", off=False)
 
 
 def main(argv: list[str] | None = None) -> int:
