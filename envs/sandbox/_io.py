@@ -72,18 +72,181 @@ def normalize_status(returncode: int | None) -> int | None:
     return returncode
 
 
+class FdReader:
+    """Reads a pipe's file descriptor into an ``asyncio.StreamReader`` through ``loop.add_reader``; owns the
+    descriptor and closes it exactly once (at EOF, on :meth:`close`, or when collected).
+
+    Why not ``loop.connect_read_pipe``: under uvloop (which Ray runs verl's agent-loop workers on) the transport's
+    close closes the descriptor twice, once in libuv and once through the file object it was given (uvloop issue
+    763). When another thread opens a descriptor between the two closes, the number is reused and that thread's
+    descriptor is closed under it: a training run's agent-loop worker died this way (SIGABRT in ZeroMQ's
+    signaler, "Bad file descriptor", its eventfd closed by a sandbox call's pipe), and the trainer waited for its
+    episodes forever. ``add_reader`` only watches the descriptor, on either event loop.
+
+    Flow control is the ``StreamReader``'s own (it calls :meth:`pause_reading` / :meth:`resume_reading` on its
+    transport above ``2 * limit`` buffered bytes and below ``limit``).
+    """
+
+    def __init__(self, fd: int, limit: int = 2**16, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._fd = fd
+        self._watching = False
+        os.set_blocking(fd, False)
+        self.reader = asyncio.StreamReader(limit=limit, loop=self._loop)
+        self.reader.set_transport(self)  # pause_reading / resume_reading below
+        self.resume_reading()
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self._fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # EIO and the like: the stream ends with that error
+            self.reader.set_exception(exc)
+            self.close()
+            return
+        if data:
+            self.reader.feed_data(data)
+        else:
+            self.reader.feed_eof()
+            self.close()
+
+    def pause_reading(self) -> None:
+        """Stop reading (the ``StreamReader``'s buffer is full); the writer blocks on the full pipe meanwhile."""
+        if self._watching:
+            self._loop.remove_reader(self._fd)
+            self._watching = False
+
+    def resume_reading(self) -> None:
+        """Read again (the buffer drained)."""
+        if self._fd >= 0 and not self._watching:
+            self._loop.add_reader(self._fd, self._on_readable)
+            self._watching = True
+
+    def is_closing(self) -> bool:
+        return self._fd < 0
+
+    def close(self) -> None:
+        """Stop watching and close the descriptor (idempotent; a pending read then sees EOF)."""
+        if self._fd < 0:
+            return
+        self.pause_reading()
+        fd, self._fd = self._fd, -1
+        os.close(fd)
+        if not self.reader.at_eof():
+            self.reader.feed_eof()
+
+    def __del__(self) -> None:  # collected unclosed: no longer watched (a watched one is referenced by the loop)
+        if getattr(self, "_fd", -1) >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
+class FdWriter:
+    """The part of ``asyncio.StreamWriter`` the backends use (``write``, ``drain``, ``close``) over a pipe's file
+    descriptor, written through ``loop.add_writer``; owns the descriptor and closes it exactly once (see
+    :class:`FdReader` for why not ``connect_write_pipe``). A write after the reader went away raises
+    ``BrokenPipeError`` from ``drain``, as asyncio's."""
+
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._fd = fd
+        os.set_blocking(fd, False)
+        self._buf = bytearray()
+        self._error: OSError | None = None
+        self._closing = False
+        self._watching = False
+        self._drained: list[asyncio.Future] = []
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data`` and write what the pipe takes now; the rest goes as it drains."""
+        if self._closing:
+            raise RuntimeError("write to a closed pipe")
+        if self._error is None:
+            self._buf += data
+            self._flush()
+
+    def _flush(self) -> None:
+        while self._buf and self._fd >= 0:
+            try:
+                n = os.write(self._fd, self._buf)
+            except (BlockingIOError, InterruptedError):
+                if not self._watching:
+                    self._loop.add_writer(self._fd, self._flush)
+                    self._watching = True
+                return
+            except OSError as exc:  # EPIPE: the process is gone or closed its stdin
+                self._error = exc
+                self._buf.clear()
+                break
+            del self._buf[:n]
+        if self._watching:
+            self._loop.remove_writer(self._fd)
+            self._watching = False
+        for fut in self._drained:
+            if not fut.done():
+                fut.set_result(None)
+        self._drained.clear()
+        if self._closing:
+            self._close_fd()
+
+    async def drain(self) -> None:
+        """Wait until everything written so far is in the pipe. Raises the write's ``OSError`` (e.g.
+        ``BrokenPipeError``) when the pipe broke."""
+        if self._buf and self._fd >= 0:
+            fut = self._loop.create_future()
+            self._drained.append(fut)
+            await fut
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Close once the queued bytes are written (at once when none are)."""
+        self._closing = True
+        if not self._buf:
+            self._close_fd()
+
+    def abort(self) -> None:
+        """Drop what is queued and close now."""
+        self._buf.clear()
+        self._closing = True
+        self._close_fd()
+        for fut in self._drained:
+            if not fut.done():
+                fut.set_result(None)
+        self._drained.clear()
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def _close_fd(self) -> None:
+        if self._fd < 0:
+            return
+        if self._watching:
+            self._loop.remove_writer(self._fd)
+            self._watching = False
+        fd, self._fd = self._fd, -1
+        os.close(fd)
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", -1) >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
 class PipeProcess:
     """A started sandbox process with asyncio pipes: the part of ``asyncio.subprocess.Process`` the backends use
     (``pid``, ``returncode``, ``stdin`` / ``stdout`` / ``stderr`` streams, ``wait``, ``kill``), over a
     ``subprocess.Popen`` made by :func:`spawn`. ``wait`` returns when the process has exited (its pipes may still
-    hold output: read them to EOF); ``close_pipes`` drops our ends."""
+    hold output: read them to EOF); ``close_pipes`` closes our ends (each descriptor once)."""
 
-    def __init__(self, popen: subprocess.Popen, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader,
-                 stderr: asyncio.StreamReader, transports: list[asyncio.BaseTransport]) -> None:  # fmt: skip
+    def __init__(self, popen: subprocess.Popen, stdin: FdWriter, stdout: FdReader, stderr: FdReader) -> None:
         self._popen = popen
         self.pid = popen.pid
-        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
-        self._transports = transports
+        self._ends = (stdin, stdout, stderr)
+        self.stdin, self.stdout, self.stderr = stdin, stdout.reader, stderr.reader
 
     @property
     def returncode(self) -> int | None:
@@ -116,21 +279,26 @@ class PipeProcess:
         return self._popen.wait()
 
     def close_pipes(self) -> None:
-        """Close our ends of the three pipes (pending reads see EOF)."""
-        for t in self._transports:
-            t.close()
+        """Close our ends of the three pipes (pending reads see EOF; unwritten stdin bytes are dropped)."""
+        stdin, stdout, stderr = self._ends
+        stdin.abort()
+        stdout.close()
+        stderr.close()
 
 
 async def spawn(argv: Sequence[str], *, limit: int = 2**16, **popen_kwargs: Any) -> PipeProcess:
     """Start ``argv`` with piped stdin / stdout / stderr in a new session, as ``asyncio.create_subprocess_exec``
-    would, but through ``subprocess.Popen``, whose child never runs Python code between fork and exec.
+    would, but through ``subprocess.Popen``, whose child never runs Python code between fork and exec, and with
+    pipes read and written through ``add_reader`` / ``add_writer`` (:class:`FdReader`, :class:`FdWriter`), each
+    descriptor owned and closed by one object.
 
     Why not ``create_subprocess_exec``: under uvloop (verl's agent-loop workers run on it) the event loop forks with
     libuv and runs ``PyOS_AfterFork_Child`` in the child, which takes the interpreter's thread-state lock; when
     another thread of the worker held that lock at the fork (thread pools, Ray, the transfer queue), the child
     blocks forever before exec and the parent's loop blocks with it, reading the exec pipe: a training step that
     never ends (seen once in ~1100 tool calls, 17 steps into a run). ``Popen`` spawns in C (vfork or fork, then only
-    async-signal-safe calls). It runs in the loop's thread and takes a few milliseconds.
+    async-signal-safe calls). It runs in the loop's thread and takes a few milliseconds. Why not
+    ``connect_read_pipe`` / ``connect_write_pipe`` for the pipes: see :class:`FdReader`.
 
     Args:
         argv: program and arguments.
@@ -142,28 +310,26 @@ async def spawn(argv: Sequence[str], *, limit: int = 2**16, **popen_kwargs: Any)
         OSError: the program cannot be started (as ``Popen``).
     """
     loop = asyncio.get_running_loop()
-    popen = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             start_new_session=True, **popen_kwargs)  # fmt: skip
-    transports: list[asyncio.BaseTransport] = []
+    ours: list[int] = []  # parent ends: stdin's write end, stdout's and stderr's read ends
+    theirs: list[int] = []  # the child's ends, closed here once it has them
     try:
-        readers = []
-        for pipe in (popen.stdout, popen.stderr):
-            reader = asyncio.StreamReader(limit=limit, loop=loop)
-            transport, _ = await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), pipe)
-            transports.append(transport)
-            readers.append(reader)
-        transport, protocol = await loop.connect_write_pipe(lambda: asyncio.streams.FlowControlMixin(loop=loop),
-                                                            popen.stdin)  # fmt: skip
-        transports.append(transport)
-        writer = asyncio.StreamWriter(transport, protocol, None, loop)
+        for child_reads in (True, False, False):  # stdin, stdout, stderr
+            r, w = os.pipe()  # close-on-exec in this process; Popen dup2s the child's end onto 0 / 1 / 2
+            ours.append(w if child_reads else r)
+            theirs.append(r if child_reads else w)
+        popen = subprocess.Popen(list(argv), stdin=theirs[0], stdout=theirs[1], stderr=theirs[2],
+                                 start_new_session=True, **popen_kwargs)  # fmt: skip
     except BaseException:
-        for t in transports:
-            t.close()
-        with contextlib.suppress(OSError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        popen.wait()
+        for fd in ours:
+            os.close(fd)
         raise
-    return PipeProcess(popen, writer, readers[0], readers[1], transports)
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    stdin = FdWriter(ours[0], loop)
+    stdout = FdReader(ours[1], limit, loop)
+    stderr = FdReader(ours[2], limit, loop)
+    return PipeProcess(popen, stdin, stdout, stderr)
 
 
 def _children(pid: int) -> list[int]:

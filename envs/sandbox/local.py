@@ -314,6 +314,7 @@ class LocalSandbox:
             for t in (task, flood_wait):
                 t.cancel()
             await asyncio.gather(task, flood_wait, return_exceptions=True)
+            proc.close_pipes()  # already closed after a normal exit (EOF); not after a deadline or a flood
         duration = time.monotonic() - t0
         stdout, stderr = out.text(), err.text()
         status = None if timed_out else normalize_status(proc.returncode)
@@ -407,7 +408,7 @@ class PythonSession:
         self.limits = limits
         self._proc: PipeProcess | None = None
         self._ctl: asyncio.StreamReader | None = None
-        self._ctl_transport: asyncio.BaseTransport | None = None
+        self._ctl_transport: _io.FdReader | None = None
         self._uid: int | None = None
         self._workdir: str | None = None
         self._lock = asyncio.Lock()
@@ -437,11 +438,8 @@ class PythonSession:
             raise
         finally:
             os.close(w)
-        loop = asyncio.get_running_loop()
-        self._ctl = asyncio.StreamReader(limit=1 << 20)
-        self._ctl_transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(self._ctl), os.fdopen(r, "rb", buffering=0)
-        )
+        self._ctl_transport = _io.FdReader(r, limit=1 << 20)  # owns r (not connect_read_pipe: see FdReader)
+        self._ctl = self._ctl_transport.reader
         line = await asyncio.wait_for(self._ctl.readline(), timeout=30)
         if not line.startswith(b'{"ready"'):
             err = await asyncio.wait_for(self._proc.stderr.read(4096), timeout=5)
@@ -507,6 +505,7 @@ class PythonSession:
         """Kill the interpreter (idempotent)."""
         if self._proc is not None:
             await kill_tree(self._proc, self.sandbox._kill_uid(self._uid))
+            self._proc.close_pipes()
             self._proc = None
         if self._ctl_transport is not None:
             self._ctl_transport.close()
