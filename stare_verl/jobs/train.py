@@ -63,6 +63,7 @@ from stare_verl.jobs.procs import (
     remove_orphan_shm,
 )
 from stare_verl.jobs.runlog import RunFolder, entropy_report, format_entropy_report, is_probe_result
+from stare_verl.jobs.stall import STALLED, StallWatch, no_step_timeout
 from stare_verl.recipe_files import recipes_dir
 
 # Per family (stare_verl.jobs.families.JobFamily): the held-out greedy accuracy the cold-start SFT checkpoint needs
@@ -132,7 +133,12 @@ def run_main_ppo(
     At the end every process tagged with ``env[RUN_TAG_ENV]`` is killed and the shared-memory segments the run left
     unmapped are removed (:func:`stare_verl.jobs.procs.remove_orphan_shm`).
 
-    Returns main_ppo's exit status (130 after Ctrl-C).
+    A run that stops making progress is stopped (:class:`stare_verl.jobs.stall.StallWatch`: a Ray worker's death
+    followed by no step for 3 minutes, or no step for ``$STARE_STALL_TIMEOUT_S``, default 30 minutes), since verl's
+    trainer waits for a dead agent-loop worker's episodes for ever; the reason goes to stderr.
+
+    Returns main_ppo's exit status (130 after Ctrl-C, :data:`~stare_verl.jobs.stall.STALLED` when it was stopped
+    for making no progress).
     """
     import threading
 
@@ -143,6 +149,15 @@ def run_main_ppo(
     tag = env[RUN_TAG_ENV]
     seen = 0
     proc = reader = dedup = None
+    watch = StallWatch(time.monotonic(), no_step_s=no_step_timeout())
+    watch_lock = threading.Lock()
+
+    def copy(lines) -> None:  # the log reader thread: every line to the watch, then to the log
+        for line in lines:
+            with watch_lock:
+                watch.line(line.decode("utf-8", errors="replace"), time.monotonic())
+            dedup.write(line)
+
     started = time.time() - 1.0  # a segment's ctime has coarse granularity
     with open(log_path, "ab") as log, tqdm(total=total_steps, desc="RL steps", unit="step") as bar:
         # everything after the launch is inside the try: a Ctrl-C / kill that lands while the log reader is being
@@ -152,8 +167,9 @@ def run_main_ppo(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
             )
             dedup = RepeatedWarningFilter(log)
-            reader = threading.Thread(target=dedup.copy, args=(proc.stdout,), name="train-log", daemon=True)
+            reader = threading.Thread(target=copy, args=(proc.stdout,), name="train-log", daemon=True)
             reader.start()
+            stalled = None
             while proc.poll() is None:
                 time.sleep(2.0)
                 rows = read_verl_jsonl([metrics_part])
@@ -161,8 +177,15 @@ def run_main_ppo(
                     bar.n = min(int(row["step"]), total_steps)
                     bar.set_postfix_str(_progress_line(row), refresh=False)
                     bar.refresh()
+                with watch_lock:
+                    if len(rows) > seen:
+                        watch.step(time.monotonic())
+                    stalled = watch.verdict(time.monotonic())
                 seen = max(seen, len(rows))
-            rc = proc.returncode
+                if stalled is not None:
+                    print(f"\nerror: {stalled}; the run is stopped", file=sys.stderr, flush=True)
+                    break
+            rc = STALLED if stalled is not None else proc.returncode
         except KeyboardInterrupt:
             rc = INTERRUPTED
         finally:
@@ -588,6 +611,13 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
             file=sys.stderr,
         )
         return rc
+    if rc == STALLED:
+        print(
+            f"[{name}] stopped: no progress (the reason is above; {run.train_log} has main_ppo's output). The same "
+            f"command resumes from the last checkpoint in {run.path / 'checkpoints'} (every --save-freq steps).",
+            file=sys.stderr,
+        )
+        return rc
     if rc != 0:
         tail = run.train_log.read_text(errors="replace")[-3000:]
         print(
@@ -840,6 +870,10 @@ def bad_option(args: argparse.Namespace) -> str | None:
         every = SFTConfig.model_fields["check_every"].default
         if args.sft_steps <= every:
             return f"--sft-stop-accuracy checks every {every} steps: --sft-steps {args.sft_steps} would run none"
+    try:
+        no_step_timeout()
+    except ValueError as exc:
+        return str(exc)
     run_dir = getattr(args, "run_dir", None) or os.environ.get("RUN_DIR")
     if run_dir:
         blocker = _file_on_path(Path(run_dir))
