@@ -153,3 +153,60 @@ def test_rl_parquet_loads_in_verl_rlhf_dataset(tmp_path):
     assert item["raw_prompt"][0]["role"] == "user"
     assert item["agent_name"] == "stare_tool_agent"
     assert item["tools_kwargs"]["code_interpreter"]["create_kwargs"]["data_source"] == item["data_source"]
+
+
+def test_code_styles_are_drawn_per_demonstration_and_print_the_same_line(splits):
+    """SFTConfig.code_styles: each demonstration's program is one of the first N CODE_STYLES, drawn by the seed;
+    every style, run by the code_interpreter tool itself, shows what print(<expression>) shows."""
+    import asyncio
+    import collections
+
+    from envs.tools.code_interpreter import CodeInterpreterTool
+    from stare_verl.jobs.families.tooluse import CODE_STYLES, _demonstrations
+
+    problems = splits["sft_train"]
+    demos, rejected = _demonstrations(problems, seed=5, code_styles=3)
+    assert rejected == [] and len(demos) == len(problems)
+    styles = collections.Counter(next(i for i, s in enumerate(CODE_STYLES) if s.format(expression=d.problem.expression)
+                                      == d.program) for d in demos)  # fmt: skip
+    assert set(styles) == {0, 1, 2} and min(styles.values()) >= 10  # 60 draws of 3 styles
+    again, _ = _demonstrations(problems, seed=5, code_styles=3)
+    assert [d.program for d in again] == [d.program for d in demos]  # deterministic for a seed
+    other, _ = _demonstrations(problems, seed=6, code_styles=3)
+    assert [d.program for d in other] != [d.program for d in demos]
+    assert [d.program for d in _demonstrations(problems, seed=5, code_styles=1)[0]] == [p.code for p in problems]
+    d = next(d for d in demos if d.program.startswith("x = "))
+    assert d.messages()[1]["tool_calls"][0]["function"]["arguments"] == {"code": d.program}
+    assert d.assistant_texts()[0].startswith('<tool_call>{"name": "code_interpreter", "arguments": {"code": "x = ')
+
+    async def run(codes):
+        tool = CodeInterpreterTool({"type": "native"})
+        try:
+            out = []
+            for code in codes:
+                iid, _ = await tool.create()
+                resp, _, _ = await tool.execute(iid, {"code": code})
+                await tool.release(iid)
+                out.append(resp.text)
+            return out
+        finally:
+            await tool.aclose()
+
+    p = problems[0]
+    shown = asyncio.run(run([s.format(expression=p.expression) for s in CODE_STYLES]))
+    assert shown == [p.answer] * len(CODE_STYLES)
+    with pytest.raises(ValueError, match="code_styles"):
+        _demonstrations(problems, code_styles=len(CODE_STYLES) + 1)
+
+
+def test_code_styles_config_key_and_family_check():
+    from stare_verl.jobs.demo.sft import SFTConfig, config_hash, key_config
+
+    base = SFTConfig()
+    assert "code_styles" not in key_config(base)["config"]  # the default's key is the one of before the field
+    three = SFTConfig(code_styles=3)
+    assert key_config(three)["config"]["code_styles"] == 3 and config_hash(three) != config_hash(base)
+    with pytest.raises(ValueError, match="code_styles is for tool use"):
+        SFTConfig(family="shortcot", code_styles=2)
+    with pytest.raises(ValueError):
+        SFTConfig(code_styles=4)

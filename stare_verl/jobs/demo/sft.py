@@ -222,6 +222,9 @@ class SFTConfig(BaseModel):
     check_every: int = Field(100, ge=1)
     n_dev: int = Field(64, ge=1)
     max_response_tokens: int = Field(128, ge=8, description="episode token budget of the held-out evaluation")
+    code_styles: int = Field(1, ge=1, le=3, description="tool use: equivalent programs of the demonstrations "
+                             "(stare_verl.jobs.families.tooluse.CODE_STYLES), one of the first N drawn per "
+                             "demonstration; 1: print(<expression>) only")
 
     cache_dir: str | None = None
     num_threads: int | None = Field(None, ge=1)
@@ -258,6 +261,9 @@ class SFTConfig(BaseModel):
         if self.vocab_size < need:
             raise ValueError(f"vocab_size {self.vocab_size} is below {need}: the bytes, special and added tokens and "
                              f"the digit groups of digits_per_token {self.digits_per_token}")
+        if self.code_styles != 1 and not job_family(self.family).multi_turn:
+            raise ValueError(f"code_styles is for tool use (the programs of its tool calls); family {self.family!r} "
+                             "has no tool")
         if self.decay_steps and self.warmup_steps + self.decay_steps > self.steps:
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) + decay_steps ({self.decay_steps}) exceed steps ({self.steps})"
@@ -307,6 +313,8 @@ def key_config(cfg: SFTConfig) -> dict[str, Any]:
         exclude = exclude | _EARLY_STOP_FIELDS
     if cfg.anneal_below_loss is None:  # keys from before the anneal
         exclude = exclude | _ANNEAL_FIELDS
+    if cfg.code_styles == 1:  # keys from before the field
+        exclude = exclude | {"code_styles"}
     fam = job_family(cfg.family)
     if fam.legacy_sft_key:
         return {"config": cfg.model_dump(mode="json", exclude=exclude | {"family"}), "versions": _versions()}
@@ -325,7 +333,8 @@ def build_family_demos(cfg: SFTConfig, problems) -> tuple[list, list]:
     ``demos_per_problem`` under ``train_seed`` (tool use: ``stare_verl.jobs.families.tooluse.build_demos``, real
     sandbox output; the CoT families: ``stare_verl.jobs.families.cot.CotDemonstrations``, sampled orders)."""
     fam = job_family(cfg.family)
-    return fam.demonstrations(problems, seed=cfg.train_seed, per_problem=fam.demos_per_problem)
+    styles = {"code_styles": cfg.code_styles} if cfg.code_styles != 1 else {}  # tool use only (checked by SFTConfig)
+    return fam.demonstrations(problems, seed=cfg.train_seed, per_problem=fam.demos_per_problem, **styles)
 
 
 def config_hash(cfg: SFTConfig) -> str:
@@ -767,6 +776,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="end early at the first check whose greedy accuracy on the dev split reaches this "
                          "(default: off; checks every --check-every steps on --n-dev problems; --steps is then the "
                          "most steps). make train-* take it as ARGS=\"--sft-stop-accuracy X\"")
+    ap.add_argument("--code-styles", type=int, default=None,
+                    help="tool use: equivalent programs drawn per demonstration (1-3; 1: print(<expression>))")
     ap.add_argument("--vocab-size", type=int, default=None)
     ap.add_argument("--digits-per-token", type=int, default=None)
     ap.add_argument("--anneal-below-loss", type=_off_or_positive, default=None,
@@ -790,7 +801,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     given = {k: getattr(a, k) for k in ("steps", "n_train", "n_heldout", "lr", "batch_size", "warmup_steps",
                                          "decay_steps", "max_response_tokens", "check_every", "n_dev",
-                                         "anneal_steps", "anneal_final_lr_ratio", "vocab_size", "digits_per_token")
+                                         "anneal_steps", "anneal_final_lr_ratio", "vocab_size", "digits_per_token",
+                                         "code_styles")
              if getattr(a, k) is not None}  # fmt: skip
     for key in ("stop_accuracy", "anneal_below_loss"):
         if getattr(a, key) is not None:

@@ -20,6 +20,7 @@ the generator's answer.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from stare_verl.jobs.families.problems import DemoError, Problem
 
 __all__ = [
     "CODE_INTERPRETER_SCHEMA",
+    "CODE_STYLES",
     "TASKS",
     "TOOLUSE",
     "TOOL_NAME",
@@ -53,6 +55,15 @@ TASKS: dict[str, dict[str, Any]] = dict(OFFLINE_TOOL_TASKS)
 
 _PRINTS_PER_PROGRAM = 256
 
+CODE_STYLES: tuple[str, ...] = (
+    "print({expression})",
+    "x = {expression}\nprint(x)",
+    "result = {expression}\nprint(result)",
+)
+"""Equivalent programs of a demonstration (``SFTConfig.code_styles``: the first N, one sampled per demonstration;
+1: ``print(<expression>)`` only). They print the same line, so the reward cannot tell them apart: a policy's
+choice among them is free, like the order of the terms in the CoT families' demonstrations."""
+
 
 @dataclass(frozen=True)
 class Demo:
@@ -60,6 +71,12 @@ class Demo:
 
     problem: Problem
     tool_output: str
+    code: str = ""  # the program of the tool call ("" : the problem's ``print(<expression>)``)
+
+    @property
+    def program(self) -> str:
+        """The code of the demonstration's tool call."""
+        return self.code or self.problem.code
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -75,12 +92,12 @@ class Demo:
         ``envs.tool_use.sft_data.conversation_from_demo`` without a system message (the demo's prompt)."""
         from envs.tool_use.sft_data import conversation_from_demo
 
-        return conversation_from_demo(self.problem.question, self.problem.code, self.tool_output,
+        return conversation_from_demo(self.problem.question, self.program, self.tool_output,
                                       f"\\boxed{{{self.tool_output}}}", system=None)
 
     def assistant_texts(self) -> list[str]:
         """The text of the two model turns (without ``<|im_end|>``), as the model must generate them."""
-        return [tool_call_text(self.problem.code), f"\\boxed{{{self.tool_output}}}"]
+        return [tool_call_text(self.program), f"\\boxed{{{self.tool_output}}}"]
 
 
 def format_observation(result) -> str:
@@ -126,9 +143,16 @@ def run_prints(expressions: Sequence[str], sandbox=None) -> list[str]:
     return asyncio.run(_run_prints_async(list(expressions), sandbox))
 
 
-def build_demos(problems: Sequence[Problem], sandbox=None) -> tuple[list[Demo], list[Problem]]:
+def build_demos(
+    problems: Sequence[Problem], sandbox=None, codes: Sequence[str] | None = None
+) -> tuple[list[Demo], list[Problem]]:
     """Demonstrations for ``problems`` with their real tool outputs.
 
+    Args:
+        problems: the problems.
+        sandbox: an ``envs.sandbox`` backend (the process-wide default one if None).
+        codes: each demonstration's program, one per problem (None: ``print(<expression>)``); each must print
+            what ``print(<expression>)`` prints (:data:`CODE_STYLES`), which is what is run.
     Returns:
         ``(demos, rejected)``: a problem is rejected when the printed value differs from its ground truth
         (then its demonstration would teach a wrong answer).
@@ -137,22 +161,34 @@ def build_demos(problems: Sequence[Problem], sandbox=None) -> tuple[list[Demo], 
     """
     from envs.sandbox import ExecResult
 
+    if codes is not None and len(codes) != len(problems):
+        raise ValueError(f"{len(codes)} programs for {len(problems)} problems")
     outputs = run_prints([p.expression for p in problems], sandbox)
     demos, rejected = [], []
-    for p, line in zip(problems, outputs, strict=True):
+    for i, (p, line) in enumerate(zip(problems, outputs, strict=True)):
         # what the tool shows for ``print(<expression>)`` run alone: one line of stdout, exit status 0
         out = format_observation(ExecResult(stdout=line + "\n", exit_code=0))
         if out.strip() == p.answer:
-            demos.append(Demo(p, out))
+            demos.append(Demo(p, out, "" if codes is None else codes[i]))
         else:
             rejected.append(p)
     return demos, rejected
 
 
-def _demonstrations(problems: Sequence[Problem], seed: int = 0, per_problem: int = 1) -> tuple[list[Demo], list[Problem]]:
-    """``JobFamily.demonstrations`` of tool use: one :func:`build_demos` demonstration per problem (the code is the
-    problem's expression, so ``seed`` and ``per_problem`` change nothing)."""
-    return build_demos(problems)
+def _demonstrations(
+    problems: Sequence[Problem], seed: int = 0, per_problem: int = 1, code_styles: int = 1
+) -> tuple[list[Demo], list[Problem]]:
+    """``JobFamily.demonstrations`` of tool use: one :func:`build_demos` demonstration per problem (``per_problem``
+    changes nothing); with ``code_styles`` > 1 each program is one of the first ``code_styles`` of
+    :data:`CODE_STYLES`, drawn with ``random.Random(seed)``. Raises ValueError for ``code_styles`` outside
+    [1, len(CODE_STYLES)]."""
+    if not 1 <= code_styles <= len(CODE_STYLES):
+        raise ValueError(f"code_styles must be in [1, {len(CODE_STYLES)}], got {code_styles}")
+    if code_styles == 1:
+        return build_demos(problems)
+    rng = random.Random(seed)
+    codes = [CODE_STYLES[rng.randrange(code_styles)].format(expression=p.expression) for p in problems]
+    return build_demos(problems, codes=codes)
 
 
 TOOLUSE = JobFamily(
