@@ -68,6 +68,10 @@ def stare_reweight(
         and entropy: the gate stays off), target_entropy, w, m, frac_l_plus,
         frac_l_minus (share of model tokens reweighted: 0 with the gate off, when L+/L- are not selected),
         mean_weight, surprisal_threshold_plus/minus (nats; -1 when the set is empty or the gate is off),
+        l_plus_above_entropy / l_minus_above_entropy (share of the set's tokens whose surprisal exceeds their own
+        state's entropy, -1 when empty: only for those is the first-order sign of STARE's premise certain, since
+        ``Phi = p_a (s_a - H) + C`` with ``C >= 0``; an L+ token with ``s_a < H`` is a rewarded mode token
+        whose amplification may lower the entropy instead),
         model_tokens, nonfinite_tokens; and the entropy-dynamics metrics over valid model tokens (see
         ``core.CovarianceSums.terms``): ``stare/cov_logp_adv`` = Cov(old log-prob, GRPO advantage),
         ``stare/cov_logp_adv_eff`` = the same with ``advantages_eff`` (equal to the former when nothing is
@@ -121,7 +125,25 @@ def stare_reweight(
         own = inplace or adv_np.ctypes.data != advantages.data_ptr()
         out = torch.from_numpy(reweight_advantages(adv_np, sets, inplace=own)).to(advantages.device)
         cov_eff = reweighted_covariance_sums(cov_base, row_adv, lp_np, sets, decision.batch_entropy)
-    return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff, cov_base, cov_eff)
+    above = (_above_entropy_np(l_plus, lp_np, ent_np), _above_entropy_np(l_minus, lp_np, ent_np))
+    return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff, cov_base, cov_eff, above)
+
+
+def _above_entropy_np(selected, lp: np.ndarray, ent: np.ndarray) -> float:
+    """Share of a selected set's tokens whose surprisal exceeds the entropy of their own state; -1 when empty."""
+    if selected is None or selected.count == 0:
+        return -1.0
+    sub = selected.selected
+    s = -lp[selected.rows][sub].astype(np.float64)
+    return float(np.count_nonzero(s > ent[selected.rows][sub].astype(np.float64)) / selected.count)
+
+
+def _above_entropy_torch(selected, lp: torch.Tensor, ent: torch.Tensor) -> float:
+    """:func:`_above_entropy_np` on tensors (``selected.selected`` is ``[B, T]``)."""
+    if selected is None or selected.count == 0:
+        return -1.0
+    sel = selected.selected
+    return float(((-lp[sel]).double() > ent[sel].double()).sum().item() / selected.count)
 
 
 def _stare_reweight_torch(advantages, response_mask, old_log_probs, entropys, controller):
@@ -160,7 +182,8 @@ def _stare_reweight_torch(advantages, response_mask, old_log_probs, entropys, co
         out = core_torch.reweight_advantages(adv, sets)
         d_adv, d_lp_adv = core_torch.reweighted_class_deltas(row_adv, lp, sets, decision.batch_entropy)
         cov_eff = dataclasses.replace(cov_base, adv=cov_base.adv + d_adv, lp_adv=cov_base.lp_adv + d_lp_adv)
-    return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff, cov_base, cov_eff)
+    above = (_above_entropy_torch(l_plus, lp, ent), _above_entropy_torch(l_minus, lp, ent))
+    return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff, cov_base, cov_eff, above)
 
 
 def _widen(t: torch.Tensor) -> torch.Tensor:
@@ -168,7 +191,8 @@ def _widen(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
-def _metrics(cfg, decision, masks, l_plus, l_minus, w_eff: float, m_eff: float, cov_base, cov_eff) -> dict:
+def _metrics(cfg, decision, masks, l_plus, l_minus, w_eff: float, m_eff: float, cov_base, cov_eff,
+             above: tuple[float, float] = (-1.0, -1.0)) -> dict:  # fmt: skip
     """The ``stare/*`` metrics of one step (see :func:`stare_reweight`), from either path's masks and sets."""
     n_plus = l_plus.count if l_plus is not None else 0
     n_minus = l_minus.count if l_minus is not None else 0
@@ -185,6 +209,8 @@ def _metrics(cfg, decision, masks, l_plus, l_minus, w_eff: float, m_eff: float, 
         "stare/mean_weight": 1.0 + ((w_eff - 1.0) * n_plus + (m_eff - 1.0) * n_minus) / n,
         "stare/surprisal_threshold_plus": _threshold(l_plus),
         "stare/surprisal_threshold_minus": _threshold(l_minus),
+        "stare/l_plus_above_entropy": above[0],
+        "stare/l_minus_above_entropy": above[1],
         "stare/model_tokens": float(masks.n_model),
         "stare/nonfinite_tokens": float(masks.n_nonfinite),
     }

@@ -486,6 +486,11 @@ def entropy_report(
         "l_minus_weight": weight("stare/m", "stare/frac_l_minus"),
         "l_minus_token_share": _mean([float(r.get("stare/frac_l_minus", 0.0)) for r in gated]),
         "mean_token_weight": _mean([float(r["stare/mean_weight"]) for r in rows if "stare/mean_weight" in r]),
+        # of the L+ / L- tokens (gated steps), the share whose surprisal exceeds their own state's entropy
+        "l_plus_above_entropy": _mean([float(r["stare/l_plus_above_entropy"]) for r in gated
+                                       if float(r.get("stare/l_plus_above_entropy", -1.0)) >= 0]),  # fmt: skip
+        "l_minus_above_entropy": _mean([float(r["stare/l_minus_above_entropy"]) for r in gated
+                                        if float(r.get("stare/l_minus_above_entropy", -1.0)) >= 0]),  # fmt: skip
         "acc_before": {"greedy": _accuracy(before, "T=0"), "T=1": _accuracy(before, "T=1")},
         "acc_after": {"greedy": _accuracy(after, "T=0"), "T=1": _accuracy(after, "T=1")},
         "heldout_entropy": _heldout_entropy(heldout),
@@ -535,6 +540,13 @@ def format_entropy_report(report: dict[str, Any]) -> list[str]:
         f"model tokens), L- {f(r['l_minus_weight'], '.2f')} ({f(r['l_minus_token_share'], '.1%')}); mean token "
         f"weight over all steps {f(r['mean_token_weight'], '.4f')}",
     ]
+    if r.get("l_plus_above_entropy") is not None:
+        lines.append(
+            f"L+ tokens whose surprisal exceeds their state's entropy (amplifying them surely raises it): "
+            f"{f(r['l_plus_above_entropy'], '.0%')}"
+            + ("" if r.get("l_minus_above_entropy") is None else
+               f"; L- tokens above theirs: {f(r['l_minus_above_entropy'], '.0%')}")
+        )
     b, a = r["acc_before"], r["acc_after"]
     if any(v is not None for v in (*b.values(), *a.values())):
         lines.append(

@@ -149,3 +149,28 @@ def test_a_token_at_exactly_minus_h_is_split_alike_on_both_paths():
     assert len(keys) == 12
     for k in keys:
         assert m_np[k] == pytest.approx(m_t[k], rel=1e-6, abs=1e-9), k
+
+
+@pytest.mark.parametrize("impl", ["numpy", "torch"])
+def test_share_of_selected_tokens_above_their_own_entropy(impl):
+    """stare/l_plus_above_entropy and l_minus_above_entropy: of the chosen tokens, the share whose surprisal exceeds
+    the entropy of their own state (where STARE's first-order sign is certain), by hand on a small batch."""
+    # row 0 (A > 0): surprisals 2.0, 0.1, 1.5 with entropies 1.0, 0.5, 3.0 -> above: yes, no, no
+    # row 1 (A < 0): surprisals 3.0, 0.2, 0.7 with entropies 0.5, 0.1, 1.0 -> above: yes, yes, no
+    lp = -torch.tensor([[2.0, 0.1, 1.5], [3.0, 0.2, 0.7]])
+    ent = torch.tensor([[1.0, 0.5, 3.0], [0.5, 0.1, 1.0]])
+    mask = torch.ones(2, 3)
+    adv = torch.tensor([[1.0] * 3, [-1.0] * 3])
+    cfg = StareConfig(target_entropy=10.0, reweight_w=2.0, variant="C2", reweight_m=0.5, top_p_ratio=1.0)
+    _, m = stare_reweight(adv, mask, lp, ent, StareController(cfg), impl=impl)
+    assert m["stare/l_plus_above_entropy"] == pytest.approx(1 / 3)
+    assert m["stare/l_minus_above_entropy"] == pytest.approx(2 / 3)
+    # P = 0.34: ceil(0.34 * 3) = 2 highest surprisals per set: L+ {2.0 (above), 1.5 (not)}, L- {3.0, 0.7}
+    cfg = StareConfig(target_entropy=10.0, reweight_w=2.0, variant="C2", reweight_m=0.5, top_p_ratio=0.34)
+    _, m = stare_reweight(adv, mask, lp, ent, StareController(cfg), impl=impl)
+    assert m["stare/l_plus_above_entropy"] == pytest.approx(0.5) and m["stare/l_minus_above_entropy"] == 0.5
+    # gate off (target below the batch entropy) or O1 (no L-): -1
+    _, m = stare_reweight(adv, mask, lp, ent, StareController(StareConfig(target_entropy=0.01)), impl=impl)
+    assert m["stare/l_plus_above_entropy"] == -1.0 and m["stare/l_minus_above_entropy"] == -1.0
+    _, m = stare_reweight(adv, mask, lp, ent, StareController(StareConfig(target_entropy=10.0)), impl=impl)
+    assert m["stare/l_plus_above_entropy"] >= 0 and m["stare/l_minus_above_entropy"] == -1.0

@@ -85,3 +85,18 @@ def test_held_above_and_missing():
     assert rep["entropy_key"] == "actor/entropy" and rep["verdict"] is None and rep["gate_on_share"] is None
     assert format_entropy_report(rep)[-1] == "no entropy or target logged"
     assert entropy_report([])["steps"] == 0
+
+
+def test_share_of_l_plus_tokens_above_their_entropy_over_gated_steps():
+    rows = _rows(GRPO_ENT, GRPO_GATE, GRPO_FRAC, 1.1, 0.03)
+    for i, r in enumerate(rows):  # gated steps: 0.2 / 0.4 alternating; off steps log -1 (nothing selected)
+        r["stare/l_plus_above_entropy"] = (0.2 if i % 2 else 0.4) if r["stare/gate_on"] else -1.0
+        r["stare/l_minus_above_entropy"] = -1.0  # O1
+    rep = entropy_report(rows, BEFORE, GRPO_AFTER)
+    on = [i for i, g in enumerate(GRPO_GATE) if g]
+    assert rep["l_plus_above_entropy"] == pytest.approx(sum(0.2 if i % 2 else 0.4 for i in on) / len(on))
+    assert rep["l_minus_above_entropy"] is None
+    line = next(ln for ln in format_entropy_report(rep) if ln.startswith("L+ tokens whose surprisal"))
+    assert line.endswith(f"{rep['l_plus_above_entropy']:.0%}") and "L- tokens" not in line
+    # runs of before the metric: no line
+    assert entropy_report(_rows(GRPO_ENT, GRPO_GATE, GRPO_FRAC, 1.1, 0.03), BEFORE, GRPO_AFTER)["l_plus_above_entropy"] is None
