@@ -12,11 +12,12 @@ stops the run (its checkpoints stay; the same command resumes from the last one)
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_AFTER_DEATH_S", "DEFAULT_NO_STEP_S", "STALL_ENV", "STALLED", "WORKER_DEATH", "StallWatch",
+__all__ = ["DEFAULT_AFTER_DEATH_S", "DEFAULT_NO_STEP_S", "MIN_NO_STEP_S", "STALL_ENV", "STALLED", "WORKER_DEATH", "StallWatch",
            "no_step_timeout"]  # fmt: skip
 
 STALLED = 124
@@ -33,18 +34,26 @@ DEFAULT_AFTER_DEATH_S = 180.0
 """After a Ray worker's death is logged, a run with no new step for this long is stopped."""
 
 WORKER_DEATH = re.compile(
-    r"A worker died or was killed|\*\*\* SIG(?:ABRT|SEGV|BUS|ILL|FPE) received|Fatal Python error"
+    r"A worker died or was killed while executing a task"
+    r"|\*\*\* SIG(?:ABRT|SEGV|BUS|ILL|FPE) received at time="
+    r"|^(?:\x1b\[[0-9;]*m)*(?:\([^)]*\))?(?:\x1b\[[0-9;]*m)*\s*Fatal Python error: "
     r"|The actor died unexpectedly|ActorDiedError"
 )
-"""A line of main_ppo's output (Ray's log prefixes included) that reports the death of one of its processes."""
+"""A line of main_ppo's output (Ray's log prefixes included) that reports the death of one of its processes: Ray's
+and the fault handler's own wording (``Fatal Python error:`` only at the start of a process's line, so a message that
+merely quotes it does not count)."""
+
+MIN_NO_STEP_S = 60.0
+"""The shortest ``$STARE_STALL_TIMEOUT_S`` taken: the wait counts the start-up (1-3 minutes on 2 cores)."""
 
 
 def no_step_timeout(env: dict[str, str] | None = None) -> float:
-    """Seconds without a step before a run is stopped: ``$STARE_STALL_TIMEOUT_S`` (0 or less: never, returned as
-    ``inf``), default :data:`DEFAULT_NO_STEP_S`.
+    """Seconds without a step before a run is stopped: ``$STARE_STALL_TIMEOUT_S`` (0: never, returned as ``inf``;
+    then the run is never stopped for a worker's death either), default :data:`DEFAULT_NO_STEP_S`.
 
     Raises:
-        ValueError: the variable is not a number.
+        ValueError: the variable is not a finite number, is negative, or is below :data:`MIN_NO_STEP_S` (a run
+            would be stopped during its start-up).
     """
     raw = (os.environ if env is None else env).get(STALL_ENV, "").strip()
     if not raw:
@@ -52,9 +61,16 @@ def no_step_timeout(env: dict[str, str] | None = None) -> float:
     try:
         value = float(raw)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
         raise ValueError(f"{STALL_ENV}={raw!r}: give the seconds without an RL step before a run is stopped "
-                         "(0: never)") from None  # fmt: skip
-    return float("inf") if value <= 0 or value != value else value
+                         f"(at least {MIN_NO_STEP_S:g}; 0: never)")  # fmt: skip
+    if value == 0:
+        return math.inf
+    if value < MIN_NO_STEP_S:
+        raise ValueError(f"{STALL_ENV}={raw!r}: at least {MIN_NO_STEP_S:g} seconds (the wait includes the run's "
+                         "start-up, 1-3 minutes on 2 cores), or 0 for never")  # fmt: skip
+    return value
 
 
 @dataclass
@@ -77,6 +93,8 @@ class StallWatch:
 
     def __post_init__(self) -> None:
         self.last_progress = self.started
+        if math.isinf(self.no_step_s):  # stopping switched off ($STARE_STALL_TIMEOUT_S=0): for deaths too
+            self.after_death_s = math.inf
 
     def line(self, text: str, now: float) -> None:
         """One line of output; the first that reports a worker's death (since the last step) is kept."""

@@ -71,16 +71,36 @@ def test_no_step_at_all_stops_after_no_step_s():
     assert w.verdict(1209.0) is None and w.verdict(1210.0) is not None
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("", 1800.0), ("45", 45.0), ("2.5", 2.5), ("0", float("inf")),
-                                              ("-1", float("inf")), ("nan", float("inf"))])  # fmt: skip
+@pytest.mark.parametrize(("raw", "expected"), [("", 1800.0), ("600", 600.0), (" 90.5 ", 90.5), ("60", 60.0),
+                                              ("0", float("inf")), ("0.0", float("inf"))])  # fmt: skip
 def test_no_step_timeout_from_the_environment(raw, expected):
     assert no_step_timeout({stall.STALL_ENV: raw}) == expected
 
 
-@pytest.mark.parametrize("raw", ["ten", "5s", "1e"])
-def test_no_step_timeout_rejects_what_is_not_a_number(raw):
+@pytest.mark.parametrize("raw", ["ten", "5s", "1e", "nan", "inf", "-inf", "1e400", "-5", "-0.5"])
+def test_no_step_timeout_rejects_what_is_not_a_finite_non_negative_number(raw):
     with pytest.raises(ValueError, match=stall.STALL_ENV):
         no_step_timeout({stall.STALL_ENV: raw})
+
+
+@pytest.mark.parametrize("raw", ["30", "0.001", "59.9"])
+def test_no_step_timeout_below_the_start_up_is_refused(raw):
+    with pytest.raises(ValueError, match="start-up"):
+        no_step_timeout({stall.STALL_ENV: raw})
+
+
+def test_zero_switches_off_the_death_rule_too():
+    w = StallWatch(started=0.0, no_step_s=float("inf"))
+    w.line(DEATH_LINES[4], 5.0)
+    assert w.verdict(1e6) is None
+
+
+@pytest.mark.parametrize("text", [
+    "(AgentLoopWorker pid=1) print('Fatal Python error is a phrase')",
+    "(TaskRunner pid=7) WARNING: math-verify could not parse 'Fatal Python error: Aborted' in the response",
+])  # fmt: skip
+def test_a_quoted_death_phrase_is_not_a_death(text):
+    assert not stall.WORKER_DEATH.search(text)
 
 
 def test_train_refuses_a_bad_timeout_before_anything_runs(monkeypatch):
@@ -120,7 +140,7 @@ def test_run_main_ppo_stops_a_run_whose_worker_died(tmp_path, monkeypatch, capsy
 
 
 def test_run_main_ppo_stops_a_run_without_steps(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(stall.STALL_ENV, "4")
+    monkeypatch.setattr(train, "no_step_timeout", lambda: 4.0)  # the variable's floor is 60 s
     rc, took, _ = _run(tmp_path, _SILENT, "stall-test-silent")
     assert rc == STALLED and took < 60
     assert "no RL step in" in capsys.readouterr().err
