@@ -160,6 +160,15 @@ def _kill_others():
         time.sleep(0.005)
 
 
+def _identity(fd):
+    """(device, inode) of what ``fd`` refers to; None once it is closed."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def main_session(limits, ctl_fd, in_pidns):
     import json
 
@@ -174,8 +183,20 @@ def main_session(limits, ctl_fd, in_pidns):
     _apply_limits(limits)
     sys.argv = [CODE_FILENAME]
     glb = _fresh_globals()
+    # The code runs in this process and can tamper with the driver's own descriptors. Their identities are kept so
+    # that a replaced or closed one ends the session (no reply: the host reports it and starts a fresh one) rather
+    # than a later call being answered wrongly; a control input left non-blocking is made blocking again.
+    in_fd = ctl_in.fileno()
+    own = {fd: _identity(fd) for fd in (in_fd, out_fd, err_fd, ctl_fd)}
     os.write(ctl_fd, b'{"ready": true}\n')
-    for line in ctl_in:
+    while True:
+        try:
+            os.set_blocking(in_fd, True)
+            line = ctl_in.readline()
+        except (OSError, ValueError):
+            os._exit(70)
+        if not line:
+            break
         request = json.loads(line)
         # Undo what the previous call may have done to the standard streams.
         os.dup2(out_fd, 1)
@@ -189,6 +210,8 @@ def main_session(limits, ctl_fd, in_pidns):
         _flush()
         if in_pidns:
             _kill_others()
+        if any(_identity(fd) != ident for fd, ident in own.items()):
+            os._exit(70)  # before any reply: one written to a replaced descriptor could go anywhere
         nonce = request["nonce"].encode()
         os.write(out_fd, nonce)
         os.write(err_fd, nonce)

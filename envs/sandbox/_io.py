@@ -370,7 +370,8 @@ async def kill_tree(proc: PipeProcess, uid: int | None = None, grace_s: float = 
         await asyncio.wait_for(proc.wait(), timeout=grace_s)
     except asyncio.TimeoutError:
         proc.close_pipes()
-        await asyncio.wait_for(proc.wait(), timeout=grace_s)
+        with contextlib.suppress(asyncio.TimeoutError):  # unkillable (e.g. stuck in the kernel): left to the reaper
+            await asyncio.wait_for(proc.wait(), timeout=grace_s)
     deadline = time.monotonic() + grace_s
     while any(_alive(pid) for pid in kids) and time.monotonic() < deadline:
         await asyncio.sleep(0.005)

@@ -611,6 +611,10 @@ class PythonSession:
             status = normalize_status(proc.returncode)
             if flooded:
                 stderr += f"\n[output limit exceeded: killed after {out.total + err.total} bytes]"
+            elif not status:  # no reply and no error status: no success, the code may not have run at all
+                stderr += (f"\n[the session's interpreter ended before replying (exit status {status}): its state "
+                           "is lost; the next call starts a fresh one]")
+                status = None  # (a non-zero status, e.g. os._exit(1) or the driver's 70 after tampering, says it)
             return ExecResult(stdout=stdout, stderr=stderr, exit_code=None if flooded else status,
                               truncated=flooded or out.truncated or err.truncated, duration_s=duration,
                               oom=looks_like_oom(stderr), backend=name)

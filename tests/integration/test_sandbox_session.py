@@ -135,3 +135,36 @@ def test_idle_sessions_are_closed(kind):
         return keys
 
     assert asyncio.run(go()) == ["new"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_code_that_tampers_with_the_drivers_descriptors(kind):
+    """The code runs in the driver's process and can reach its control pipes (a fresh user's attack: with the
+    control input made non-blocking, the driver ended after its reply and the next call was reported as a success
+    with exit status 0, its code never run). Non-blocking: made blocking again, the session goes on. Closed or
+    replaced: the call fails visibly (no reply), the next one runs in a fresh interpreter. os._exit(0): no success."""
+    sb = _sandbox(kind, timeout_s=5)
+    tamper = {
+        "nonblock": "import os\nfor fd in range(3, 12):\n    try: os.set_blocking(fd, False)\n    except OSError: pass",
+        "close": "import os\nfor fd in range(3, 12):\n    try: os.close(fd)\n    except OSError: pass",
+        "dup2": "import os\nr, w = os.pipe()\nfor fd in range(3, 12):\n    try: os.dup2(w, fd)\n    except OSError: pass",
+        "exit0": "import os; os._exit(0)",
+    }
+
+    async def go():
+        out = {}
+        for name, code in tamper.items():
+            await sb.run_in_session(name, "y = 41")
+            out[name] = (await sb.run_in_session(name, code), await sb.run_in_session(name, "print('y' in globals())"))
+        await sb.aclose()
+        return out
+
+    r = asyncio.run(go())
+    call, after = r["nonblock"]
+    assert call.exit_code == 0 and after.stdout == "True\n" and not after.session_restarted
+    for name in ("close", "dup2"):  # the driver ends with status 70 before any reply
+        assert r[name][0].exit_code == 70, (name, r[name][0])
+    assert r["exit0"][0].exit_code is None and "ended before replying (exit status 0)" in r["exit0"][0].stderr
+    for name in ("close", "dup2", "exit0"):
+        call, after = r[name]
+        assert after.exit_code == 0 and after.stdout == "False\n" and after.session_restarted, (name, after)
