@@ -175,9 +175,9 @@ def test_code_styles_are_drawn_per_demonstration_and_print_the_same_line(splits)
     other, _ = _demonstrations(problems, seed=6, code_styles=3)
     assert [d.program for d in other] != [d.program for d in demos]
     assert [d.program for d in _demonstrations(problems, seed=5, code_styles=1)[0]] == [p.code for p in problems]
-    d = next(d for d in demos if d.program.startswith("x = "))
+    d = next(d for d in demos if d.program.endswith(", flush=True)"))
     assert d.messages()[1]["tool_calls"][0]["function"]["arguments"] == {"code": d.program}
-    assert d.assistant_texts()[0].startswith('<tool_call>{"name": "code_interpreter", "arguments": {"code": "x = ')
+    assert d.assistant_texts()[0].endswith(', flush=True)"}}</tool_call>')
 
     async def run(codes):
         tool = CodeInterpreterTool({"type": "native"})
@@ -205,7 +205,10 @@ def test_code_styles_config_key_and_family_check():
     base = SFTConfig()
     assert "code_styles" not in key_config(base)["config"]  # the default's key is the one of before the field
     three = SFTConfig(code_styles=3)
-    assert key_config(three)["config"]["code_styles"] == 3 and config_hash(three) != config_hash(base)
+    from stare_verl.jobs.families.tooluse import CODE_STYLES
+
+    assert key_config(three)["config"]["code_styles"] == list(CODE_STYLES)  # the programs, not only their count
+    assert config_hash(three) != config_hash(base) != config_hash(SFTConfig(code_styles=2))
     with pytest.raises(ValueError, match="code_styles is for tool use"):
         SFTConfig(family="shortcot", code_styles=2)
     with pytest.raises(ValueError):

@@ -317,8 +317,13 @@ def key_config(cfg: SFTConfig) -> dict[str, Any]:
         exclude = exclude | {"code_styles"}
     fam = job_family(cfg.family)
     if fam.legacy_sft_key:
-        return {"config": cfg.model_dump(mode="json", exclude=exclude | {"family"}), "versions": _versions()}
-    conf = {**cfg.model_dump(mode="json", exclude=exclude), "demos_per_problem": fam.demos_per_problem}
+        conf = cfg.model_dump(mode="json", exclude=exclude | {"family"})
+    else:
+        conf = {**cfg.model_dump(mode="json", exclude=exclude), "demos_per_problem": fam.demos_per_problem}
+    if cfg.code_styles != 1:  # the programs themselves, so that another set of styles is another checkpoint
+        from stare_verl.jobs.families.tooluse import CODE_STYLES
+
+        conf["code_styles"] = list(CODE_STYLES[: cfg.code_styles])
     return {"config": conf, "versions": _versions()}
 
 

@@ -57,12 +57,14 @@ _PRINTS_PER_PROGRAM = 256
 
 CODE_STYLES: tuple[str, ...] = (
     "print({expression})",
-    "x = {expression}\nprint(x)",
-    "result = {expression}\nprint(result)",
+    "print({expression}, flush=True)",
+    "print({expression})  # evaluate",
 )
 """Equivalent programs of a demonstration (``SFTConfig.code_styles``: the first N, one sampled per demonstration;
 1: ``print(<expression>)`` only). They print the same line, so the reward cannot tell them apart: a policy's
-choice among them is free, like the order of the terms in the CoT families' demonstrations."""
+choice among them is free, like the order of the terms in the CoT families' demonstrations. They differ after the
+copied expression: styles that differ before it (``x = <e>`` / ``print(x)``) shift the copy, and the 2-layer cold
+start did not land with them (issue 30: greedy 0.405 after 1300 steps, against 0.635 with these)."""
 
 
 @dataclass(frozen=True)
