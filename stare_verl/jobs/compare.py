@@ -245,7 +245,14 @@ def _rolling(ys: list[float], n: int) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status."""
     from stare_verl.jobs.procs import interrupt_on_termination
-    from stare_verl.jobs.train import _method_arg, bad_option, method_of, train_cpu
+    from stare_verl.jobs.train import (
+        SFT_VARIANT_OPTIONS,
+        _method_arg,
+        add_sft_variant_options,
+        bad_option,
+        method_of,
+        train_cpu,
+    )
     from stare_verl.jobs.train import build_parser as train_parser
 
     interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal stop the current run
@@ -282,10 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)"
     )
+    add_sft_variant_options(p)
+    p.add_argument("--sft-steps", type=int, default=None,
+                   help="the most cold-start SFT steps (default: the family's; the anneal's end may come later)")
     p.add_argument(
         "overrides", nargs="*", default=[], help="Hydra overrides for every run (the GRPO-ds twin keeps W = M = 1)"
     )
     args = p.parse_args(argv)
+    sft_variant = [arg for opt in (*SFT_VARIANT_OPTIONS, "sft_steps") if getattr(args, opt) is not None
+                   for arg in ("--" + opt.replace("_", "-"), str(getattr(args, opt)))]  # fmt: skip
     fam = job_family(args.family)
     if args.steps is None:
         args.steps = fam.compare_steps
@@ -315,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         return train_parser().parse_args(
             ["--cpu", "--family", args.family, "--method", method, "--seed", str(seed),
              "--steps", str(args.steps), "--n-eval", str(args.n_eval), "--run-dir", str(run_dir),
-             "--eval-samples", str(args.eval_samples), *regime_overrides, *args.overrides]
+             "--eval-samples", str(args.eval_samples), *sft_variant, *regime_overrides, *args.overrides]
         )  # fmt: skip
 
     # options are checked once, up front (a finished run folder would skip the per-run check)

@@ -531,7 +531,16 @@ def sft_config(args: argparse.Namespace, family: str):
         sft_kw["stop_accuracy"] = args.sft_stop_accuracy
     if args.sft_seed is not None:
         sft_kw["init_seed"] = sft_kw["train_seed"] = args.sft_seed
+    for opt, field_name in SFT_VARIANT_OPTIONS.items():
+        if getattr(args, opt, None) is not None:
+            sft_kw[field_name] = getattr(args, opt)
     return SFTConfig(family=family, **sft_kw)
+
+
+SFT_VARIANT_OPTIONS = {"sft_code_styles": "code_styles", "sft_anneal_ratio": "anneal_final_lr_ratio",
+                       "sft_anneal_steps": "anneal_steps"}  # fmt: skip
+"""``stare-verl train`` / ``compare`` options -> the ``SFTConfig`` field they set (the cold-start variants of the
+README's tool-use tables; each is a checkpoint of its own)."""
 
 
 def tiny_recipe_command(args: argparse.Namespace, backend: RunBackend, family: str, model_dir: Path,
@@ -683,7 +692,7 @@ def _dashboard(
 GPU_RECIPE_OPTIONS = {"steps": "trainer.total_training_steps", "seed": "data.seed", "save_freq": "trainer.save_freq"}
 """Options of ``stare-verl train`` that the GPU recipe takes, as the Hydra key each one sets (when given)."""
 CPU_ONLY_OPTIONS = ("n_train", "n_eval", "eval_samples", "max_turns", "min_sft_accuracy", "sft_threads", "sft_steps",
-                    "sft_cache")  # fmt: skip
+                    "sft_cache", "sft_code_styles", "sft_anneal_ratio", "sft_anneal_steps")  # fmt: skip
 """Options of the tiny-model CPU pipeline (its data, SFT and held-out evaluation) that a GPU recipe has no use for."""
 
 
@@ -874,6 +883,16 @@ def bad_option(args: argparse.Namespace) -> str | None:
         no_step_timeout()
     except ValueError as exc:
         return str(exc)
+    if any(getattr(args, o, None) is not None for o in SFT_VARIANT_OPTIONS):
+        from pydantic import ValidationError
+
+        try:
+            sft_config(args, getattr(args, "family", None) or DEFAULT_FAMILY)
+        except (ValidationError, ValueError) as exc:
+            errors = exc.errors() if isinstance(exc, ValidationError) else [{"loc": (), "msg": str(exc)}]
+            flag = {f: "--" + o.replace("_", "-") for o, f in SFT_VARIANT_OPTIONS.items()}
+            return "; ".join(f"{flag.get(e['loc'][0] if e['loc'] else '', 'the --sft-* options')}: {e['msg']}"
+                             for e in errors)  # fmt: skip
     run_dir = getattr(args, "run_dir", None) or os.environ.get("RUN_DIR")
     if run_dir:
         blocker = _file_on_path(Path(run_dir))
@@ -1017,12 +1036,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="end the cold-start SFT early at the first check (every 100 steps) whose greedy accuracy on 64 dev "
              "problems reaches this; --sft-steps is then the most steps (default: off)",
     )
+    add_sft_variant_options(p)
     p.add_argument(
         "--sft-cache", default=None,
         help="an existing SFT cache folder (default: $STARE_CACHE_DIR or runs/cache, made when missing)"
     )
     p.add_argument("overrides", nargs="*", default=[], help="extra Hydra overrides for main_ppo")
     return p
+
+
+def add_sft_variant_options(p: argparse.ArgumentParser) -> None:
+    """``--sft-code-styles`` / ``--sft-anneal-ratio`` / ``--sft-anneal-steps`` (:data:`SFT_VARIANT_OPTIONS`)."""
+    p.add_argument("--sft-code-styles", type=int, default=None,
+                   help="tool use: equivalent programs drawn per demonstration, 1-3 (default 1: print(<expression>))")
+    p.add_argument("--sft-anneal-ratio", type=float, default=None,
+                   help="the cold start's lr at its end as a share of its lr, once the loss leaves the copy plateau "
+                        "(tool use: 0.15; 1.0: constant lr, the run still ends --sft-anneal-steps after the plateau)")
+    p.add_argument("--sft-anneal-steps", type=int, default=None,
+                   help="cold-start steps after the copy plateau (tool use: 300)")
 
 
 def main(argv: list[str] | None = None) -> int:

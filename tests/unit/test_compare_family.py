@@ -126,3 +126,31 @@ def test_a_run_with_more_samples_is_reported_at_the_comparisons_k(tmp_path):
     largest = compare.run_stats(run)
     assert largest["pass_k"] == 16 and largest["pass_at_k_after_t1"] == 1.0
     assert compare.run_stats(run, pass_k=32)["pass_k"] == 16
+
+
+def test_compare_and_train_take_the_cold_start_variants(tmp_path, monkeypatch, capsys):
+    """--sft-code-styles / --sft-anneal-ratio / --sft-anneal-steps / --sft-steps reach every run's SFT configuration
+    (the README's code-styles table: the checkpoint of demo.sft with the same settings); bad values are refused
+    before any run."""
+    seen = []
+
+    def fake_train_cpu(args):
+        cfg = T.sft_config(args, args.family)
+        seen.append((cfg.code_styles, cfg.anneal_final_lr_ratio, cfg.anneal_steps, cfg.steps))
+        return 1  # the comparison stops after the first run: enough to see its options
+
+    monkeypatch.setattr(T, "train_cpu", fake_train_cpu)
+    monkeypatch.chdir(tmp_path)
+    assert compare.main(["--family", "tooluse", "--seeds", "0", "--sft-code-styles", "3", "--sft-anneal-ratio", "1.0",
+                         "--sft-anneal-steps", "600", "--sft-steps", "2000"]) == 1  # fmt: skip
+    assert seen == [(3, 1.0, 600, 2000)]
+    seen.clear()
+    assert compare.main(["--family", "tooluse", "--seeds", "0"]) == 1  # the family's cold start otherwise
+    assert seen == [(1, 0.15, 300, 1300)]
+    for bad, word in ((["--sft-code-styles", "4"], "--sft-code-styles"), (["--sft-anneal-ratio", "1.5"], "--sft-anneal-ratio"),
+                      (["--sft-anneal-steps", "0"], "--sft-anneal-steps")):  # fmt: skip
+        seen.clear()
+        assert compare.main(["--family", "tooluse", "--seeds", "0", *bad]) == 2
+        assert word in capsys.readouterr().err and seen == []
+    assert compare.main(["--family", "shortcot", "--seeds", "0", "--sft-code-styles", "2"]) == 2
+    assert "code_styles is for tool use" in capsys.readouterr().err
