@@ -133,9 +133,9 @@ def _above_entropy_np(selected, lp: np.ndarray, ent: np.ndarray) -> float:
     """Share of a selected set's tokens whose surprisal exceeds the entropy of their own state; -1 when empty."""
     if selected is None or selected.count == 0:
         return -1.0
-    sub = selected.selected
-    s = -lp[selected.rows][sub].astype(np.float64)
-    return float(np.count_nonzero(s > ent[selected.rows][sub].astype(np.float64)) / selected.count)
+    at = selected.positions  # flat [B * T] indices (cached): no copy of the selected rows
+    s = -np.ravel(lp)[at].astype(np.float64)
+    return float(np.count_nonzero(s > np.ravel(ent)[at].astype(np.float64)) / selected.count)
 
 
 def _above_entropy_torch(selected, lp: torch.Tensor, ent: torch.Tensor) -> float:

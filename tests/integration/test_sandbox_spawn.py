@@ -76,14 +76,20 @@ STRESS = textwrap.dedent('''
 ''')
 
 
+def _run_stress(tmp_path, source: str, kind: str, n: int, timeout: float) -> str:
+    """Run a stress script in a child process with a deadline (a hang fails the test, not the suite); its stdout."""
+    script = tmp_path / "stress.py"
+    script.write_text(source)
+    proc = subprocess.run([sys.executable, str(script), kind, str(n)], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
 @pytest.mark.parametrize("kind, n", [("spawn", 500), ("sandbox", 40)])
 def test_no_hang_under_uvloop_while_c_threads_enter_python(kind, n, tmp_path):
-    script = tmp_path / "stress.py"
-    script.write_text(STRESS)
-    proc = subprocess.run([sys.executable, str(script), kind, str(n)], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().endswith(f"{kind}: {n} done")
+    out = _run_stress(tmp_path, STRESS, kind, n, timeout=120)
+    assert out.endswith(f"{kind}: {n} done")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -144,12 +150,7 @@ CLOSE_ONCE = textwrap.dedent('''
 
 @pytest.mark.parametrize("kind, n", [("spawn", 2000), ("sandbox", 30)])
 def test_pipes_close_each_descriptor_once_under_uvloop(kind, n, tmp_path):
-    script = tmp_path / "close_once.py"
-    script.write_text(CLOSE_ONCE)
-    proc = subprocess.run([sys.executable, str(script), kind, str(n)], cwd=REPO, capture_output=True, text=True,
-                          timeout=180)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    last = proc.stdout.strip().splitlines()[-1]
+    last = _run_stress(tmp_path, CLOSE_ONCE, kind, n, timeout=180).splitlines()[-1]
     walks = int(last.split()[1])
     assert walks > 0, last  # the walker ran beside the spawns
     assert " failed 0 " in last, f"a descriptor of another thread was closed under it: {last}"

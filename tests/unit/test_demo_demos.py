@@ -83,13 +83,13 @@ def test_schema_and_observations_are_the_tools_own():
     assert D.format_observation(bad).endswith("ZeroDivisionError: division by zero")
 
 
-def test_demo_tool_output_equals_running_the_tool(built):
-    """The batched sandbox run gives what the code_interpreter tool returns for the demo's code alone."""
+def _tool_texts(codes):
+    """What the code_interpreter tool itself returns for each program, run alone."""
     import asyncio
 
     from envs.tools.code_interpreter import CodeInterpreterTool
 
-    async def run(codes):
+    async def run():
         tool = CodeInterpreterTool({"type": "native"})
         try:
             out = []
@@ -102,8 +102,15 @@ def test_demo_tool_output_equals_running_the_tool(built):
         finally:
             await tool.aclose()
 
+    return asyncio.run(run())
+
+
+def test_demo_tool_output_equals_running_the_tool(built):
+    """The batched sandbox run gives what the code_interpreter tool returns for the demo's code alone."""
+
+
     demos = built[0][:4]
-    assert asyncio.run(run([d.problem.code for d in demos])) == [d.tool_output for d in demos]
+    assert _tool_texts([d.problem.code for d in demos]) == [d.tool_output for d in demos]
 
 
 def test_sample_problems_rejects_negative():
@@ -158,10 +165,8 @@ def test_rl_parquet_loads_in_verl_rlhf_dataset(tmp_path):
 def test_code_styles_are_drawn_per_demonstration_and_print_the_same_line(splits):
     """SFTConfig.code_styles: each demonstration's program is one of the first N CODE_STYLES, drawn by the seed;
     every style, run by the code_interpreter tool itself, shows what print(<expression>) shows."""
-    import asyncio
     import collections
 
-    from envs.tools.code_interpreter import CodeInterpreterTool
     from stare_verl.jobs.families.tooluse import CODE_STYLES, _demonstrations
 
     problems = splits["sft_train"]
@@ -179,21 +184,8 @@ def test_code_styles_are_drawn_per_demonstration_and_print_the_same_line(splits)
     assert d.messages()[1]["tool_calls"][0]["function"]["arguments"] == {"code": d.program}
     assert d.assistant_texts()[0].endswith(', flush=True)"}}</tool_call>')
 
-    async def run(codes):
-        tool = CodeInterpreterTool({"type": "native"})
-        try:
-            out = []
-            for code in codes:
-                iid, _ = await tool.create()
-                resp, _, _ = await tool.execute(iid, {"code": code})
-                await tool.release(iid)
-                out.append(resp.text)
-            return out
-        finally:
-            await tool.aclose()
-
     p = problems[0]
-    shown = asyncio.run(run([s.format(expression=p.expression) for s in CODE_STYLES]))
+    shown = _tool_texts([s.format(expression=p.expression) for s in CODE_STYLES])
     assert shown == [p.answer] * len(CODE_STYLES)
     with pytest.raises(ValueError, match="code_styles"):
         _demonstrations(problems, code_styles=len(CODE_STYLES) + 1)
