@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -183,10 +184,23 @@ def stderr_to(sink: IO[bytes]):
             yield sink
     finally:
         text.flush()
+        _repoint_log_handlers(text, sys.stderr)  # redirect_stderr has restored sys.stderr by now
         text.close()
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def _repoint_log_handlers(old: IO[str], new: IO[str]) -> None:
+    """Logging handlers made while ``old`` was ``sys.stderr`` (verl's import adds a root ``StreamHandler``) write to
+    ``new`` instead: ``old`` is about to be closed, and a warning logged through them later would fail with
+    "I/O operation on closed file" (a logging traceback on the console instead of the warning)."""
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]  # fmt: skip
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+                handler.setStream(new)
 
 
 def in_hf_cache(model: str) -> bool:

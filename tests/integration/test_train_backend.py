@@ -99,6 +99,29 @@ def test_stderr_to_keeps_verl_noise_off_the_console(capfd):
     assert "accelerator" not in err and "torchtitan" not in err and "after" in err
 
 
+def test_a_log_handler_made_inside_stderr_to_still_works_after_it(capfd):
+    """verl's import adds a root StreamHandler on the sys.stderr of that moment, the block's temporary stream, closed
+    at its end: a later warning (the sandbox's missing-modules one, a fresh user's run) became five "--- Logging
+    error --- ValueError: I/O operation on closed file" tracebacks. Handlers made in the block write to stderr after."""
+    import logging
+    import sys
+    import tempfile
+
+    name = "stare-test-stderr-to"
+    try:
+        with tempfile.TemporaryFile() as sink:
+            with backend.stderr_to(sink):
+                handler = logging.StreamHandler()  # bound to sys.stderr now: the block's stream
+                logging.getLogger(name).addHandler(handler)
+                inside = handler.stream
+            assert handler.stream is sys.stderr and inside.closed
+            logging.getLogger(name).warning("the sandbox's interpreter lacks numpy")
+        err = capfd.readouterr().err
+        assert "the sandbox's interpreter lacks numpy" in err and "Logging error" not in err
+    finally:
+        logging.getLogger(name).handlers.clear()
+
+
 def test_sandbox_backend_of_the_tool_config():
     from envs.sandbox import make_sandbox
 
