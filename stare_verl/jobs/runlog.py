@@ -509,7 +509,7 @@ def entropy_report(
     if not report["reweighting"]:
         message = f"{where}; no reweighting (W = M = 1, the GRPO-ds twin): the gate only marks entropy < target"
     elif verdict == "held":
-        message = f"entropy held: {where}"
+        message = f"entropy held (within {band:.0%} of the target): {where}"
     elif report["below_with_gate_on"]:
         message = (
             f"ENTROPY NOT HELD: {where}, {last_gated} of the last {quarter}. STARE reweighted (L+ weight "
@@ -524,6 +524,13 @@ def entropy_report(
     return report
 
 
+def _set_weight(name: str, weight: float | None, share: float | None) -> str:
+    """``L+ 3.00 (2.1% of model tokens)``, or ``L- untouched`` for a set that never held a token (O1's L-)."""
+    if weight is None:
+        return f"{name} untouched"
+    return f"{name} {weight:.2f} ({'-' if share is None else format(share, '.1%')} of model tokens)"
+
+
 def format_entropy_report(report: dict[str, Any]) -> list[str]:
     """The console lines of an :func:`entropy_report`: the entropy against the target, the gate, L+ / L-, the
     held-out accuracies, then the report's message."""
@@ -536,9 +543,9 @@ def format_entropy_report(report: dict[str, Any]) -> list[str]:
         f"entropy ({r['entropy_key']}): first quarter {f(r['entropy_first_quarter'], '.4f')}, last quarter "
         f"{f(r['entropy_last_quarter'], '.4f')} vs target {f(r['target_entropy'], 'g')} "
         f"({f(r['last_quarter_over_target'], '.2f')} x); gate on in {r['gate_on_steps']} of {r['gate_steps']} steps",
-        f"weights with the gate on: L+ {f(r['l_plus_weight'], '.2f')} ({f(r['l_plus_token_share'], '.1%')} of "
-        f"model tokens), L- {f(r['l_minus_weight'], '.2f')} ({f(r['l_minus_token_share'], '.1%')}); mean token "
-        f"weight over all steps {f(r['mean_token_weight'], '.4f')}",
+        f"weights with the gate on: {_set_weight('L+', r['l_plus_weight'], r['l_plus_token_share'])}, "
+        f"{_set_weight('L-', r['l_minus_weight'], r['l_minus_token_share'])}; mean token weight over all steps "
+        f"{f(r['mean_token_weight'], '.4f')}",
     ]
     if r.get("l_plus_above_entropy") is not None:
         lines.append(

@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -63,7 +64,7 @@ from stare_verl.jobs.procs import (
     remove_orphan_shm,
 )
 from stare_verl.jobs.runlog import RunFolder, entropy_report, format_entropy_report, is_probe_result
-from stare_verl.jobs.stall import STALLED, StallWatch, no_step_timeout
+from stare_verl.jobs.stall import DEFAULT_AFTER_DEATH_S, STALL_ENV, STALLED, StallWatch, no_step_timeout
 from stare_verl.recipe_files import recipes_dir
 
 # Per family (stare_verl.jobs.families.JobFamily): the held-out greedy accuracy the cold-start SFT checkpoint needs
@@ -1190,6 +1191,17 @@ def dry_run(args: argparse.Namespace, probe) -> int:
     return _print_plan(name, compose_name, overrides, cmd, run, f"{backend.path} ({what})", backend, why, notes)
 
 
+def _stall_plan(backend: RunBackend) -> str:
+    """The dry run's line on when a real run would be stopped for making no progress (see :func:`run_main_ppo`)."""
+    if backend.path == "gpu-sglang":
+        return "off (the GPU recipe's main_ppo streams to the console unwatched)"
+    no_step = no_step_timeout()  # a bad value was refused by bad_option before the plan
+    if math.isinf(no_step):
+        return f"off ({STALL_ENV}=0)"
+    return (f"exit {STALLED} after {no_step:g} s without an RL step ({STALL_ENV}), or "
+            f"{DEFAULT_AFTER_DEATH_S:g} s without one after a Ray worker's death")
+
+
 def _print_plan(name: str, compose_name: str, overrides: list[str], cmd: list[str], run: RunFolder, what: str,
                 backend: RunBackend, why: str, notes: list[str]) -> int:  # fmt: skip
     """Compose ``compose_name`` with ``overrides`` (the command's Hydra arguments) and print the dry run's
@@ -1228,6 +1240,7 @@ def _print_plan(name: str, compose_name: str, overrides: list[str], cmd: list[st
                   if "://" not in f and not Path(f).is_file()]  # fmt: skip
     for note in notes:
         print(f"[{name}] note: {note}")
+    print(f"[{name}] stall watch: {_stall_plan(backend)}")
     print(f"[{name}] command:")
     print(shlex.join(cmd), flush=True)
     try:

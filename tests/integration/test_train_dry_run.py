@@ -31,6 +31,7 @@ def cpu_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(train, "run_main_ppo", lambda *a, **k: pytest.fail("main_ppo launched"))
     monkeypatch.delenv("MODEL", raising=False)
     monkeypatch.delenv("RUN_DIR", raising=False)
+    monkeypatch.delenv("STARE_STALL_TIMEOUT_S", raising=False)
     monkeypatch.setenv("STARE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -84,6 +85,7 @@ def test_dry_run_plans_the_gpu_recipe_on_a_cpu_machine(cpu_machine, capsys):
         "no data file data/short_cot/dapo_math_train.parquet here yet (make data-hf" in ln for ln in plan
     )
     assert plan[-1].startswith("[train-shortcot] ok: validates as verl would at launch: adv_estimator=stare")
+    assert "[train-shortcot] stall watch: off (the GPU recipe's main_ppo streams to the console unwatched)" in plan
     assert sorted(p.name for p in cpu_machine.iterdir()) == []  # no run folder, no cache, nothing
 
 
@@ -143,7 +145,23 @@ def test_dry_run_of_the_cpu_default_prints_the_tiny_recipe_command(cpu_machine, 
     )
     assert any(f"the cold-start SFT checkpoint {sft} is not cached yet" in ln for ln in plan)
     assert "CPU rank(s) per node" in out and plan[-1].startswith("[train-tooluse] ok: validates")
+    assert "[train-tooluse] stall watch: exit 124 after 1800 s without an RL step (STARE_STALL_TIMEOUT_S), or 180 s " \
+        "without one after a Ray worker's death" in plan
     assert list(cpu_machine.iterdir()) == []
+
+
+@pytest.mark.parametrize(("value", "line"), [
+    ("600", "stall watch: exit 124 after 600 s without an RL step"),
+    ("0", "stall watch: off (STARE_STALL_TIMEOUT_S=0)"),
+])
+def test_dry_run_says_when_the_run_would_be_stopped(cpu_machine, capsys, monkeypatch, value, line):
+    monkeypatch.setenv("STARE_STALL_TIMEOUT_S", value)
+    assert train.main(["--family", "tooluse", "--dry-run"]) == 0
+    assert f"[train-tooluse] {line}" in capsys.readouterr().out
+    monkeypatch.setenv("STARE_STALL_TIMEOUT_S", "5")  # too short: refused before any plan
+    assert train.main(["--family", "tooluse", "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert "stall watch" not in out and "STARE_STALL_TIMEOUT_S='5'" in err
 
 
 def test_dry_run_errors_are_one_line(cpu_machine, capsys):

@@ -54,7 +54,7 @@ def test_grpo_twin_reports_the_drift_and_no_reweighting():
         "entropy (stare/batch_entropy): first quarter 0.0240, last quarter 0.0137 vs target 0.03 (0.46 x); "
         "gate on in 26 of 30 steps"
     )
-    assert "L+ 1.00" in lines[1] and "L- -" in lines[1]
+    assert "L+ 1.00" in lines[1] and "L- untouched;" in lines[1]
     assert lines[2] == "held-out accuracy: greedy 0.890 -> 0.900, T = 1 0.735 -> 0.855"
     assert lines[-1] == rep["message"]
 
@@ -69,12 +69,18 @@ def test_stare_run_far_below_the_target_with_the_gate_on_says_so():
     assert rep["verdict"] == "below" and rep["below_with_gate_on"] is True
     assert rep["message"].startswith("ENTROPY NOT HELD: last-quarter entropy 0.0137 = 0.46 x the target 0.03")
     assert "7 of the last 7" in rep["message"] and "54% below the target" in rep["message"]
+    c2 = entropy_report([{**r, "stare/frac_l_minus": r["stare/frac_l_plus"]}
+                         for r in _rows(GRPO_ENT, GRPO_GATE, GRPO_FRAC, 1.1, 0.03)])
+    assert c2["l_minus_weight"] == pytest.approx(0.9)
+    assert f"L- 0.90 ({c2['l_minus_token_share']:.1%} of model tokens)" in format_entropy_report(c2)[1]
 
 
 def test_held_above_and_missing():
     # within 25% of the target: held (the target 0.016 for the same trajectory: last quarter 0.0137 = 0.86 x)
     rep = entropy_report(_rows(GRPO_ENT, GRPO_GATE, GRPO_FRAC, 3.0, 0.016))
-    assert rep["verdict"] == "held" and rep["message"].startswith("entropy held: ")
+    assert rep["verdict"] == "held" and rep["message"].startswith("entropy held (within 25% of the target): ")
+    weights = format_entropy_report(rep)[1]
+    assert weights.startswith("weights with the gate on: L+ 3.00 (") and ", L- untouched; mean token weight" in weights
     assert rep["acc_before"] == {"greedy": None, "T=1": None}
     assert not any(line.startswith("held-out") for line in format_entropy_report(rep))
     rep = entropy_report(_rows(GRPO_ENT, [0] * 30, [0.0] * 30, 3.0, 0.01))
