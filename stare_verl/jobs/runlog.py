@@ -526,9 +526,10 @@ def entropy_report(
 
 def _set_weight(name: str, weight: float | None, share: float | None) -> str:
     """``L+ 3.00 (2.1% of model tokens)``, or ``L- untouched`` for a set that never held a token (O1's L-)."""
-    if weight is None:
+    if weight is None and not share:
         return f"{name} untouched"
-    return f"{name} {weight:.2f} ({'-' if share is None else format(share, '.1%')} of model tokens)"
+    w = "-" if weight is None else format(weight, ".2f")
+    return f"{name} {w} ({'-' if share is None else format(share, '.1%')} of model tokens)"
 
 
 def format_entropy_report(report: dict[str, Any]) -> list[str]:

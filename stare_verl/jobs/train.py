@@ -1194,12 +1194,15 @@ def dry_run(args: argparse.Namespace, probe) -> int:
 def _stall_plan(backend: RunBackend) -> str:
     """The dry run's line on when a real run would be stopped for making no progress (see :func:`run_main_ppo`)."""
     if backend.path == "gpu-sglang":
-        return "off (the GPU recipe's main_ppo streams to the console unwatched)"
+        unused = f"; {STALL_ENV} is not used there" if os.environ.get(STALL_ENV, "").strip() else ""
+        return f"off (the GPU recipe's main_ppo streams to the console unwatched{unused})"
     no_step = no_step_timeout()  # a bad value was refused by bad_option before the plan
     if math.isinf(no_step):
         return f"off ({STALL_ENV}=0)"
-    return (f"exit {STALLED} after {no_step:g} s without an RL step ({STALL_ENV}), or "
-            f"{DEFAULT_AFTER_DEATH_S:g} s without one after a Ray worker's death")
+    line = f"exit {STALLED} after {no_step:.10g} s without an RL step ({STALL_ENV})"
+    if no_step > DEFAULT_AFTER_DEATH_S:  # else the no-step limit always comes first
+        line += f", or {DEFAULT_AFTER_DEATH_S:g} s without one after a Ray worker's death"
+    return line
 
 
 def _print_plan(name: str, compose_name: str, overrides: list[str], cmd: list[str], run: RunFolder, what: str,

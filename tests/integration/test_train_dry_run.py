@@ -48,7 +48,7 @@ def _plan(out: str, name: str):
     return cfg, cmd, [ln for ln in lines[end:] if ln.startswith(f"[{name}]")]
 
 
-def test_dry_run_plans_the_gpu_recipe_on_a_cpu_machine(cpu_machine, capsys):
+def test_dry_run_plans_the_gpu_recipe_on_a_cpu_machine(cpu_machine, capsys, monkeypatch):
     rc = train.main(["--family", "shortcot", "--dry-run", "--gpu", "--n-gpus", "4", "--nnodes", "2",
                      "--logger", "console,wandb", "--steps", "7", "algorithm.stare.target_entropy=0.25"])  # fmt: skip
     out = capsys.readouterr().out
@@ -86,6 +86,9 @@ def test_dry_run_plans_the_gpu_recipe_on_a_cpu_machine(cpu_machine, capsys):
     )
     assert plan[-1].startswith("[train-shortcot] ok: validates as verl would at launch: adv_estimator=stare")
     assert "[train-shortcot] stall watch: off (the GPU recipe's main_ppo streams to the console unwatched)" in plan
+    monkeypatch.setenv("STARE_STALL_TIMEOUT_S", "600")  # taken by the CPU runs only: the plan says so
+    assert train.main(["--family", "shortcot", "--dry-run", "--gpu"]) == 0
+    assert "console unwatched; STARE_STALL_TIMEOUT_S is not used there)" in capsys.readouterr().out
     assert sorted(p.name for p in cpu_machine.iterdir()) == []  # no run folder, no cache, nothing
 
 
@@ -151,13 +154,18 @@ def test_dry_run_of_the_cpu_default_prints_the_tiny_recipe_command(cpu_machine, 
 
 
 @pytest.mark.parametrize(("value", "line"), [
-    ("600", "stall watch: exit 124 after 600 s without an RL step"),
+    ("600", "stall watch: exit 124 after 600 s without an RL step (STARE_STALL_TIMEOUT_S), or 180 s without one "
+            "after a Ray worker's death"),
+    ("120", "stall watch: exit 124 after 120 s without an RL step (STARE_STALL_TIMEOUT_S)"),  # comes before 180 s
+    ("1234567", "stall watch: exit 124 after 1234567 s without an RL step"),
     ("0", "stall watch: off (STARE_STALL_TIMEOUT_S=0)"),
 ])
 def test_dry_run_says_when_the_run_would_be_stopped(cpu_machine, capsys, monkeypatch, value, line):
     monkeypatch.setenv("STARE_STALL_TIMEOUT_S", value)
     assert train.main(["--family", "tooluse", "--dry-run"]) == 0
-    assert f"[train-tooluse] {line}" in capsys.readouterr().out
+    plan = [ln for ln in capsys.readouterr().out.splitlines() if "stall watch" in ln]
+    assert len(plan) == 1 and plan[0].startswith(f"[train-tooluse] {line}")
+    assert ("Ray worker" in plan[0]) == (value in ("600", "1234567"))
     monkeypatch.setenv("STARE_STALL_TIMEOUT_S", "5")  # too short: refused before any plan
     assert train.main(["--family", "tooluse", "--dry-run"]) == 2
     out, err = capsys.readouterr()
