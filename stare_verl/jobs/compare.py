@@ -292,11 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     add_sft_variant_options(p)
     p.add_argument("--sft-steps", type=int, default=None,
                    help="the most cold-start SFT steps (default: the family's; the anneal's end may come later)")
+    p.add_argument("--sft-seed", type=int, default=None,
+                   help="the cold-start SFT's initialisation and data-order seed, for every run (default 0)")
+    p.add_argument("--sft-stop-accuracy", type=float, default=None,
+                   help="end the cold-start SFT at the first dev check whose greedy accuracy reaches this (default off)")
     p.add_argument(
         "overrides", nargs="*", default=[], help="Hydra overrides for every run (the GRPO-ds twin keeps W = M = 1)"
     )
     args = p.parse_args(argv)
-    sft_variant = [arg for opt in (*SFT_VARIANT_OPTIONS, "sft_steps") if getattr(args, opt) is not None
+    sft_variant = [arg for opt in (*SFT_VARIANT_OPTIONS, "sft_steps", "sft_seed", "sft_stop_accuracy")
+                   if getattr(args, opt) is not None
                    for arg in ("--" + opt.replace("_", "-"), str(getattr(args, opt)))]  # fmt: skip
     fam = job_family(args.family)
     if args.steps is None:

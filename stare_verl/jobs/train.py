@@ -539,7 +539,7 @@ def sft_config(args: argparse.Namespace, family: str):
 
 
 SFT_VARIANT_OPTIONS = {"sft_code_styles": "code_styles", "sft_anneal_ratio": "anneal_final_lr_ratio",
-                       "sft_anneal_steps": "anneal_steps"}  # fmt: skip
+                       "sft_anneal_steps": "anneal_steps", "sft_stop_dev": "n_dev"}  # fmt: skip
 """``stare-verl train`` / ``compare`` options -> the ``SFTConfig`` field they set (the cold-start variants of the
 README's tool-use tables; each is a checkpoint of its own)."""
 
@@ -880,6 +880,8 @@ def bad_option(args: argparse.Namespace) -> str | None:
         every = SFTConfig.model_fields["check_every"].default
         if args.sft_steps <= every:
             return f"--sft-stop-accuracy checks every {every} steps: --sft-steps {args.sft_steps} would run none"
+    if stop is None and getattr(args, "sft_stop_dev", None) is not None:
+        return "--sft-stop-dev sets the dev problems of --sft-stop-accuracy's checks: give --sft-stop-accuracy too"
     try:
         no_step_timeout()
     except ValueError as exc:
@@ -1034,8 +1036,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--sft-stop-accuracy", type=float, default=None,
-        help="end the cold-start SFT early at the first check (every 100 steps) whose greedy accuracy on 64 dev "
-             "problems reaches this; --sft-steps is then the most steps (default: off)",
+        help="end the cold-start SFT early at the first check (every 100 steps) whose greedy accuracy on the dev "
+             "problems (--sft-stop-dev, 64) reaches this; --sft-steps is then the most steps (default: off)",
     )
     add_sft_variant_options(p)
     p.add_argument(
@@ -1047,7 +1049,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_sft_variant_options(p: argparse.ArgumentParser) -> None:
-    """``--sft-code-styles`` / ``--sft-anneal-ratio`` / ``--sft-anneal-steps`` (:data:`SFT_VARIANT_OPTIONS`)."""
+    """``--sft-code-styles`` / ``--sft-anneal-ratio`` / ``--sft-anneal-steps`` / ``--sft-stop-dev``
+    (:data:`SFT_VARIANT_OPTIONS`)."""
     p.add_argument("--sft-code-styles", type=int, default=None,
                    help="tool use: equivalent programs drawn per demonstration, 1-3 (default 1: print(<expression>))")
     p.add_argument("--sft-anneal-ratio", type=float, default=None,
@@ -1055,6 +1058,8 @@ def add_sft_variant_options(p: argparse.ArgumentParser) -> None:
                         "(tool use: 0.15; 1.0: constant lr, the run still ends --sft-anneal-steps after the plateau)")
     p.add_argument("--sft-anneal-steps", type=int, default=None,
                    help="cold-start steps after the copy plateau (tool use: 300)")
+    p.add_argument("--sft-stop-dev", type=int, default=None,
+                   help="dev problems of each --sft-stop-accuracy check (default 64)")
 
 
 def main(argv: list[str] | None = None) -> int:

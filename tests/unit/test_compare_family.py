@@ -136,19 +136,27 @@ def test_compare_and_train_take_the_cold_start_variants(tmp_path, monkeypatch, c
 
     def fake_train_cpu(args):
         cfg = T.sft_config(args, args.family)
-        seen.append((cfg.code_styles, cfg.anneal_final_lr_ratio, cfg.anneal_steps, cfg.steps))
+        seen.append((cfg.code_styles, cfg.anneal_final_lr_ratio, cfg.anneal_steps, cfg.steps, cfg.init_seed,
+                     cfg.train_seed, cfg.stop_accuracy, cfg.n_dev))
         return 1  # the comparison stops after the first run: enough to see its options
 
     monkeypatch.setattr(T, "train_cpu", fake_train_cpu)
     monkeypatch.chdir(tmp_path)
     assert compare.main(["--family", "tooluse", "--seeds", "0", "--sft-code-styles", "3", "--sft-anneal-ratio", "1.0",
                          "--sft-anneal-steps", "600", "--sft-steps", "2000"]) == 1  # fmt: skip
-    assert seen == [(3, 1.0, 600, 2000)]
+    assert seen == [(3, 1.0, 600, 2000, 0, 0, None, 64)]
+    seen.clear()
+    assert compare.main(["--family", "tooluse", "--seeds", "1", "--sft-code-styles", "3", "--sft-anneal-ratio", "1.0",
+                         "--sft-anneal-steps", "1200", "--sft-steps", "2600", "--sft-seed", "2", "--sft-stop-accuracy",
+                         "0.9", "--sft-stop-dev", "128"]) == 1  # the early-stopped table's checkpoint  # fmt: skip
+    assert seen == [(3, 1.0, 1200, 2600, 2, 2, 0.9, 128)]
     seen.clear()
     assert compare.main(["--family", "tooluse", "--seeds", "0"]) == 1  # the family's cold start otherwise
-    assert seen == [(1, 0.15, 300, 1300)]
+    assert seen == [(1, 0.15, 300, 1300, 0, 0, None, 64)]
     for bad, word in ((["--sft-code-styles", "4"], "--sft-code-styles"), (["--sft-anneal-ratio", "1.5"], "--sft-anneal-ratio"),
-                      (["--sft-anneal-steps", "0"], "--sft-anneal-steps")):  # fmt: skip
+                      (["--sft-anneal-steps", "0"], "--sft-anneal-steps"), (["--sft-stop-dev", "0", "--sft-stop-accuracy", "0.9"], "--sft-stop-dev"),
+                      (["--sft-stop-dev", "128"], "give --sft-stop-accuracy too"),
+                      (["--sft-stop-accuracy", "1.5"], "--sft-stop-accuracy")):  # fmt: skip
         seen.clear()
         assert compare.main(["--family", "tooluse", "--seeds", "0", *bad]) == 2
         assert word in capsys.readouterr().err and seen == []
