@@ -429,6 +429,27 @@ def _heldout_entropy(heldout: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"before": b, "after": a, "ratio": ratio}
 
 
+def _clean_rows(rows: list[Any]) -> list[dict[str, float]]:
+    """The metrics rows the report can read: dicts with a numeric ``step``, each keeping only its finite numeric
+    values (a null, a string that is no number, NaN or inf reads as not logged); others are skipped, so a hand-made
+    or damaged ``metrics.jsonl`` gives a report of what is there rather than an error."""
+    out = []
+    for row in rows:
+        if not isinstance(row, dict):
+            continue
+        clean = {}
+        for k, v in row.items():
+            try:
+                x = float(v)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(x):
+                clean[k] = x
+        if "step" in clean:
+            out.append(clean)
+    return out
+
+
 def entropy_report(
     rows: list[dict[str, Any]],
     before: dict[str, Any] | None = None,
@@ -454,6 +475,7 @@ def entropy_report(
     ``below_with_gate_on``: below it and the gate on in most of the last quarter's steps, the case where STARE
     reweighted but did not hold the entropy. ``message``: one plain sentence of that. Pure: reads nothing.
     """
+    rows = _clean_rows(rows)
     key = "stare/batch_entropy" if any("stare/batch_entropy" in r for r in rows) else "actor/entropy"
     ent_rows = [r for r in rows if key in r]
     ent = [float(r[key]) for r in ent_rows]

@@ -106,3 +106,23 @@ def test_share_of_l_plus_tokens_above_their_entropy_over_gated_steps():
     assert line.endswith(f"{rep['l_plus_above_entropy']:.0%}") and "L- tokens" not in line
     # runs of before the metric: no line
     assert entropy_report(_rows(GRPO_ENT, GRPO_GATE, GRPO_FRAC, 1.1, 0.03), BEFORE, GRPO_AFTER)["l_plus_above_entropy"] is None
+
+
+def test_damaged_rows_read_as_missing_values_not_errors():
+    """A hand-made or damaged metrics.jsonl: rows without a step, nulls, NaN, words and non-dicts never raise; the
+    report is that of the readable values."""
+    rows = _rows(GRPO_ENT, GRPO_GATE, GRPO_FRAC, 3.0, 0.016)
+    clean = entropy_report(rows)
+    damaged = [dict(r) for r in rows]
+    damaged[0]["stare/m"] = None
+    damaged[1]["stare/batch_entropy"] = float("nan")
+    damaged[2]["stare/w"] = "three"
+    del damaged[3]["step"]
+    damaged += [None, "row", {"step": None, "stare/batch_entropy": 9.0}]
+    rep = entropy_report(damaged)
+    assert rep["steps"] == 28  # the NaN entropy and the step-less row are not read
+    assert rep["target_entropy"] == 0.016 and rep["verdict"] in {"held", "below", "above"}
+    assert rep["l_plus_weight"] == pytest.approx(3.0) == clean["l_plus_weight"]
+    assert format_entropy_report(rep)[-1] == rep["message"]
+    nan_only = entropy_report([{"step": 1, "stare/batch_entropy": float("nan"), "stare/target_entropy": 0.02}])
+    assert nan_only["verdict"] is None and nan_only["message"] == "no entropy or target logged"
