@@ -222,7 +222,7 @@ def test_early_stop_config_and_cache_key():
     assert S.config_hash(on.model_copy(update={"check_every": 50})) != S.config_hash(on)
     assert S.config_hash(on.model_copy(update={"n_dev": 32})) != S.config_hash(on)
     for bad in ({"stop_accuracy": 0.0}, {"stop_accuracy": 1.5}, {"stop_accuracy": float("nan")}, {"check_every": 0},
-                {"n_dev": 0}, {"stop_accuracy": 0.8, "decay_steps": 100}):
+                {"n_dev": 0}, {"n_dev": 4097}, {"stop_accuracy": 0.8, "decay_steps": 100}):
         with pytest.raises(ValueError):
             S.SFTConfig(**bad)
     # an early stop that could never check is an error, not a silent no-op

@@ -156,6 +156,7 @@ def test_compare_and_train_take_the_cold_start_variants(tmp_path, monkeypatch, c
     for bad, word in ((["--sft-code-styles", "4"], "--sft-code-styles"), (["--sft-anneal-ratio", "1.5"], "--sft-anneal-ratio"),
                       (["--sft-anneal-steps", "0"], "--sft-anneal-steps"), (["--sft-stop-dev", "0", "--sft-stop-accuracy", "0.9"], "--sft-stop-dev"),
                       (["--sft-stop-dev", "128"], "give --sft-stop-accuracy too"),
+                      (["--sft-stop-dev", "99999999999", "--sft-stop-accuracy", "0.9"], "less than or equal to 4096"),
                       (["--sft-stop-accuracy", "1.5"], "--sft-stop-accuracy")):  # fmt: skip
         seen.clear()
         assert compare.main(["--family", "tooluse", "--seeds", "0", *bad]) == 2

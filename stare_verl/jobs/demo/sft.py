@@ -220,7 +220,7 @@ class SFTConfig(BaseModel):
     anneal_steps: int = Field(300, ge=1)
     anneal_final_lr_ratio: float = Field(0.15, ge=0, le=1, allow_inf_nan=False)
     check_every: int = Field(100, ge=1)
-    n_dev: int = Field(64, ge=1)
+    n_dev: int = Field(64, ge=1, le=4096)  # each check greedily runs them all: 4096 takes minutes a check
     max_response_tokens: int = Field(128, ge=8, description="episode token budget of the held-out evaluation")
     code_styles: int = Field(1, ge=1, le=3, description="tool use: equivalent programs of the demonstrations "
                              "(stare_verl.jobs.families.tooluse.CODE_STYLES), one of the first N drawn per "
