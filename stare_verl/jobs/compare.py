@@ -246,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status."""
     from stare_verl.jobs.procs import interrupt_on_termination
     from stare_verl.jobs.train import (
-        SFT_VARIANT_OPTIONS,
+        SFT_SHARED_OPTIONS,
         _method_arg,
-        add_sft_variant_options,
+        add_sft_options,
         bad_option,
         method_of,
         train_cpu,
@@ -289,19 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)"
     )
-    add_sft_variant_options(p)
+    add_sft_options(p)
     p.add_argument("--sft-steps", type=int, default=None,
                    help="the most cold-start SFT steps (default: the family's; the anneal's end may come later)")
-    p.add_argument("--sft-seed", type=int, default=None,
-                   help="the cold-start SFT's initialisation and data-order seed, for every run (default 0)")
-    p.add_argument("--sft-stop-accuracy", type=float, default=None,
-                   help="end the cold-start SFT at the first dev check whose greedy accuracy reaches this (default off)")
     p.add_argument(
         "overrides", nargs="*", default=[], help="Hydra overrides for every run (the GRPO-ds twin keeps W = M = 1)"
     )
     args = p.parse_args(argv)
-    sft_variant = [arg for opt in (*SFT_VARIANT_OPTIONS, "sft_steps", "sft_seed", "sft_stop_accuracy")
-                   if getattr(args, opt) is not None
+    sft_variant = [arg for opt in (*SFT_SHARED_OPTIONS, "sft_steps") if getattr(args, opt) is not None
                    for arg in ("--" + opt.replace("_", "-"), str(getattr(args, opt)))]  # fmt: skip
     fam = job_family(args.family)
     if args.steps is None:

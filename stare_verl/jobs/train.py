@@ -542,6 +542,8 @@ SFT_VARIANT_OPTIONS = {"sft_code_styles": "code_styles", "sft_anneal_ratio": "an
                        "sft_anneal_steps": "anneal_steps", "sft_stop_dev": "n_dev"}  # fmt: skip
 """``stare-verl train`` / ``compare`` options -> the ``SFTConfig`` field they set (the cold-start variants of the
 README's tool-use tables; each is a checkpoint of its own)."""
+SFT_SHARED_OPTIONS = ("sft_seed", "sft_stop_accuracy", *SFT_VARIANT_OPTIONS)
+"""The cold-start options ``compare`` takes and passes to every run (:func:`add_sft_options`)."""
 
 
 def tiny_recipe_command(args: argparse.Namespace, backend: RunBackend, family: str, model_dir: Path,
@@ -1030,6 +1032,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the family's calibrated count)"
     )
+    add_sft_options(p)
+    p.add_argument(
+        "--sft-cache", default=None,
+        help="an existing SFT cache folder (default: $STARE_CACHE_DIR or runs/cache, made when missing)"
+    )
+    p.add_argument("overrides", nargs="*", default=[], help="extra Hydra overrides for main_ppo")
+    return p
+
+
+def add_sft_options(p: argparse.ArgumentParser) -> None:
+    """The cold-start options ``train`` and ``compare`` share (:data:`SFT_SHARED_OPTIONS`): ``--sft-seed``,
+    ``--sft-stop-accuracy`` and the variants of :data:`SFT_VARIANT_OPTIONS`."""
     p.add_argument(
         "--sft-seed", type=int, default=None,
         help="the cold-start SFT's initialisation and data-order seed (default 0; a checkpoint of its own)",
@@ -1039,18 +1053,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="end the cold-start SFT early at the first check (every 100 steps) whose greedy accuracy on the dev "
              "problems (--sft-stop-dev, 64) reaches this; --sft-steps is then the most steps (default: off)",
     )
-    add_sft_variant_options(p)
-    p.add_argument(
-        "--sft-cache", default=None,
-        help="an existing SFT cache folder (default: $STARE_CACHE_DIR or runs/cache, made when missing)"
-    )
-    p.add_argument("overrides", nargs="*", default=[], help="extra Hydra overrides for main_ppo")
-    return p
-
-
-def add_sft_variant_options(p: argparse.ArgumentParser) -> None:
-    """``--sft-code-styles`` / ``--sft-anneal-ratio`` / ``--sft-anneal-steps`` / ``--sft-stop-dev``
-    (:data:`SFT_VARIANT_OPTIONS`)."""
     p.add_argument("--sft-code-styles", type=int, default=None,
                    help="tool use: equivalent programs drawn per demonstration, 1-3 (default 1: print(<expression>))")
     p.add_argument("--sft-anneal-ratio", type=float, default=None,
