@@ -10,7 +10,8 @@ ratio, mean |entropy - target| for methods with a target, the forking-token entr
 method's change, the PPO clip fraction, held-out greedy accuracy, avg@k and pass@k at T = 1, response length,
 seconds per step; then one row per run), ``entropy_overlay.png`` (every run's entropy, each method's mean, the
 target line), ``accuracy_overlay.png`` (training accuracy per method, held-out accuracies marked) and, when the runs
-logged it, ``cov_overlay.png`` into ``runs/compare`` (tool use) or ``runs/compare-<family>``.
+logged them, ``heldout_entropy_overlay.png`` (the held-out entropy of every saved checkpoint, free of the batches'
+swing) and ``cov_overlay.png`` into ``runs/compare`` (tool use) or ``runs/compare-<family>``.
 
 ``--mini-batches N`` runs the off-policy regime (N updates per rollout batch: the importance ratio leaves 1, so the
 clip-based methods can act); the default is one update per batch (on-policy), where they can barely act.
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
-from stare_verl.jobs.runlog import RunFolder, step_axis
+from stare_verl.jobs.runlog import RunFolder, heldout_curve, step_axis
 
 # The defaults of a comparison per family (RL steps per run, seeds per method, output folder) are the family's
 # (stare_verl.jobs.families.JobFamily: compare_steps, compare_seeds, compare_dir; short CoT: 100 steps, seeds 0 1).
@@ -100,6 +101,7 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
         "has_target": has_target,
         "heldout_entropy_after": (heldout.get("after") or {}).get("entropy"),
         "heldout_entropy_ratio": heldout.get("ratio"),
+        "heldout_curve": [list(p) for p in zip(*heldout_curve(heldout), strict=True)],
         "gate_on_share": statistics.fmean(gate) if gate else float("nan"),
         "target_entropy": target,
         "forking_entropy": _mean(rows, "entropy_control/forking_entropy"),
@@ -157,8 +159,9 @@ def _colors(methods: list[str]) -> dict[str, Any]:
 
 
 def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = DEFAULT_FAMILY, regime: str = "") -> str:
-    """Write table.md, table.json, entropy_overlay.png, accuracy_overlay.png and (when the runs logged it)
-    cov_overlay.png (titled with ``family`` and ``regime``); returns the markdown table."""
+    """Write table.md, table.json, entropy_overlay.png, accuracy_overlay.png and, when the runs logged them,
+    heldout_entropy_overlay.png and cov_overlay.png (titled with ``family`` and ``regime``); returns the markdown
+    table."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,10 +233,38 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = DEFAU
     overlay("train_acc", "training accuracy (rolling mean of 5 steps)",
             "Accuracy per method; diamonds: held-out greedy after RL", "accuracy_overlay.png", smooth=5,
             marks="acc_after_greedy")  # fmt: skip
+    if any(len(s.get("heldout_curve") or []) > 2 for s in stats):  # runs that read more than before and after
+        _heldout_overlay(stats, methods, colors, out_dir / "heldout_entropy_overlay.png", where)
     if any(s.get("cov_logp_adv_eff") for s in stats):  # runs from before the covariance metrics existed have none
         overlay("cov_logp_adv_eff", "Cov(log pi, A_eff) over model tokens",
                 "Entropy dynamics: dH ~ -eta * Cov; > 0 lowers entropy", "cov_overlay.png")  # fmt: skip
     return table
+
+
+def _heldout_overlay(stats: list[dict[str, Any]], methods: list[str], colors: dict[str, Any], path: Path,
+                     where: str) -> None:  # fmt: skip
+    """``heldout_entropy_overlay.png``: each run's held-out entropy at its saved checkpoints (thin) and each
+    method's mean over the runs at the steps they all read (thick), the runs' SFT value at step 0 and the target."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for method in methods:
+        curves = [dict(s["heldout_curve"]) for s in stats if s["method"] == method and s.get("heldout_curve")]
+        for c in curves:
+            ax.plot(list(c), list(c.values()), color=colors[method], alpha=0.3, linewidth=0.8, marker=".")
+        common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if common:
+            ax.plot(common, [statistics.fmean(c[k] for c in curves) for k in common], color=colors[method],
+                    linewidth=2.2, marker="s", label=f"{method} (mean of {len(curves)})")  # fmt: skip
+    if stats and math.isfinite(stats[0]["target_entropy"]):
+        ax.axhline(stats[0]["target_entropy"], color="red", linewidth=1, linestyle="--", label="target")
+    step_axis(ax)
+    ax.set_ylabel("held-out entropy (nats per model token)")
+    ax.set_title(f"Held-out entropy per method: fixed episodes, teacher-forced; step 0 the SFT ({where})")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _rolling(ys: list[float], n: int) -> list[float]:
@@ -350,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                     return rc
             stats.append(run_stats(run_dir, pass_k=args.eval_samples))
     print(write_report(stats, out, args.family, regime))
-    print(f"\n{out}/table.md, table.json, entropy_overlay.png, accuracy_overlay.png")
+    extra = [n for n in ("heldout_entropy_overlay.png", "cov_overlay.png") if (out / n).is_file()]
+    print(f"\n{out}/table.md, table.json, entropy_overlay.png, accuracy_overlay.png" + "".join(f", {n}" for n in extra))
     return 0
 
 

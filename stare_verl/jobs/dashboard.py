@@ -7,7 +7,8 @@ and Hydra's ``logs/hydra/.hydra/config.yaml`` when present), or a single JSONL f
 rows (``{"step": n, <metric>: value, ...}``).
 
 Panels (:func:`draw_dashboard`), each from the metrics a verl run logs, drawn as "not logged" when a run lacks them:
-the policy entropy (nats) with the target entropy and the steps STARE's gate was on; reward and training accuracy
+the policy entropy (nats) with the target entropy and the steps STARE's gate was on (and, from the summary's
+``entropy_report``, the held-out entropy of each saved checkpoint); reward and training accuracy
 with the held-out evaluations before and after RL; the response length; the tool calls and tool errors per response
 (tool-use runs only: skipped when none is logged); Cov(log pi, A) before and after the method's change of the
 advantages (:mod:`stare_verl.methods.metrics`).
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stare_verl.jobs.runlog import RunFolder, read_verl_jsonl, step_axis
+from stare_verl.jobs.runlog import HELDOUT_CURVE_LABEL, RunFolder, heldout_curve, read_verl_jsonl, step_axis
 
 DASHBOARD_NAME = "dashboard.png"
 
@@ -299,7 +300,7 @@ def _not_logged(ax, title: str, keys: str) -> None:
     ax.set_yticks([])
 
 
-def _entropy_panel(ax, rows: list[dict[str, Any]]) -> bool:
+def _entropy_panel(ax, rows: list[dict[str, Any]], summary: dict[str, Any] | None = None) -> bool:
     steps, ent = _series(rows, ENTROPY)
     model_key = _first_key(rows, MODEL_ENTROPY)
     s2, model_ent = _series(rows, model_key)
@@ -310,6 +311,10 @@ def _entropy_panel(ax, rows: list[dict[str, Any]]) -> bool:
         ax.plot(steps, ent, marker=".", label="actor/entropy (all response tokens)")
     if s2:
         ax.plot(s2, model_ent, linestyle="--", label="model tokens only")
+    report = (summary or {}).get("entropy_report")
+    hs, hv = heldout_curve(report.get("heldout_entropy") if isinstance(report, dict) else None)
+    if hs:
+        ax.plot(hs, hv, marker="s", color="black", linewidth=1.8, label=HELDOUT_CURVE_LABEL)
     ts, target = _series(rows, _first_key(rows, TARGET))
     if target and min(target) == max(target):
         ax.axhline(target[0], color="red", linewidth=1, label=f"target {target[0]:g}")
@@ -451,7 +456,7 @@ def draw_dashboard(
     drawn, missing = [], []
     for ax, panel in zip(axes, top, strict=True):
         if panel == PANEL_ENTROPY:
-            ok = _entropy_panel(ax, rows)
+            ok = _entropy_panel(ax, rows, summary)
         elif panel == PANEL_REWARD:
             ok = _reward_panel(ax, rows, summary)
         elif panel == PANEL_LENGTH:

@@ -58,6 +58,25 @@ def latest_hf_checkpoint(checkpoints: str | Path, hf_subdir: str = RL_HF_SUBDIR)
     return hf if has_hf_weights(hf) else None
 
 
+def hf_checkpoints(checkpoints: str | Path, hf_subdir: str = RL_HF_SUBDIR) -> list[tuple[int, Path]]:
+    """Every ``<checkpoints>/global_step_N/<hf_subdir>`` that holds weights (:func:`has_hf_weights`), as
+    ``(N, path)`` in increasing N, up to the latest checkpoint (:func:`latest_checkpoint_step`): a step folder
+    past it (one being written when a run stopped) is not taken. ``[]`` when there is none. Never raises."""
+    latest = latest_checkpoint_step(checkpoints)
+    if latest is None:
+        return []
+    found = []
+    try:
+        folders = list(Path(checkpoints).glob("global_step_*"))
+    except OSError:
+        return []
+    for d in folders:
+        tail = d.name.removeprefix("global_step_")
+        if tail.isdigit() and int(tail) <= latest and has_hf_weights(d / hf_subdir):
+            found.append((int(tail), d / hf_subdir))
+    return sorted(found)
+
+
 @dataclass(frozen=True)
 class RunFolder:
     """The folder of one RL run (``runs/<family>-<method>-seed<seed>`` or ``RUN_DIR``), as ``stare-verl train``
@@ -146,6 +165,10 @@ class RunFolder:
         """The HF model folder of the latest checkpoint (``checkpoints/global_step_N/actor/huggingface``) when it
         holds weights, else None (:func:`latest_hf_checkpoint`). Never raises."""
         return latest_hf_checkpoint(self.checkpoints, RL_HF_SUBDIR)
+
+    def hf_checkpoints(self) -> list[tuple[int, Path]]:
+        """``(step, HF model folder)`` of every checkpoint with weights, oldest first (:func:`hf_checkpoints`)."""
+        return hf_checkpoints(self.checkpoints, RL_HF_SUBDIR)
 
     def is_finished(self) -> bool:
         """Whether the run wrote its ``summary.json``."""
@@ -275,10 +298,26 @@ def _titled(ax, what: str, title: str | None) -> None:
     ax.set_title(what if not title else f"{what}\n{title}", fontsize=10 if not title else 8)
 
 
+def heldout_curve(heldout: Any) -> tuple[list[int], list[float]]:
+    """``(steps, entropies)`` of a report's ``heldout_entropy["by_step"]`` (:func:`entropy_report`; nats per model
+    token, step 0 the SFT checkpoint); empty lists when there is none or it is not that shape. Never raises."""
+    pts = []
+    for e in (heldout.get("by_step") if isinstance(heldout, dict) else None) or []:
+        if isinstance(e, dict) and isinstance(e.get("step"), int) and isinstance(e.get("entropy"), (int, float)) \
+                and math.isfinite(e["entropy"]):  # fmt: skip
+            pts.append((e["step"], float(e["entropy"])))
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+HELDOUT_CURVE_LABEL = "held-out entropy (fixed episodes, teacher-forced)"
+
+
 def plot_run(
-    rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | None = None, title: str | None = None
+    rows: list[dict[str, Any]], out_dir: Path, target_entropy: float | None = None, title: str | None = None,
+    heldout: dict[str, Any] | None = None,
 ) -> list[Path]:
-    """Write entropy.png (actor/entropy with the target and the steps the gate was on), entropy_dynamics.png
+    """Write entropy.png (actor/entropy with the target and the steps the gate was on; with ``heldout``, the
+    report's ``heldout_entropy`` (:func:`entropy_report`), also its curve over the saved checkpoints), entropy_dynamics.png
     (see :func:`plot_entropy_dynamics`), reward.png and response_length.png into ``out_dir``; returns the files
     written (a plot without data is skipped). ``title``: the run's (``stare_verl.jobs.dashboard.run_title``:
     method, seed, key settings), under each plot's own title."""
@@ -298,6 +337,9 @@ def plot_run(
         s2, model_ent = _series(rows, "stare/batch_entropy")
         if s2:
             ax.plot(s2, model_ent, linestyle="--", label="stare/batch_entropy (model tokens)")
+        hs, hv = heldout_curve(heldout)
+        if hs:
+            ax.plot(hs, hv, marker="s", color="black", linewidth=1.8, label=HELDOUT_CURVE_LABEL)
         if target_entropy is None:
             _, tgt = _series(rows, "stare/target_entropy")
             target_entropy = tgt[-1] if tgt else None
@@ -420,13 +462,22 @@ def is_probe_result(d: Any) -> bool:
 
 
 def _heldout_entropy(heldout: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``heldout`` with ``ratio`` (after / before entropy) added; None when either side is missing or lacks a
-    number of ``reference_entropy``'s dict."""
+    """``heldout`` with ``ratio`` (after / before entropy) added and ``by_step`` kept as
+    ``[{"step", "entropy", "nll", "ratio"}, ...]`` in increasing step (entries without an integer step or the
+    probe's numbers dropped; ``[]`` when none was given); None when either side is missing or lacks a number of
+    ``reference_entropy``'s dict."""
     b, a = (heldout or {}).get("before"), (heldout or {}).get("after")
     if not (is_probe_result(b) and is_probe_result(a)):
         return None  # missing, or not the probe's numbers: no line rather than a failed report
     ratio = a["entropy"] / b["entropy"] if b["entropy"] > 0 else None
-    return {"before": b, "after": a, "ratio": ratio}
+    raw = (heldout or {}).get("by_step")
+    by_step = {}
+    for e in raw if isinstance(raw, list) else []:
+        step = e.get("step") if isinstance(e, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0 and is_probe_result(e):
+            by_step[step] = {"step": step, "entropy": e["entropy"], "nll": e["nll"],
+                             "ratio": e["entropy"] / b["entropy"] if b["entropy"] > 0 else None}  # fmt: skip
+    return {"before": b, "after": a, "ratio": ratio, "by_step": [by_step[k] for k in sorted(by_step)]}
 
 
 def _clean_rows(rows: list[Any]) -> list[dict[str, float]]:
@@ -469,8 +520,10 @@ def entropy_report(
     ``stare/mean_weight`` over all steps. ``reweighting``: False when every step ran with W = M = 1 (the GRPO-ds
     twin). ``heldout_entropy``: ``heldout`` (``{"before": .., "after": ..}``, each
     ``stare_verl.jobs.demo.evaluate.reference_entropy``'s dict: the policy's entropy per model token on the same
-    held-out episodes before and after RL, free of the batch-to-batch swing of the rollout entropy) with
-    ``ratio`` = after / before; None when not measured. ``verdict``: ``held`` (last quarter within ``band`` of the
+    held-out episodes before and after RL, free of the batch-to-batch swing of the rollout entropy; optional
+    ``"by_step"``: the same probe of each saved checkpoint, ``[{"step": n, **probe}, ...]``, step 0 the SFT's) with
+    ``ratio`` = after / before and ``by_step`` as ``[{"step", "entropy", "nll", "ratio"}]``; None when not
+    measured. ``verdict``: ``held`` (last quarter within ``band`` of the
     target), ``below`` or ``above``;
     ``below_with_gate_on``: below it and the gate on in most of the last quarter's steps, the case where STARE
     reweighted but did not hold the entropy. ``message``: one plain sentence of that. Pure: reads nothing.
@@ -589,5 +642,8 @@ def format_entropy_report(report: dict[str, Any]) -> list[str]:
             f"{h['before']['tokens']} model tokens): {h['before']['entropy']:.4f} -> {h['after']['entropy']:.4f} "
             f"({f(h['ratio'], '.2f')} x); their NLL {h['before']['nll']:.4f} -> {h['after']['nll']:.4f}"
         )
+        if len(h.get("by_step") or []) > 2:  # more than before and after: the curve, x the SFT's
+            lines.append("held-out entropy by step (x the SFT's): " + ", ".join(
+                f"{e['step']} {f(e['ratio'], '.2f')}" for e in h["by_step"]))
     lines.append(r["message"])
     return lines

@@ -252,17 +252,21 @@ def _evaluate_sft(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: int =
     return ev
 
 
-def _heldout_entropy(sft_dir: Path, ckpt: Path, n: int, name: str) -> dict[str, Any] | None:
-    """The policy's entropy on fixed episodes before and after RL (``entropy_report``'s ``heldout_entropy``):
-    ``stare_verl.jobs.demo.evaluate.reference_entropy`` of the SFT checkpoint and of the RL checkpoint ``ckpt`` on
-    the first ``n`` held-out problems' demonstrations. The episodes and the SFT checkpoint's value are cached next
-    to it (``heldout_entropy_n<n>.json``, written atomically: runs share the cache), so a run from a cached
-    checkpoint reads the RL model only (~3 s on 2 cores). A probe that fails (no sandbox, no demonstration) prints a
-    warning and gives None: the run has trained, and its summary is written without it."""
+def _heldout_entropy(sft_dir: Path, ckpts: list[tuple[int, Path]], n: int, name: str) -> dict[str, Any] | None:
+    """The policy's entropy on fixed episodes over RL (``entropy_report``'s ``heldout_entropy``):
+    ``stare_verl.jobs.demo.evaluate.reference_entropy`` of the SFT checkpoint (``before``, step 0) and of each RL
+    checkpoint of ``ckpts`` (``(step, HF model folder)``, oldest first; ``after``: the last) on the first ``n``
+    held-out problems' demonstrations, as ``{"before", "after", "by_step": [{"step": s, **probe}, ...]}``. The
+    episodes and the SFT checkpoint's value are cached next to it (``heldout_entropy_n<n>.json``, written
+    atomically: runs share the cache), so a run from a cached checkpoint reads its RL checkpoints only (~3 s each on
+    2 cores). A probe that fails (no sandbox, no demonstration, a damaged checkpoint) prints a warning and gives None:
+    the run has trained, and its summary is written without it."""
     from stare_verl.jobs.demo.evaluate import heldout_entropy, heldout_episodes
 
     cached = sft_dir / f"heldout_entropy_n{n}.json"
     try:
+        if not ckpts:
+            raise ValueError("no RL checkpoint with weights")
         try:
             ref = json.loads(cached.read_text())
             episodes, before = ref["episodes"], ref["before"]
@@ -276,13 +280,15 @@ def _heldout_entropy(sft_dir: Path, ckpt: Path, n: int, name: str) -> dict[str, 
             tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"episodes": episodes, "before": before}))
             os.replace(tmp, cached)
-        after = heldout_entropy(ckpt, episodes)
+        by_step = [{"step": 0, **before}]
+        for step, path in ckpts:
+            by_step.append({"step": step, **heldout_entropy(path, episodes)})
     except Exception as err:  # a diagnostic: never the reason a trained run reports nothing
         print(f"[{name}] warning: no held-out entropy ({type(err).__name__}: {err}); delete {cached} to build it "
               "again", file=sys.stderr, flush=True)  # fmt: skip
         return None
-    return {"before": before, "after": after}
-
+    after = {k: v for k, v in by_step[-1].items() if k != "step"}
+    return {"before": before, "after": after, "by_step": by_step}
 
 
 def _sft_report_eval(sft_dir: Path, sft_cfg, n: int, max_turns: int, samples: int) -> dict[str, Any] | None:
@@ -546,6 +552,17 @@ SFT_SHARED_OPTIONS = ("sft_seed", "sft_stop_accuracy", *SFT_VARIANT_OPTIONS)
 """The cold-start options ``compare`` takes and passes to every run (:func:`add_sft_options`)."""
 
 
+HELDOUT_POINTS = 6
+"""Checkpoints a tiny CPU run saves by default (``--save-freq 0``), the points of its held-out entropy curve."""
+
+
+def heldout_save_freq(steps: int) -> int:
+    """``trainer.save_freq`` of a tiny CPU run without ``--save-freq``: ``ceil(steps / HELDOUT_POINTS)``, so the
+    held-out entropy is read at about :data:`HELDOUT_POINTS` checkpoints (and the last step, which verl always saves)
+    whatever the budget; ~0.1 s and 7 MB per checkpoint of the 0.46 M-parameter model."""
+    return max(1, -(-steps // HELDOUT_POINTS))
+
+
 def tiny_recipe_command(args: argparse.Namespace, backend: RunBackend, family: str, model_dir: Path,
                         data: dict[str, Path], run: RunFolder, recipe: str, from_model: bool) -> list[str]:  # fmt: skip
     """The ``main_ppo`` command of ``recipes/cpu/<recipe>.yaml``: RL from ``model_dir`` on ``data`` (``train`` /
@@ -559,7 +576,7 @@ def tiny_recipe_command(args: argparse.Namespace, backend: RunBackend, family: s
         f"data.val_files={data['val']}",
         f"trainer.default_local_dir={run.checkpoints}",
         f"trainer.total_training_steps={args.steps}",
-        f"trainer.save_freq={args.save_freq or args.steps}",
+        f"trainer.save_freq={args.save_freq or (args.steps if from_model else heldout_save_freq(args.steps))}",
         *(
             [f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}"]
             if job_family(family).multi_turn
@@ -613,9 +630,9 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     write_metrics_jsonl(rows, run.metrics)
     known = {"family": family, "method": args.method, "seed": args.seed, "eval_before": before}
     settings = method_settings(run, known)  # the run's Hydra config, read once for every plot
-    plots = plot_run(rows, run.plots, title=run_title(rows, known, settings))
-    if rc != 0:
-        plots += _dashboard(rows, run, known, settings)  # what the run got to, before the error below
+    if rc != 0:  # what the run got to, before the error below
+        plot_run(rows, run.plots, title=run_title(rows, known, settings))
+        _dashboard(rows, run, known, settings)
     if rc == INTERRUPTED:
         print(
             f"[{name}] interrupted: main_ppo and its Ray processes were stopped. The same command resumes from the "
@@ -647,8 +664,8 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
             else {}
         )
         run.eval_after.write_text(json.dumps(after, indent=1))
-        if ckpt and before is not None:
-            heldout = _heldout_entropy(sft_dir, ckpt, args.n_eval, name)
+        if ckpt and before is not None:  # every saved checkpoint: the curve of the entropy plots
+            heldout = _heldout_entropy(sft_dir, run.hf_checkpoints(), args.n_eval, name)
     summary = {
         "family": family,
         "method": args.method,
@@ -664,6 +681,8 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         "wall_s": round(time.time() - t0, 1),
         "phases_s": phases,
     }
+    plots = plot_run(rows, run.plots, title=run_title(rows, known, settings),
+                     heldout=summary["entropy_report"]["heldout_entropy"])
     summary["plots"] = [str(p) for p in plots + _dashboard(rows, run, summary, settings)]
     run.write_summary(summary)
     if before is not None:
@@ -1016,7 +1035,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--steps", type=int, default=30, help="RL steps of the CPU run (8 prompts x 8 samples each)"
     )
-    p.add_argument("--save-freq", type=int, default=0, help="checkpoint every N steps (default: at the end)")
+    p.add_argument("--save-freq", type=int, default=0,
+                   help="checkpoint every N steps (default: at the end; the tiny CPU model: every steps / 6, the "
+                        "points of its held-out entropy curve)")
     p.add_argument("--n-train", type=int, default=1024, help="RL training problems")
     p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL")
     p.add_argument("--eval-samples", type=int, default=1,
