@@ -907,6 +907,12 @@ def bad_option(args: argparse.Namespace) -> str | None:
         no_step_timeout()
     except ValueError as exc:
         return str(exc)
+    family = getattr(args, "family", None) or DEFAULT_FAMILY
+    anneal = [o for o in ("sft_anneal_ratio", "sft_anneal_steps") if getattr(args, o, None) is not None]
+    if anneal and job_family(family).sft_defaults.get("anneal_below_loss") is None:
+        return (f"{' and '.join('--' + o.replace('_', '-') for o in anneal)} "
+                f"{'shape' if len(anneal) > 1 else 'shapes'} the cold start's anneal, and the {family} SFT has none "
+                f"(it runs --sft-steps steps); leave {'them' if len(anneal) > 1 else 'it'} out")
     if any(getattr(args, o, None) is not None for o in SFT_VARIANT_OPTIONS):
         from pydantic import ValidationError
 
@@ -915,8 +921,8 @@ def bad_option(args: argparse.Namespace) -> str | None:
         except (ValidationError, ValueError) as exc:
             errors = exc.errors() if isinstance(exc, ValidationError) else [{"loc": (), "msg": str(exc)}]
             flag = {f: "--" + o.replace("_", "-") for o, f in SFT_VARIANT_OPTIONS.items()}
-            return "; ".join(f"{flag.get(e['loc'][0] if e['loc'] else '', 'the --sft-* options')}: {e['msg']}"
-                             for e in errors)  # fmt: skip
+            return "; ".join(f"{flag.get(e['loc'][0] if e['loc'] else '', 'the --sft-* options')}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in errors)  # fmt: skip
     run_dir = getattr(args, "run_dir", None) or os.environ.get("RUN_DIR")
     if run_dir:
         blocker = _file_on_path(Path(run_dir))

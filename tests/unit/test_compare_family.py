@@ -163,3 +163,29 @@ def test_compare_and_train_take_the_cold_start_variants(tmp_path, monkeypatch, c
         assert word in capsys.readouterr().err and seen == []
     assert compare.main(["--family", "shortcot", "--seeds", "0", "--sft-code-styles", "2"]) == 2
     assert "code_styles is for tool use" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["shortcot", "longcot"])
+@pytest.mark.parametrize("opts", [["--sft-anneal-ratio", "0.5"], ["--sft-anneal-steps", "600"],
+                                  ["--sft-anneal-ratio", "0.5", "--sft-anneal-steps", "600"]])  # fmt: skip
+def test_anneal_options_are_refused_where_the_cold_start_has_no_anneal(family, opts, monkeypatch, capsys, tmp_path):
+    """A family whose SFT has no anneal (the CoT ones) would train its default checkpoint with the anneal options
+    silently ignored: train, compare and demo.sft refuse them before anything runs."""
+    from stare_verl.jobs.demo import sft as S
+
+    monkeypatch.setattr(T, "train_cpu", lambda args: pytest.fail("no run may start"))
+    monkeypatch.chdir(tmp_path)
+    assert compare.main(["--family", family, "--seeds", "0", *opts]) == 2
+    err = capsys.readouterr().err
+    assert f"the {family} SFT has none" in err and opts[0] in err
+    assert T.main(["--family", family, "--dry-run", *opts]) == 2
+    assert f"the {family} SFT has none" in capsys.readouterr().err
+    demo_opts = [o.replace("--sft-anneal-ratio", "--anneal-final-lr-ratio").replace("--sft-", "--") for o in opts]
+    with pytest.raises(SystemExit) as exc:
+        S.main(["--family", family, "--out", str(tmp_path), *demo_opts])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "the anneal, which is off here" in err and "Value error" not in err
+    # with the anneal turned on they are a variant of their own, as for tool use
+    cfg = S.SFTConfig(family=family, anneal_below_loss=0.1, anneal_steps=600)
+    assert cfg.anneal_steps == 600

@@ -271,6 +271,11 @@ class SFTConfig(BaseModel):
         if self.stop_accuracy is not None and self.check_every >= self.steps:
             raise ValueError(f"stop_accuracy: no dev check would run (check_every {self.check_every} >= steps "
                              f"{self.steps}); lower check_every or turn the early stop off")
+        unused = sorted(self.model_fields_set & {"anneal_steps", "anneal_final_lr_ratio"})
+        if self.anneal_below_loss is None and unused:  # a variant that would silently train the default checkpoint
+            raise ValueError(f"{' and '.join(unused)} {'shape' if len(unused) > 1 else 'shapes'} the anneal, which is off here (anneal_below_loss None: "
+                             f"the default of family {self.family!r}, or turned off); set anneal_below_loss too "
+                             "(demo.sft --anneal-below-loss 0.1)")
         if self.anneal_below_loss is not None and self.decay_steps:
             raise ValueError("decay_steps (a decay at the end of the run) cannot be combined with anneal_below_loss "
                              "(a decay once the loss falls; on by default for tool use): set anneal_below_loss to "
@@ -818,7 +823,8 @@ def main(argv: list[str] | None = None) -> int:
             num_threads=a.threads, progress=not a.no_progress, **given,
         )
     except ValidationError as err:
-        ap.error("; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in err.errors()))
+        ap.error("; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
+                           for e in err.errors()))  # fmt: skip
     if a.warmup_steps is not None and a.warmup_steps > cfg.steps:  # the lr would never reach --lr
         ap.error(f"--warmup-steps {a.warmup_steps} exceeds the run's {cfg.steps} steps: the lr would never reach "
                  f"--lr ({cfg.lr:g})")
