@@ -545,7 +545,7 @@ def sft_config(args: argparse.Namespace, family: str):
 
 
 SFT_VARIANT_OPTIONS = {"sft_code_styles": "code_styles", "sft_anneal_ratio": "anneal_final_lr_ratio",
-                       "sft_anneal_steps": "anneal_steps", "sft_stop_dev": "n_dev"}  # fmt: skip
+                       "sft_anneal_steps": "anneal_steps", "sft_stop_dev": "n_dev", "sft_lr": "lr"}  # fmt: skip
 """``stare-verl train`` / ``compare`` options -> the ``SFTConfig`` field they set (the cold-start variants of the
 README's tool-use tables; each is a checkpoint of its own)."""
 SFT_SHARED_OPTIONS = ("sft_seed", "sft_stop_accuracy", *SFT_VARIANT_OPTIONS)
@@ -714,7 +714,7 @@ def _dashboard(
 GPU_RECIPE_OPTIONS = {"steps": "trainer.total_training_steps", "seed": "data.seed", "save_freq": "trainer.save_freq"}
 """Options of ``stare-verl train`` that the GPU recipe takes, as the Hydra key each one sets (when given)."""
 CPU_ONLY_OPTIONS = ("n_train", "n_eval", "eval_samples", "max_turns", "min_sft_accuracy", "sft_threads", "sft_steps",
-                    "sft_cache", "sft_code_styles", "sft_anneal_ratio", "sft_anneal_steps")  # fmt: skip
+                    "sft_cache", "sft_code_styles", "sft_anneal_ratio", "sft_anneal_steps", "sft_lr")  # fmt: skip
 """Options of the tiny-model CPU pipeline (its data, SFT and held-out evaluation) that a GPU recipe has no use for."""
 
 
@@ -1089,6 +1089,8 @@ def add_sft_options(p: argparse.ArgumentParser) -> None:
                    help="cold-start steps after the copy plateau (tool use: 300)")
     p.add_argument("--sft-stop-dev", type=int, default=None,
                    help="dev problems of each --sft-stop-accuracy check (default 64)")
+    p.add_argument("--sft-lr", type=float, default=None,
+                   help="the cold start's AdamW lr (default 2e-3; its anneal falls from it)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -153,11 +153,18 @@ def test_compare_and_train_take_the_cold_start_variants(tmp_path, monkeypatch, c
     seen.clear()
     assert compare.main(["--family", "tooluse", "--seeds", "0"]) == 1  # the family's cold start otherwise
     assert seen == [(1, 0.15, 300, 1300, 0, 0, None, 64)]
+    lrs = []
+    monkeypatch.setattr(T, "train_cpu", lambda args: lrs.append(T.sft_config(args, args.family).lr) or 1)
+    assert compare.main(["--family", "tooluse", "--seeds", "0", "--sft-lr", "3e-3"]) == 1
+    assert compare.main(["--family", "shortcot", "--seeds", "0", "--sft-lr", "1e-3"]) == 1
+    assert lrs == [3e-3, 1e-3]
+    monkeypatch.setattr(T, "train_cpu", fake_train_cpu)
     for bad, word in ((["--sft-code-styles", "4"], "--sft-code-styles"), (["--sft-anneal-ratio", "1.5"], "--sft-anneal-ratio"),
                       (["--sft-anneal-steps", "0"], "--sft-anneal-steps"), (["--sft-stop-dev", "0", "--sft-stop-accuracy", "0.9"], "--sft-stop-dev"),
                       (["--sft-stop-dev", "128"], "give --sft-stop-accuracy too"),
                       (["--sft-stop-dev", "99999999999", "--sft-stop-accuracy", "0.9"], "less than or equal to 4096"),
-                      (["--sft-stop-accuracy", "1.5"], "--sft-stop-accuracy")):  # fmt: skip
+                      (["--sft-stop-accuracy", "1.5"], "--sft-stop-accuracy"), (["--sft-lr", "0"], "--sft-lr"),
+                      (["--sft-lr", "nan"], "--sft-lr")):  # fmt: skip
         seen.clear()
         assert compare.main(["--family", "tooluse", "--seeds", "0", *bad]) == 2
         assert word in capsys.readouterr().err and seen == []
