@@ -78,7 +78,10 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
         has_target = False
     e_first = statistics.fmean(first) if first else float("nan")
     e_last = statistics.fmean(last) if last else float("nan")
-    heldout = (summary.get("entropy_report") or {}).get("heldout_entropy") or {}
+    report = summary.get("entropy_report")
+    heldout = report.get("heldout_entropy") if isinstance(report, dict) else None
+    heldout = heldout if isinstance(heldout, dict) else {}  # a damaged summary reads as not measured
+    after_probe = heldout.get("after") if isinstance(heldout.get("after"), dict) else {}
     cov_key = "entropy_control/cov_logp_adv_eff" if any("entropy_control/cov_logp_adv_eff" in r for r in rows) \
         else "stare/cov_logp_adv_eff"  # fmt: skip
     return {
@@ -99,9 +102,9 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
         if ent and has_target
         else None,
         "has_target": has_target,
-        "heldout_entropy_after": (heldout.get("after") or {}).get("entropy"),
+        "heldout_entropy_after": after_probe.get("entropy"),
         "heldout_entropy_ratio": heldout.get("ratio"),
-        "heldout_curve": [list(p) for p in zip(*heldout_curve(heldout), strict=True)],
+        "heldout_curve": _heldout_points(heldout, len(ent)),
         "gate_on_share": statistics.fmean(gate) if gate else float("nan"),
         "target_entropy": target,
         "forking_entropy": _mean(rows, "entropy_control/forking_entropy"),
@@ -113,6 +116,16 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
         "train_acc": [r.get("reward/acc/mean", r.get("critic/score/mean")) for r in rows],
         "cov_logp_adv_eff": [r[cov_key] for r in rows if cov_key in r],
     }
+
+
+def _heldout_points(heldout: dict[str, Any], steps: int) -> list[list[float]]:
+    """``[[step, entropy], ...]`` of a run's held-out entropy: its curve (``by_step``), or, for a run from before the
+    curve, its SFT value at step 0 and its value after RL at its last step ``steps``; ``[]`` when not measured."""
+    xs, ys = heldout_curve(heldout)
+    if len(xs) < 2 and steps > 0:
+        b, a = (heldout.get(k) if isinstance(heldout.get(k), dict) else {} for k in ("before", "after"))
+        xs, ys = heldout_curve({"by_step": [{**b, "step": 0}, {**a, "step": steps}]})
+    return [[x, y] for x, y in zip(xs, ys, strict=True)]
 
 
 def _median(xs: list) -> float | None:
@@ -233,6 +246,8 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = DEFAU
     overlay("train_acc", "training accuracy (rolling mean of 5 steps)",
             "Accuracy per method; diamonds: held-out greedy after RL", "accuracy_overlay.png", smooth=5,
             marks="acc_after_greedy")  # fmt: skip
+    for name in ("heldout_entropy_overlay.png", "cov_overlay.png"):  # an earlier comparison's plot in this folder
+        (out_dir / name).unlink(missing_ok=True)
     if any(len(s.get("heldout_curve") or []) > 2 for s in stats):  # runs that read more than before and after
         _heldout_overlay(stats, methods, colors, out_dir / "heldout_entropy_overlay.png", where)
     if any(s.get("cov_logp_adv_eff") for s in stats):  # runs from before the covariance metrics existed have none
@@ -260,7 +275,8 @@ def _heldout_overlay(stats: list[dict[str, Any]], methods: list[str], colors: di
         ax.axhline(stats[0]["target_entropy"], color="red", linewidth=1, linestyle="--", label="target")
     step_axis(ax)
     ax.set_ylabel("held-out entropy (nats per model token)")
-    ax.set_title(f"Held-out entropy per method: fixed episodes, teacher-forced; step 0 the SFT ({where})")
+    ax.set_title(f"Held-out entropy per method ({where})\nfixed episodes, teacher-forced; step 0: the SFT checkpoint; "
+                 "runs from before the curve: 2 points", fontsize=10)  # fmt: skip
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -71,10 +71,18 @@ def hf_checkpoints(checkpoints: str | Path, hf_subdir: str = RL_HF_SUBDIR) -> li
     except OSError:
         return []
     for d in folders:
-        tail = d.name.removeprefix("global_step_")
-        if tail.isdigit() and int(tail) <= latest and has_hf_weights(d / hf_subdir):
-            found.append((int(tail), d / hf_subdir))
+        step = _step_of(d.name.removeprefix("global_step_"))
+        if step is not None and step <= latest and has_hf_weights(d / hf_subdir):
+            found.append((step, d / hf_subdir))
     return sorted(found)
+
+
+def _step_of(text: str) -> int | None:
+    """The step of a ``global_step_<N>`` folder as verl names it (ASCII digits, no leading zero; "05", "²" or
+    "٣" are not steps); None otherwise."""
+    if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0"):
+        return None
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -298,15 +306,32 @@ def _titled(ax, what: str, title: str | None) -> None:
     ax.set_title(what if not title else f"{what}\n{title}", fontsize=10 if not title else 8)
 
 
+def _curve_point(e: Any) -> tuple[int, float] | None:
+    """``(step, entropy)`` of one ``by_step`` entry: an integer step >= 0 (not a boolean) and a finite number
+    (not a boolean) as entropy, else None. Never raises (an integer too large for a float is None)."""
+    if not isinstance(e, dict):
+        return None
+    step, h = e.get("step"), e.get("entropy")
+    if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**63):
+        return None
+    if not isinstance(h, (int, float)) or isinstance(h, bool):
+        return None
+    try:
+        h = float(h)
+    except OverflowError:
+        return None
+    return (step, h) if math.isfinite(h) else None
+
+
 def heldout_curve(heldout: Any) -> tuple[list[int], list[float]]:
     """``(steps, entropies)`` of a report's ``heldout_entropy["by_step"]`` (:func:`entropy_report`; nats per model
-    token, step 0 the SFT checkpoint); empty lists when there is none or it is not that shape. Never raises."""
-    pts = []
-    for e in (heldout.get("by_step") if isinstance(heldout, dict) else None) or []:
-        if isinstance(e, dict) and isinstance(e.get("step"), int) and isinstance(e.get("entropy"), (int, float)) \
-                and math.isfinite(e["entropy"]):  # fmt: skip
-            pts.append((e["step"], float(e["entropy"])))
-    return [p[0] for p in pts], [p[1] for p in pts]
+    token, step 0 the SFT checkpoint), in increasing step with one point per step (the last entry of a step wins);
+    entries that are not a step and a finite entropy are left out; empty lists when there is none or it is not a
+    list. Never raises."""
+    raw = heldout.get("by_step") if isinstance(heldout, dict) else None
+    pts = dict(p for p in map(_curve_point, raw if isinstance(raw, list) else []) if p is not None)
+    steps = sorted(pts)
+    return steps, [pts[k] for k in steps]
 
 
 HELDOUT_CURVE_LABEL = "held-out entropy (fixed episodes, teacher-forced)"
@@ -453,19 +478,25 @@ def _accuracy(ev: dict[str, Any] | None, key: str) -> float | None:
 
 
 def is_probe_result(d: Any) -> bool:
-    """Whether ``d`` has the form of ``stare_verl.jobs.demo.evaluate.reference_entropy``'s dict (numbers, not
-    booleans, for ``entropy``, ``nll``, ``episodes`` and ``tokens``)."""
-    return isinstance(d, dict) and all(
-        isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool)
-        for k in ("entropy", "nll", "episodes", "tokens")
-    )
+    """Whether ``d`` has the form of ``stare_verl.jobs.demo.evaluate.reference_entropy``'s dict (finite numbers,
+    not booleans, for ``entropy``, ``nll``, ``episodes`` and ``tokens``). Never raises."""
+
+    def finite(x: Any) -> bool:
+        if not isinstance(x, (int, float)) or isinstance(x, bool):
+            return False
+        try:
+            return math.isfinite(float(x))
+        except OverflowError:  # an integer beyond a float
+            return False
+
+    return isinstance(d, dict) and all(finite(d.get(k)) for k in ("entropy", "nll", "episodes", "tokens"))
 
 
 def _heldout_entropy(heldout: dict[str, Any] | None) -> dict[str, Any] | None:
     """``heldout`` with ``ratio`` (after / before entropy) added and ``by_step`` kept as
-    ``[{"step", "entropy", "nll", "ratio"}, ...]`` in increasing step (entries without an integer step or the
-    probe's numbers dropped; ``[]`` when none was given); None when either side is missing or lacks a number of
-    ``reference_entropy``'s dict."""
+    ``[{"step", "entropy", "nll", "episodes", "tokens", "ratio"}, ...]`` in increasing step, one entry per step
+    (entries without an integer step >= 0 or the probe's numbers dropped; ``[]`` when none was given); None when
+    either side is missing or lacks a number of ``reference_entropy``'s dict."""
     b, a = (heldout or {}).get("before"), (heldout or {}).get("after")
     if not (is_probe_result(b) and is_probe_result(a)):
         return None  # missing, or not the probe's numbers: no line rather than a failed report
@@ -473,10 +504,10 @@ def _heldout_entropy(heldout: dict[str, Any] | None) -> dict[str, Any] | None:
     raw = (heldout or {}).get("by_step")
     by_step = {}
     for e in raw if isinstance(raw, list) else []:
-        step = e.get("step") if isinstance(e, dict) else None
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0 and is_probe_result(e):
-            by_step[step] = {"step": step, "entropy": e["entropy"], "nll": e["nll"],
-                             "ratio": e["entropy"] / b["entropy"] if b["entropy"] > 0 else None}  # fmt: skip
+        point = _curve_point(e)
+        if point is not None and is_probe_result(e):
+            by_step[point[0]] = {**{k: e[k] for k in ("step", "entropy", "nll", "episodes", "tokens")},
+                                 "ratio": e["entropy"] / b["entropy"] if b["entropy"] > 0 else None}  # fmt: skip
     return {"before": b, "after": a, "ratio": ratio, "by_step": [by_step[k] for k in sorted(by_step)]}
 
 
@@ -522,8 +553,8 @@ def entropy_report(
     ``stare_verl.jobs.demo.evaluate.reference_entropy``'s dict: the policy's entropy per model token on the same
     held-out episodes before and after RL, free of the batch-to-batch swing of the rollout entropy; optional
     ``"by_step"``: the same probe of each saved checkpoint, ``[{"step": n, **probe}, ...]``, step 0 the SFT's) with
-    ``ratio`` = after / before and ``by_step`` as ``[{"step", "entropy", "nll", "ratio"}]``; None when not
-    measured. ``verdict``: ``held`` (last quarter within ``band`` of the
+    ``ratio`` = after / before and ``by_step`` as ``[{"step", "entropy", "nll", "episodes", "tokens", "ratio"}]``
+    in increasing step; None when not measured. ``verdict``: ``held`` (last quarter within ``band`` of the
     target), ``below`` or ``above``;
     ``below_with_gate_on``: below it and the gate on in most of the last quarter's steps, the case where STARE
     reweighted but did not hold the entropy. ``message``: one plain sentence of that. Pure: reads nothing.

@@ -259,11 +259,16 @@ def _heldout_entropy(sft_dir: Path, ckpts: list[tuple[int, Path]], n: int, name:
     held-out problems' demonstrations, as ``{"before", "after", "by_step": [{"step": s, **probe}, ...]}``. The
     episodes and the SFT checkpoint's value are cached next to it (``heldout_entropy_n<n>.json``, written
     atomically: runs share the cache), so a run from a cached checkpoint reads its RL checkpoints only (~3 s each on
-    2 cores). A probe that fails (no sandbox, no demonstration, a damaged checkpoint) prints a warning and gives None:
-    the run has trained, and its summary is written without it."""
+    2 cores). A diagnostic, never the reason a trained run reports nothing: an earlier checkpoint that cannot be
+    read is left out of ``by_step`` with a warning; when the probe itself fails (no sandbox, no demonstration) or
+    the last checkpoint cannot be read, a warning and None."""
     from stare_verl.jobs.demo.evaluate import heldout_entropy, heldout_episodes
 
     cached = sft_dir / f"heldout_entropy_n{n}.json"
+
+    def warn(what: str, err: Exception) -> None:
+        print(f"[{name}] warning: {what} ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
+
     try:
         if not ckpts:
             raise ValueError("no RL checkpoint with weights")
@@ -280,13 +285,20 @@ def _heldout_entropy(sft_dir: Path, ckpts: list[tuple[int, Path]], n: int, name:
             tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"episodes": episodes, "before": before}))
             os.replace(tmp, cached)
-        by_step = [{"step": 0, **before}]
-        for step, path in ckpts:
-            by_step.append({"step": step, **heldout_entropy(path, episodes)})
-    except Exception as err:  # a diagnostic: never the reason a trained run reports nothing
-        print(f"[{name}] warning: no held-out entropy ({type(err).__name__}: {err}); delete {cached} to build it "
-              "again", file=sys.stderr, flush=True)  # fmt: skip
+    except Exception as err:
+        warn("no held-out entropy", err)
         return None
+    by_step = [{"step": 0, **before}]
+    for i, (step, path) in enumerate(ckpts):
+        try:
+            by_step.append({"step": step, **heldout_entropy(path, episodes)})
+        except Exception as err:
+            if i < len(ckpts) - 1:
+                warn(f"held-out entropy of step {step} left out ({path})", err)
+                continue
+            warn(f"no held-out entropy: the last checkpoint ({path}) cannot be read; if the cached episodes are at "
+                 f"fault, delete {cached} to build them again", err)  # fmt: skip
+            return None
     after = {k: v for k, v in by_step[-1].items() if k != "step"}
     return {"before": before, "after": after, "by_step": by_step}
 
@@ -553,7 +565,8 @@ SFT_SHARED_OPTIONS = ("sft_seed", "sft_stop_accuracy", *SFT_VARIANT_OPTIONS)
 
 
 HELDOUT_POINTS = 6
-"""Checkpoints a tiny CPU run saves by default (``--save-freq 0``), the points of its held-out entropy curve."""
+"""Checkpoints a run of the tiny CPU model saves by default (``--save-freq 0``; not a ``MODEL=`` run, which saves
+at the end), the points of its held-out entropy curve."""
 
 
 def heldout_save_freq(steps: int) -> int:
@@ -636,7 +649,8 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     if rc == INTERRUPTED:
         print(
             f"[{name}] interrupted: main_ppo and its Ray processes were stopped. The same command resumes from the "
-            f"last checkpoint in {run.path / 'checkpoints'} (every --save-freq steps; none before the end if 0).",
+            f"last checkpoint in {run.path / 'checkpoints'} (every --save-freq steps; by default steps / 6 for the tiny "
+            "model, none before the end for MODEL=...).",
             file=sys.stderr,
         )
         return rc
@@ -1042,8 +1056,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps", type=int, default=30, help="RL steps of the CPU run (8 prompts x 8 samples each)"
     )
     p.add_argument("--save-freq", type=int, default=0,
-                   help="checkpoint every N steps (default: at the end; the tiny CPU model: every steps / 6, the "
-                        "points of its held-out entropy curve)")
+                   help="checkpoint every N steps (default: every steps / 6 for the tiny CPU model, the points of "
+                        "its held-out entropy curve; at the end for MODEL=...; a GPU recipe's own value)")
     p.add_argument("--n-train", type=int, default=1024, help="RL training problems")
     p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL")
     p.add_argument("--eval-samples", type=int, default=1,

@@ -46,7 +46,8 @@ def _checkpoints(root, steps, latest, no_weights=()):
 def test_every_checkpoint_with_weights_up_to_the_latest(tmp_path):
     root = tmp_path / "checkpoints"
     _checkpoints(root, [5, 10, 15, 20, 25], latest=20, no_weights=(15,))
-    (root / "global_step_x").mkdir()
+    for odd in ("global_step_x", "global_step_05", "global_step_\u00b2", "global_step_\u0663", "global_step_"):
+        _hf(root / odd / "actor" / "huggingface")  # not verl's names: never steps (05 would be 5 twice)
     got = hf_checkpoints(root)
     assert [s for s, _ in got] == [5, 10, 20]  # 15 holds no weights, 25 is past the tracker
     assert got[0][1] == root / "global_step_5" / "actor" / "huggingface"
@@ -99,14 +100,23 @@ def test_train_reads_every_checkpoint_and_the_last_is_after(tmp_path, monkeypatc
     assert train._heldout_entropy(sft, [], 3, "t") is None  # nothing to read: a warning, not a crash
     assert "no held-out entropy (ValueError: no RL checkpoint with weights)" in capsys.readouterr().err
 
+    bad = {"s10"}
+
     def damaged(path, eps):
-        if path.name == "s10":
+        if path.name in bad:
             raise OSError("truncated safetensors")
         return _probe(values[path.name])
 
     monkeypatch.setattr(ev, "heldout_entropy", damaged)
+    got = train._heldout_entropy(sft, ckpts, 3, "t")  # an earlier checkpoint that cannot be read: left out
+    assert [e["step"] for e in got["by_step"]] == [0, 5, 15] and got["after"] == _probe(0.041)
+    err = capsys.readouterr().err
+    assert "held-out entropy of step 10 left out" in err and "OSError: truncated safetensors" in err
+    assert "delete" not in err  # the cache is not at fault
+    bad = {"s15"}  # the last one: no "after", no probe
     assert train._heldout_entropy(sft, ckpts, 3, "t") is None
-    assert "OSError: truncated safetensors" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the last checkpoint" in err and "heldout_entropy_n3.json" in err
 
 
 def _rows(n=30):
@@ -131,8 +141,20 @@ def test_the_report_keeps_the_curve_and_prints_it_as_ratios():
     rep = entropy_report(_rows(), heldout={"before": _probe(0.05), "after": _probe(0.047)})
     assert rep["heldout_entropy"]["by_step"] == []
     assert not any(x.startswith("held-out entropy by step") for x in format_entropy_report(rep))
-    for bad in (None, {}, {"by_step": "x"}, {"by_step": [{"step": 1, "entropy": float("nan")}]}, [1]):
+    for bad in (None, {}, {"by_step": "x"}, {"by_step": [{"step": 1, "entropy": float("nan")}]}, [1],
+                {"by_step": [{"step": True, "entropy": 0.05}, {"step": -3, "entropy": 0.05},
+                             {"step": 1, "entropy": True}, {"step": 1, "entropy": 10**400},
+                             {"step": 10**400, "entropy": 0.05}, {"step": 2.0, "entropy": 0.05}]}):  # fmt: skip
         assert heldout_curve(bad) == ([], [])
+    # a hand-edited list: sorted, one point per step (the last entry of a step)
+    edited = {"by_step": [{"step": 10, "entropy": 0.04}, {"step": 0, "entropy": 0.05}, {"step": 10, "entropy": 0.045}]}
+    assert heldout_curve(edited) == ([0, 10], [0.05, 0.045])
+    # the report's own by_step reads back (it keeps the probe's numbers)
+    h = entropy_report(_rows(), heldout={"before": _probe(0.05), "after": _probe(0.047), "by_step": by_step})
+    again = entropy_report(_rows(), heldout=h["heldout_entropy"])["heldout_entropy"]
+    assert again["by_step"] == h["heldout_entropy"]["by_step"]
+    huge = entropy_report(_rows(), heldout={"before": _probe(10**400), "after": _probe(0.047)})
+    assert huge["heldout_entropy"] is None and format_entropy_report(huge)  # no number beyond a float
 
 
 def _lines_saved(monkeypatch):
@@ -194,7 +216,23 @@ def test_compare_overlays_each_methods_curve(tmp_path, monkeypatch):
         x == [0, 15, 30] and y[0] == 0.05 for x, y in fig.values()) and fig["grpo (mean of 2)"][1][0] == 0.05)
     assert overlay["grpo (mean of 2)"][1] == pytest.approx([0.05, 0.046, 0.042])
     assert overlay["stare (mean of 1)"][1] == pytest.approx([0.05, 0.05, 0.049])
-    # runs without a curve (before / after only): no overlay
+    # runs without a curve (before / after only): no overlay, and none left from an earlier comparison in the folder
     plain = [dict(s, heldout_curve=[[0, 0.05], [30, 0.04]]) for s in stats]
-    compare.write_report(plain, tmp_path / "cmp2")
-    assert not (tmp_path / "cmp2" / "heldout_entropy_overlay.png").exists()
+    compare.write_report(plain, out)
+    assert not (out / "heldout_entropy_overlay.png").exists()
+
+
+def test_compare_reads_old_and_damaged_summaries(tmp_path):
+    """A run from before the curve gives two points (its SFT value at step 0, after RL at its last step); a
+    summary whose report is not the report's shape reads as not measured, not as a crash."""
+    old = _finished_run(tmp_path, "grpo-seed0", "grpo", [(0, 0.05), (2, 0.04)])
+    summary = json.loads((old / "summary.json").read_text())
+    summary["entropy_report"]["heldout_entropy"]["by_step"] = []
+    (old / "summary.json").write_text(json.dumps(summary))
+    assert compare.run_stats(old)["heldout_curve"] == [[0, 0.05], [2, 0.04]]  # metrics.jsonl has 2 steps
+    for damaged in ([1], "x", {"heldout_entropy": [1]}, {"heldout_entropy": "x"},
+                    {"heldout_entropy": {"before": 1, "after": [2], "ratio": 0.9}}, None):  # fmt: skip
+        summary["entropy_report"] = damaged
+        (old / "summary.json").write_text(json.dumps(summary))
+        st = compare.run_stats(old)
+        assert st["heldout_curve"] == [] and st["heldout_entropy_after"] is None

@@ -210,7 +210,7 @@ class SFTConfig(BaseModel):
     train_seed: int = Field(0, ge=0, le=2**32 - 1)
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(2e-3, gt=0, allow_inf_nan=False)
+    lr: float = Field(2e-3, gt=0, le=1.0, allow_inf_nan=False)  # AdamW: above 1 is a typo, not a schedule
     weight_decay: float = Field(0.01, ge=0, allow_inf_nan=False)
     warmup_steps: int = Field(20, ge=0)
     decay_steps: int = Field(0, ge=0)
