@@ -9,7 +9,10 @@ error", the observation cut, the deadline and the per-turn call limit mean the s
 - **per-turn limit**: calls after the first ``max_parallel_calls`` of a turn are answered with an error and
   counted as malformed; nothing is run for them.
 - **deadline**: ``tool_timeout_s`` seconds of wall clock around create -> execute -> release of one call, on top
-  of the tool's own limits; a call past it is cancelled and answered "did not finish".
+  of the tool's own limits; a call past it is cancelled and answered "did not finish". It starts once the tool
+  has a free slot: a tool that says how many calls it runs at once (``max_concurrent_calls``, e.g. the sandbox's
+  ``max_concurrency``) gets at most that many at a time, so a call queued behind others (800 evaluation episodes
+  on 8 sandbox slots, a loaded machine) waits for its turn instead of timing out while it waits.
 - **observation cut**: every observation (tool output, a tool's error or warning, a timeout notice, the error
   written for a malformed call) is cut to at most ``max_tool_response_chars`` characters, marker included, on
   ``truncate_side`` (``"left"`` keeps the end, ``"right"`` the start, ``"middle"`` both ends): one rule,
@@ -27,10 +30,12 @@ Tools are verl ``BaseTool``-shaped objects (``create``/``execute``/``release``, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,6 +57,27 @@ def _escape_turn_text(text: str, escape) -> str:
     return "".join(p if i % 2 else escape(p) for i, p in enumerate(parts))
 
 TruncateSide = Literal["left", "middle", "right"]
+
+_ADMISSION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""tool -> (event loop, semaphore of its ``max_concurrent_calls``): shared by every runner over the same tool object
+(the training loop builds a runner per sample), one per event loop (an evaluation runs one loop per temperature)."""
+
+
+def _admission(tool: Any) -> Any:
+    """An async context manager that waits for one of ``tool.max_concurrent_calls`` slots (a null context when the
+    tool does not say, or says None / a number below 1, or cannot be weakly referenced)."""
+    n = getattr(tool, "max_concurrent_calls", None)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return contextlib.nullcontext()
+    loop = asyncio.get_running_loop()
+    try:
+        held = _ADMISSION.get(tool)
+        if held is None or held[0] is not loop or held[2] != n:
+            held = (loop, asyncio.Semaphore(n), n)
+            _ADMISSION[tool] = held
+    except TypeError:  # not weakly referenceable
+        return contextlib.nullcontext()
+    return held[1]
 
 
 @dataclass
@@ -228,6 +254,11 @@ class ToolCallRunner:
             return self.observation(call.error or "Error: malformed tool call; nothing was run.")
 
         tool = self.tools[call.name]
+        async with _admission(tool):  # the deadline starts once the tool has a slot for this call
+            return await self._run_admitted(tool, call, stats, context, entry)
+
+    async def _run_admitted(self, tool: Any, call: ParsedCall, stats: EpisodeStats, context: Any,
+                            entry: dict[str, Any]) -> str:  # fmt: skip
         t0 = time.perf_counter()
         try:
             text, metrics = await asyncio.wait_for(self._execute(tool, call, context), timeout=self.tool_timeout_s)

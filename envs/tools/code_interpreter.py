@@ -163,6 +163,16 @@ class CodeInterpreterTool(BaseTool):
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return self.tool_schema
 
+    @property
+    def max_concurrent_calls(self) -> int | None:
+        """Programs the sandbox runs at once (its ``max_concurrency``; a remote service's for ``remote``), which
+        ``envs.tool_use.episode.ToolCallRunner`` admits before a call's deadline starts, so a call waiting for a
+        free slot is not timed out; None for persistent sessions (each has its own interpreter, no shared slots)."""
+        if self.cfg.persistent_session:
+            return None
+        remote = getattr(self.sandbox, "remote", None)
+        return remote.max_concurrency if remote is not None else self.sandbox.config.max_concurrency
+
     async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
         instance_id = instance_id or str(uuid4())
         self._instances.add(instance_id)
