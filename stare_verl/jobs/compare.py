@@ -24,6 +24,7 @@ import json
 import math
 import statistics
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -275,8 +276,9 @@ def _heldout_overlay(stats: list[dict[str, Any]], methods: list[str], colors: di
         ax.axhline(stats[0]["target_entropy"], color="red", linewidth=1, linestyle="--", label="target")
     step_axis(ax)
     ax.set_ylabel("held-out entropy (nats per model token)")
-    ax.set_title(f"Held-out entropy per method ({where})\nfixed episodes, teacher-forced; step 0: the SFT checkpoint; "
-                 "runs from before the curve: 2 points", fontsize=10)  # fmt: skip
+    head = textwrap.fill(f"Held-out entropy per method ({where})", 95)
+    ax.set_title(f"{head}\nfixed episodes, teacher-forced; step 0: the SFT checkpoint; runs from before the curve: "
+                 "2 points", fontsize=10)  # fmt: skip
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
