@@ -569,11 +569,16 @@ HELDOUT_POINTS = 6
 at the end), the points of its held-out entropy curve."""
 
 
+HELDOUT_MIN_SPACING = 5
+"""Fewest steps between two saved checkpoints by default: a run of a few steps (the tests') saves at its end only."""
+
+
 def heldout_save_freq(steps: int) -> int:
-    """``trainer.save_freq`` of a tiny CPU run without ``--save-freq``: ``ceil(steps / HELDOUT_POINTS)``, so the
-    held-out entropy is read at about :data:`HELDOUT_POINTS` checkpoints (and the last step, which verl always saves)
-    whatever the budget; ~0.1 s and 7 MB per checkpoint of the 0.46 M-parameter model."""
-    return max(1, -(-steps // HELDOUT_POINTS))
+    """``trainer.save_freq`` of a tiny CPU run without ``--save-freq``: ``ceil(steps / HELDOUT_POINTS)``, at least
+    :data:`HELDOUT_MIN_SPACING`, so the held-out entropy is read at up to :data:`HELDOUT_POINTS` checkpoints (and the
+    last step, which verl always saves) whatever the budget; ~0.1 s and 7 MB per checkpoint of the 0.46 M-parameter
+    model, ~3 s per reading."""
+    return max(HELDOUT_MIN_SPACING, -(-steps // HELDOUT_POINTS))
 
 
 def tiny_recipe_command(args: argparse.Namespace, backend: RunBackend, family: str, model_dir: Path,
@@ -649,7 +654,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     if rc == INTERRUPTED:
         print(
             f"[{name}] interrupted: main_ppo and its Ray processes were stopped. The same command resumes from the "
-            f"last checkpoint in {run.path / 'checkpoints'} (every --save-freq steps; by default steps / 6 for the tiny "
+            f"last checkpoint in {run.path / 'checkpoints'} (every --save-freq steps; by default steps / 6, at least 5, for the tiny "
             "model, none before the end for MODEL=...).",
             file=sys.stderr,
         )
@@ -1056,7 +1061,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps", type=int, default=30, help="RL steps of the CPU run (8 prompts x 8 samples each)"
     )
     p.add_argument("--save-freq", type=int, default=0,
-                   help="checkpoint every N steps (default: every steps / 6 for the tiny CPU model, the points of "
+                   help="checkpoint every N steps (default: every steps / 6, at least 5, for the tiny CPU model, the points of "
                         "its held-out entropy curve; at the end for MODEL=...; a GPU recipe's own value)")
     p.add_argument("--n-train", type=int, default=1024, help="RL training problems")
     p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL")
