@@ -356,7 +356,7 @@ def _reward_panel(ax, rows: list[dict[str, Any]], summary: dict[str, Any]) -> bo
         xs = [x for x, v in ((first - 1, before), (last, after)) if v is not None]
         ys = [v for v in (before, after) if v is not None]
         if ys:
-            arrow = " -> ".join("-" if v is None else f"{v:.2f}" for v in (before, after))
+            arrow = " -> ".join("-" if v is None else f"{v:.3f}" for v in (before, after))
             ax.plot(xs, ys, marker=marker, linestyle="none", markersize=7, label=f"{label} ({arrow})")
     ax.set_ylabel("reward / accuracy")
     ax.set_title(PANEL_REWARD + (" (held-out: before RL at step 0, after at the end)" if any(

@@ -107,7 +107,7 @@ def test_plot_a_run_folder_names_method_seed_settings_and_evaluations(tmp_path, 
     assert fig["suptitle"] == (
         "stare, seed 3, shortcot, steps 1-3\ntop_p_ratio=0.02, reweight_w=3, others at defaults; target H 0.3 nats"
     )
-    assert "held-out greedy (0.10 -> 0.40)" in fig["legend"] and "held-out T = 1 (0.05 -> 0.25)" in fig["legend"]
+    assert "held-out greedy (0.100 -> 0.400)" in fig["legend"] and "held-out T = 1 (0.050 -> 0.250)" in fig["legend"]
     assert dash.PANEL_TOOLS not in fig["titles"]  # no tool metric: the panel is left out
     d = dash.plot_path(run)
     assert d.skipped == [dash.PANEL_TOOLS] and d.panels == [p for p in ALL_PANELS if p != dash.PANEL_TOOLS]
@@ -122,7 +122,7 @@ def test_a_runs_metrics_jsonl_and_an_unfinished_run(tmp_path, monkeypatch):
     seen = _capture_figures(monkeypatch)
     d = dash.plot_path(run / "metrics.jsonl")
     assert d.path == run / "plots" / "dashboard.png" and d.panels == ALL_PANELS
-    assert "held-out greedy (0.20 -> -)" in seen[0]["legend"]
+    assert "held-out greedy (0.200 -> -)" in seen[0]["legend"]
     assert d.title.startswith("method not recorded, metrics.jsonl, steps 1-3")
 
 
