@@ -314,13 +314,17 @@ def _curve_point(e: Any) -> tuple[int, float] | None:
     step, h = e.get("step"), e.get("entropy")
     if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**63):
         return None
-    if not isinstance(h, (int, float)) or isinstance(h, bool):
-        return None
+    return (step, float(h)) if _finite(h) else None
+
+
+def _finite(x: Any) -> bool:
+    """Whether ``x`` is a finite int or float (not a boolean; an integer beyond a float is not). Never raises."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
     try:
-        h = float(h)
+        return math.isfinite(float(x))
     except OverflowError:
-        return None
-    return (step, h) if math.isfinite(h) else None
+        return False
 
 
 def heldout_curve(heldout: Any) -> tuple[list[int], list[float]]:
@@ -480,16 +484,7 @@ def _accuracy(ev: dict[str, Any] | None, key: str) -> float | None:
 def is_probe_result(d: Any) -> bool:
     """Whether ``d`` has the form of ``stare_verl.jobs.demo.evaluate.reference_entropy``'s dict (finite numbers,
     not booleans, for ``entropy``, ``nll``, ``episodes`` and ``tokens``). Never raises."""
-
-    def finite(x: Any) -> bool:
-        if not isinstance(x, (int, float)) or isinstance(x, bool):
-            return False
-        try:
-            return math.isfinite(float(x))
-        except OverflowError:  # an integer beyond a float
-            return False
-
-    return isinstance(d, dict) and all(finite(d.get(k)) for k in ("entropy", "nll", "episodes", "tokens"))
+    return isinstance(d, dict) and all(_finite(d.get(k)) for k in ("entropy", "nll", "episodes", "tokens"))
 
 
 def _heldout_entropy(heldout: dict[str, Any] | None) -> dict[str, Any] | None:

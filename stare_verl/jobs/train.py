@@ -573,6 +573,12 @@ HELDOUT_MIN_SPACING = 5
 """Fewest steps between two saved checkpoints by default: a run of a few steps (the tests') saves at its end only."""
 
 
+def tiny_save_freq(args: argparse.Namespace, from_model: bool) -> int:
+    """``trainer.save_freq`` of a tiny-recipe run: ``--save-freq`` when given, else the end for a user's ``MODEL``
+    (``from_model``) and :func:`heldout_save_freq` for the tiny model."""
+    return args.save_freq or (args.steps if from_model else heldout_save_freq(args.steps))
+
+
 def heldout_save_freq(steps: int) -> int:
     """``trainer.save_freq`` of a tiny CPU run without ``--save-freq``: ``ceil(steps / HELDOUT_POINTS)``, at least
     :data:`HELDOUT_MIN_SPACING`, so the held-out entropy is read at up to :data:`HELDOUT_POINTS` checkpoints (and the
@@ -594,7 +600,7 @@ def tiny_recipe_command(args: argparse.Namespace, backend: RunBackend, family: s
         f"data.val_files={data['val']}",
         f"trainer.default_local_dir={run.checkpoints}",
         f"trainer.total_training_steps={args.steps}",
-        f"trainer.save_freq={args.save_freq or (args.steps if from_model else heldout_save_freq(args.steps))}",
+        f"trainer.save_freq={tiny_save_freq(args, from_model)}",
         *(
             [f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}"]
             if job_family(family).multi_turn
@@ -654,8 +660,8 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     if rc == INTERRUPTED:
         print(
             f"[{name}] interrupted: main_ppo and its Ray processes were stopped. The same command resumes from the "
-            f"last checkpoint in {run.path / 'checkpoints'} (every --save-freq steps; by default steps / 6, at least 5, for the tiny "
-            "model, none before the end for MODEL=...).",
+            f"last checkpoint in {run.path / 'checkpoints'} (saved every {tiny_save_freq(args, before is None)} "
+            "steps and at the last).",
             file=sys.stderr,
         )
         return rc
