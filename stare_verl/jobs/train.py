@@ -668,7 +668,8 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     if rc == STALLED:
         print(
             f"[{name}] stopped: no progress (the reason is above; {run.train_log} has main_ppo's output). The same "
-            f"command resumes from the last checkpoint in {run.path / 'checkpoints'} (every --save-freq steps).",
+            f"command resumes from the last checkpoint in {run.path / 'checkpoints'} (saved every "
+            f"{tiny_save_freq(args, before is None)} steps).",
             file=sys.stderr,
         )
         return rc
