@@ -1143,13 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
     if backend.path == "cpu" and os.environ.get("MODEL"):
         print(_model_on_cpu_error(args), file=sys.stderr)
         return 2
-    try:
-        return train_cpu(args, backend)
-    except KeyboardInterrupt as exc:  # before RL (the cold-start SFT, the evaluation); RL reports its own stop
-        print(f"[train-{args.family or DEFAULT_FAMILY}] interrupted ({exc or 'Ctrl-C'}) before RL: nothing of this "
-              "step is kept (an SFT checkpoint is cached only when it finishes); the same command starts it again",
-              file=sys.stderr)  # fmt: skip
-        return INTERRUPTED
+    return train_cpu(args, backend)
 
 
 def _no_gpu_recipe_here(probe) -> str:

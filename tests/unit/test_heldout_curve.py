@@ -237,16 +237,3 @@ def test_compare_reads_old_and_damaged_summaries(tmp_path):
         (old / "summary.json").write_text(json.dumps(summary))
         st = compare.run_stats(old)
         assert st["heldout_curve"] == [] and st["heldout_entropy_after"] is None
-
-
-def test_a_stop_before_rl_is_one_line_and_exit_130(monkeypatch, capsys):
-    """Ctrl-C or a kill during the cold-start SFT (minutes, before RL's own stop handling) ends with one line and
-    the interrupted status, not a traceback and status 1 (a fresh user's background run, stopped at SFT step 23)."""
-
-    def stopped(args, backend):
-        raise KeyboardInterrupt("signal SIGINT")
-
-    monkeypatch.setattr(train, "train_cpu", stopped)
-    assert train.main(["--cpu", "--family", "tooluse"]) == train.INTERRUPTED == 130
-    err = capsys.readouterr().err
-    assert "[train-tooluse] interrupted (signal SIGINT) before RL" in err and "the same command starts it again" in err
