@@ -18,6 +18,9 @@ Options (``RewardOptions``; later sources override earlier ones: defaults <- fam
     family                   "short_cot" | "long_cot" | "tool_use" (default "short_cot")
     strict_box               True: only a complete \\boxed{}/\\fbox{} counts as an answer (default True);
                              False: also "Answer: X", "The final answer is X", "#### X"
+    last_number              True: when no answer of the kinds above is found, the last number of the answer
+                             part is the answer (default False; the lenient rule for a pretrained model that
+                             answers in prose, e.g. the CPU jobs' --model runs of short CoT)
     think                    "auto" | "required" | "off" (default: "required" for long_cot, else "auto");
                              see ``envs.scoring.extract.split_think``
     max_response_length      response token limit of the rollout (None: unknown)
@@ -91,6 +94,7 @@ class RewardOptions(BaseModel):
 
     family: Literal[FAMILIES] = SHORT_COT  # the family names of envs.contract
     strict_box: bool = True
+    last_number: bool = False
     think: Literal["auto", "required", "off"] | None = None
     max_response_length: int | None = Field(default=None, gt=0)
     overlong_buffer_len: int | None = Field(default=None, ge=0)
@@ -304,7 +308,8 @@ def compute_score(
     penalty = overlong_penalty(length, opts.max_response_length, opts.overlong_buffer_len, opts.overlong_penalty_factor)
 
     split = split_think(text, opts.think_mode)  # type: ignore[arg-type]
-    pred_raw, _how = extract_final_answer(remove_calls(split.answer), strict_box=opts.strict_box)  # a call's \\boxed{} is no answer
+    pred_raw, _how = extract_final_answer(remove_calls(split.answer), strict_box=opts.strict_box,
+                                      last_number=opts.last_number)  # a call's \\boxed{} is no answer
     has_answer = pred_raw is not None and not truncated
     gts = _ground_truths(ground_truth)
 

@@ -150,7 +150,7 @@ _FINAL_IS_RE = re.compile(r"(?i)the\s+final\s+answer\s+is\s*[:：]?\s*(.+?)(?:\.
 _GSM_RE = re.compile(r"####\s*([^\n]+)")
 
 
-def extract_final_answer(text: str, strict_box: bool = True) -> tuple[str | None, str]:
+def extract_final_answer(text: str, strict_box: bool = True, last_number: bool = False) -> tuple[str | None, str]:
     """Final answer of a response (the answer part, after any reasoning block).
 
     Args:
@@ -158,15 +158,20 @@ def extract_final_answer(text: str, strict_box: bool = True) -> tuple[str | None
         strict_box: when True only a complete ``\\boxed{}``/``\\fbox{}`` counts; when False, fall back
             (in this order) to a last ``Answer: X`` line (DAPO/Minerva), ``The final answer is X`` and
             GSM8K's ``#### X``.
+        last_number: when nothing above is found (whatever ``strict_box`` says), the last number written in the
+            text is the answer (:func:`extract_last_number`): the lenient rule for a pretrained model that answers
+            in prose without a box.
     Returns:
         ``(answer, how)`` with ``how`` one of ``"box"``, ``"answer_line"``, ``"final_answer_is"``,
-        ``"gsm8k"``, ``"none"``; ``answer`` is None when nothing was found.
+        ``"gsm8k"``, ``"last_number"``, ``"none"``; ``answer`` is None when nothing was found.
     """
     boxed = extract_boxed(text)
     if boxed is not None:
         return boxed, "box"
-    if strict_box or not text:
+    if not text:
         return None, "none"
+    if strict_box:
+        return _last_number_or_none(text, last_number)
     tail = text[-2000:]
     lines = _ANSWER_LINE_RE.findall(tail)
     if lines:
@@ -182,6 +187,29 @@ def extract_final_answer(text: str, strict_box: bool = True) -> tuple[str | None
     g = _GSM_RE.findall(tail)
     if g:
         return g[-1].strip(), "gsm8k"
+    return _last_number_or_none(text, last_number)
+
+
+# A number as prose writes it: an optional sign, digits with optional thousands separators, an optional decimal part
+# (the sign only when it does not follow a letter or digit, so "3-4" reads as 3 and 4, "x = -4" as -4).
+_NUMBER_RE = re.compile(r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|(?<![\w.])-?\d+(?:\.\d+)?|(?<=[A-Za-z])\d+(?:\.\d+)?")
+
+
+def extract_last_number(text: str) -> str | None:
+    """The last number written in ``text`` (thousands separators dropped, a trailing ``.`` not part of it), or None.
+
+    ``"6 + 3 = 9."`` -> ``"9"``; ``"It is 1,234 apples"`` -> ``"1234"``; ``"x = -4"`` -> ``"-4"``; ``"2.50 dollars"``
+    -> ``"2.50"``; no digits -> None. Only the last 2,000 characters are read.
+    """
+    found = _NUMBER_RE.findall(text[-2000:] if text else "")
+    return found[-1].replace(",", "") if found else None
+
+
+def _last_number_or_none(text: str, last_number: bool) -> tuple[str | None, str]:
+    if last_number:
+        num = extract_last_number(text)
+        if num is not None:
+            return num, "last_number"
     return None, "none"
 
 

@@ -201,6 +201,10 @@ def _repoint_log_handlers(old: IO[str], new: IO[str]) -> None:
         for handler in logger.handlers:
             if isinstance(handler, logging.StreamHandler) and handler.stream is old:
                 handler.setStream(new)
+            # transformers' handler also binds the stream's flush at creation (handler.flush = sys.stderr.flush)
+            bound = handler.__dict__.get("flush")
+            if getattr(bound, "__self__", None) is old:
+                handler.flush = new.flush
 
 
 def in_hf_cache(model: str) -> bool:

@@ -365,7 +365,19 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     family = getattr(args, "family", DEFAULT_FAMILY)
     fam = job_family(family)
     name = f"train-{family}"
+    try:
+        pretrained = pretrained_run(args, fam)
+    except ValueError as err:  # an unknown --model, a model not prepared, a family without a pretrained task
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if pretrained is not None:
+        if model:
+            print(f"error: MODEL={model} and --model {args.model} name two models: give one", file=sys.stderr)
+            return 2
+        fam = pretrained.family
     run_dir = tiny_run_dir(args, family, backend, model)
+    if pretrained is not None and not (args.run_dir or os.environ.get("RUN_DIR")):
+        run_dir = run_dir.with_name(f"{run_dir.name}-{pretrained.model.name}")
     bad = bad_option(args) or tiny_option_problem(args, backend) or (model_problem(model) if model else None)
     if bad:
         print(f"error: {bad}", file=sys.stderr)
@@ -373,7 +385,13 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     if backend.rollout == "vllm":
         from stare_verl.cpu.vllm_engine import VllmSetupError, check_head_dim
 
-        shape = sft_config(args, family).model
+        if pretrained is not None:
+            from transformers import AutoConfig
+
+            mc = AutoConfig.from_pretrained(pretrained.model.path, local_files_only=True)
+            shape = argparse.Namespace(hidden_size=mc.hidden_size, num_attention_heads=mc.num_attention_heads)
+        else:
+            shape = sft_config(args, family).model
         try:
             check_head_dim(shape.hidden_size, shape.num_attention_heads)
         except VllmSetupError as err:
@@ -427,6 +445,17 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         )
         return 0
     sft_cfg = sft_config(args, family)
+    if pretrained is not None:
+        from stare_verl.jobs.pretrained import eval_before as pretrained_eval_before
+
+        print(f"[{name}] --model {pretrained.model.name} ({pretrained.model.path}): RL on the family's pretrained "
+              "task, no cold-start SFT", flush=True)  # fmt: skip
+        phases: dict[str, float] = {}
+        with _timed(phases, "eval_before"):
+            before = pretrained_eval_before(pretrained, run.eval_before, args.n_eval, args.eval_samples)
+        print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
+        return _train_tiny_recipe(args, backend, sft_cfg, pretrained.model.path, run, recipe, name, t0, before,
+                                  phases, pretrained=pretrained)  # fmt: skip
     if model:
         print(f"[{name}] MODEL={model}: RL from it (no cold-start SFT, no held-out evaluation)", flush=True)
         return _train_tiny_recipe(args, backend, sft_cfg, Path(model), run, recipe, name, t0, None)
@@ -454,6 +483,44 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         before = json.loads(eval_before.read_text())
     print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
     return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run, recipe, name, t0, before, phases)
+
+
+def pretrained_run(args: argparse.Namespace, fam):
+    """The :class:`stare_verl.jobs.pretrained.PretrainedRun` of ``--model`` (None for the tiny model, the default).
+
+    Raises:
+        ValueError: (``stare_verl.models.ModelError`` included) an unknown name that is no model folder, a
+            registered model not prepared yet, or a family without a pretrained task.
+    """
+    spec = getattr(args, "model", None)
+    if spec in (None, "tiny"):
+        return None
+    from stare_verl.jobs.demo.sft import DEFAULT_CACHE_DIR
+    from stare_verl.jobs.pretrained import PretrainedRun
+    from stare_verl.models import resolve_model
+
+    resolved = resolve_model(spec)
+    if resolved.is_tiny:
+        return None
+    cache = Path(args.sft_cache or os.environ.get("STARE_CACHE_DIR") or DEFAULT_CACHE_DIR)
+    return PretrainedRun(family=fam.for_pretrained(), model=resolved, cache_dir=cache)
+
+
+def pretrained_run_planned(args: argparse.Namespace, fam):
+    """:func:`pretrained_run` for a plan (the dry run): a registered model that is not prepared yet still plans
+    (its folder is where ``make model`` puts it). Raises ValueError as :func:`pretrained_run` otherwise."""
+    from stare_verl.models import ModelError
+
+    try:
+        return pretrained_run(args, fam)
+    except ModelError:
+        from stare_verl.jobs.pretrained import PretrainedRun
+        from stare_verl.models import lookup, resolve_model
+
+        if lookup(str(args.model)) is None:
+            raise
+        resolved = resolve_model(args.model, require_prepared=False)
+        return PretrainedRun(family=fam.for_pretrained(), model=resolved, cache_dir=Path("."))
 
 
 def with_rollout(args: argparse.Namespace, backend: RunBackend) -> tuple[RunBackend, str | None]:
@@ -579,6 +646,12 @@ def tiny_save_freq(args: argparse.Namespace, from_model: bool) -> int:
     return args.save_freq or (args.steps if from_model else heldout_save_freq(args.steps))
 
 
+def is_pretrained_recipe(recipe: str) -> bool:
+    """Whether ``recipes/cpu/<recipe>.yaml`` is a pretrained model's (``<family>_real_<method>``): its prompt length
+    is the recipe's (not the 1024 of a user's ``MODEL`` on the tiny recipe) and it saves as the tiny runs do."""
+    return recipe.rsplit("_", 1)[0].endswith("_real")
+
+
 def heldout_save_freq(steps: int) -> int:
     """``trainer.save_freq`` of a tiny CPU run without ``--save-freq``: ``ceil(steps / HELDOUT_POINTS)``, at least
     :data:`HELDOUT_MIN_SPACING`, so the held-out entropy is read at up to :data:`HELDOUT_POINTS` checkpoints (and the
@@ -600,7 +673,7 @@ def tiny_recipe_command(args: argparse.Namespace, backend: RunBackend, family: s
         f"data.val_files={data['val']}",
         f"trainer.default_local_dir={run.checkpoints}",
         f"trainer.total_training_steps={args.steps}",
-        f"trainer.save_freq={tiny_save_freq(args, from_model)}",
+        f"trainer.save_freq={tiny_save_freq(args, from_model and not is_pretrained_recipe(recipe))}",
         *(
             [f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={args.max_turns}"]
             if job_family(family).multi_turn
@@ -612,7 +685,7 @@ def tiny_recipe_command(args: argparse.Namespace, backend: RunBackend, family: s
         f"trainer.experiment_name={run.path.name}",
         f"hydra.run.dir={run.logs / 'hydra'}",
         *(["trainer.device=cuda"] if on_gpu else []),
-        *(["data.max_prompt_length=1024"] if from_model else []),
+        *(["data.max_prompt_length=1024"] if from_model and not is_pretrained_recipe(recipe) else []),
         *placement_overrides(args, keep_file_logger=True),
         *args.overrides,
     ]
@@ -623,25 +696,34 @@ def tiny_recipe_command(args: argparse.Namespace, backend: RunBackend, family: s
 
 
 def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run: RunFolder, recipe: str, name: str,
-                       t0: float, before: dict | None, phases: dict[str, float] | None = None) -> int:  # fmt: skip
+                       t0: float, before: dict | None, phases: dict[str, float] | None = None,
+                       pretrained=None) -> int:  # fmt: skip
     """RL with ``recipes/cpu/<recipe>.yaml`` from ``model_dir``, then the held-out evaluation (when ``before`` is
     given), plots and ``summary.json`` (``phases_s``: wall seconds of the phases before RL given in ``phases``,
-    then ``rl`` (verl's main_ppo, start-up included) and ``eval_after``); returns the exit status."""
+    then ``rl`` (verl's main_ppo, start-up included) and ``eval_after``); returns the exit status.
+
+    ``pretrained`` (a :class:`stare_verl.jobs.pretrained.PretrainedRun`): ``model_dir`` is a pretrained model run
+    with its family's pretrained task (its own data and held-out problems, no cold-start SFT); ``sft_cfg`` is then
+    unused."""
     from stare_verl.jobs.dashboard import method_settings, run_title
     from stare_verl.jobs.demo.sft import write_rl_data
     from stare_verl.jobs.runlog import plot_run, read_verl_jsonl, write_metrics_jsonl
 
-    family = sft_cfg.family
+    family = pretrained.family.name if pretrained else sft_cfg.family
     sft_dir = model_dir
-    data = write_rl_data(sft_cfg, run.data, n_train=args.n_train, n_val=args.n_eval)
+    from_model = before is None or pretrained is not None
+    if pretrained:
+        data = pretrained.write_data(run.data, n_train=args.n_train, n_val=args.n_eval)
+    else:
+        data = write_rl_data(sft_cfg, run.data, n_train=args.n_train, n_val=args.n_eval)
     # train_cpu's launch overrides (method_overrides applied) are args.overrides
-    cmd = tiny_recipe_command(args, backend, family, sft_dir, data, run, recipe, from_model=before is None)
+    cmd = tiny_recipe_command(args, backend, family, sft_dir, data, run, recipe, from_model=from_model)
     part = run.new_verl_metric_part()
     env = run_env(f"{os.environ.get(RUN_TAG_ENV, 'run')}-{uuid.uuid4().hex}", part, backend.platform)
     if backend.rollout == "vllm":
         from stare_verl.cpu.vllm_engine import engine_env
 
-        env.update(engine_env(sft_cfg.resolved_cache_dir(), environ=env))
+        env.update(engine_env(pretrained.cache_dir if pretrained else sft_cfg.resolved_cache_dir(), environ=env))
     resume_step = run.latest_step()  # verl resumes from it (trainer.resume_mode auto)
     if resume_step is not None:
         print(f"[{name}] resuming from the checkpoint of step {resume_step} in {run.checkpoints}", flush=True)
@@ -660,7 +742,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     if rc == INTERRUPTED:
         print(
             f"[{name}] interrupted: main_ppo and its Ray processes were stopped. The same command resumes from the "
-            f"last checkpoint in {run.path / 'checkpoints'} (saved every {tiny_save_freq(args, before is None)} "
+            f"last checkpoint in {run.path / 'checkpoints'} (saved every {tiny_save_freq(args, from_model and not pretrained)} "
             "steps and at the last).",
             file=sys.stderr,
         )
@@ -669,7 +751,7 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         print(
             f"[{name}] stopped: no progress (the reason is above; {run.train_log} has main_ppo's output). The same "
             f"command resumes from the last checkpoint in {run.path / 'checkpoints'} (saved every "
-            f"{tiny_save_freq(args, before is None)} steps).",
+            f"{tiny_save_freq(args, from_model and not pretrained)} steps).",
             file=sys.stderr,
         )
         return rc
@@ -684,13 +766,14 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
     ckpt = run.latest_checkpoint()
     heldout = None
     with _timed(phases, "eval_after"):
-        after = (
-            _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns, args.eval_samples)
-            if ckpt and before is not None
-            else {}
-        )
+        if ckpt and pretrained is not None:
+            after = pretrained.evaluate(ckpt, args.n_eval, args.eval_samples)
+        elif ckpt and before is not None:
+            after = _evaluate(ckpt, sft_cfg, args.n_eval, args.max_turns, args.eval_samples)
+        else:
+            after = {}
         run.eval_after.write_text(json.dumps(after, indent=1))
-        if ckpt and before is not None:  # every saved checkpoint: the curve of the entropy plots
+        if ckpt and before is not None and pretrained is None:  # every saved checkpoint: the curve of the entropy plots
             heldout = _heldout_entropy(sft_dir, run.hf_checkpoints(), args.n_eval, name)
     summary = {
         "family": family,
@@ -699,7 +782,8 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         "steps": rows[-1]["step"] if rows else 0,
         "backend": backend.to_dict(),
         "rollout_engine": rollout_engine(backend),
-        "sft_checkpoint": str(sft_dir),
+        "sft_checkpoint": None if pretrained else str(sft_dir),
+        **({"model": pretrained.describe()} if pretrained else {}),
         "rl_checkpoint": str(ckpt) if ckpt else None,
         "eval_before": before,
         "eval_after": after,
@@ -1020,9 +1104,18 @@ def _logger_list(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+class _TrainParser(argparse.ArgumentParser):
+    """``stare-verl train``'s parser: the options whose default depends on ``--model`` get it after parsing
+    (:func:`with_defaults`)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: D102 (argparse's)
+        ns, rest = super().parse_known_args(args, namespace)
+        return with_defaults(ns), rest
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``stare-verl train``."""
-    p = argparse.ArgumentParser(prog="stare-verl train", description=__doc__.split("\n\n")[0])
+    p = _TrainParser(prog="stare-verl train", description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(job_family_names()), default=DEFAULT_FAMILY)
     p.add_argument(
         "--method", type=_method_arg, default="stare", metavar="METHOD[:KEY=VALUE,...]",
@@ -1063,17 +1156,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--run-dir", default=None, help="run folder (default: $RUN_DIR or runs/<family>-<method>-seed<seed>)"
     )
+    p.add_argument(
+        "--model", default=None, metavar="NAME|PATH",
+        help="the CPU run's model: tiny (default: the family's from-scratch model and its cold-start SFT), a "
+             "registered pretrained model (smollm2-135m; make model prepares it offline), or a local Hugging Face "
+             "folder; a pretrained model trains on its family's pretrained task (recipes/cpu/<family>_real_*.yaml)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--steps", type=int, default=30, help="RL steps of the CPU run (8 prompts x 8 samples each)"
+        "--steps", type=int, default=None,
+        help="RL steps of the CPU run (default 30 for the tiny model, 8 prompts x 8 samples each; 20 for --model, "
+             "8 prompts x 4 samples)",
     )
     p.add_argument("--save-freq", type=int, default=0,
                    help="checkpoint every N steps (default: every steps / 6, at least 5, for the tiny CPU model, the points of "
                         "its held-out entropy curve; at the end for MODEL=...; a GPU recipe's own value)")
-    p.add_argument("--n-train", type=int, default=1024, help="RL training problems")
-    p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL")
-    p.add_argument("--eval-samples", type=int, default=1,
-                   help="samples per held-out problem at T = 1 (k > 1 adds pass@k; greedy is always one)")
+    p.add_argument("--n-train", type=int, default=None, help="RL training problems (default 1024; --model: 512)")
+    p.add_argument("--n-eval", type=int, default=None,
+                   help="held-out problems evaluated before and after RL (default 200; --model: 100)")
+    p.add_argument("--eval-samples", type=int, default=None,
+                   help="samples per held-out problem at T = 1 (k > 1 adds pass@k; greedy is always one; default 1, "
+                        "--model: 4)")
     p.add_argument("--max-turns", type=int, default=3, help="assistant turns per episode (tool use)")
     p.add_argument(
         "--min-sft-accuracy",
@@ -1144,6 +1247,21 @@ def main(argv: list[str] | None = None) -> int:
         print(_model_on_cpu_error(args), file=sys.stderr)
         return 2
     return train_cpu(args, backend)
+
+
+def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the defaults of the options whose default depends on ``--model``: a pretrained model's
+    (:func:`stare_verl.jobs.pretrained.pretrained_defaults`), else the tiny model's (30 steps, 1024 RL problems,
+    200 held-out problems, one sample each)."""
+    if getattr(args, "model", None) not in (None, "tiny"):
+        from stare_verl.jobs.pretrained import pretrained_defaults
+
+        return pretrained_defaults(args)
+    out = dict(vars(args))
+    for key, value in (("steps", 30), ("n_eval", 200), ("eval_samples", 1), ("n_train", 1024)):
+        if out.get(key) is None:
+            out[key] = value
+    return argparse.Namespace(**out)
 
 
 def _no_gpu_recipe_here(probe) -> str:
@@ -1230,8 +1348,24 @@ def dry_run(args: argparse.Namespace, probe) -> int:
             return 2
         tiny_model = model if backend.path == "gpu-hf" else None
         run = RunFolder(tiny_run_dir(args, args.family, backend, tiny_model))
-        recipe = f"{job_family(args.family).cpu_recipe}_{method_of(args.method).recipe}"
-        if tiny_model:
+        fam = job_family(args.family)
+        try:
+            pretrained = pretrained_run_planned(args, fam)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if pretrained is not None:
+            fam = pretrained.family
+            if not (args.run_dir or os.environ.get("RUN_DIR")):
+                run = RunFolder(run.path.with_name(f"{run.path.name}-{pretrained.model.name}"))
+        recipe = f"{fam.cpu_recipe}_{method_of(args.method).recipe}"
+        if pretrained is not None:
+            model_dir = pretrained.model.path
+            if not (model_dir / "config.json").is_file():
+                notes.append(f"a real run here would stop: {pretrained.model.name} is not prepared in {model_dir} "
+                             "(make model)")  # fmt: skip
+            tiny_model = str(model_dir)
+        elif tiny_model:
             model_dir = Path(tiny_model)
             problem = model_problem(tiny_model)
             if problem:
@@ -1246,6 +1380,8 @@ def dry_run(args: argparse.Namespace, probe) -> int:
         launch = argparse.Namespace(**{**vars(args), "overrides": overrides})
         cmd = tiny_recipe_command(launch, backend, args.family, model_dir, data, run, recipe, tiny_model is not None)
         what = "verl on this CPU, the tiny recipe" if backend.path == "cpu" else "the tiny recipe on the GPU (no SGLang)"
+        if pretrained is not None:
+            what = f"verl on this CPU, the pretrained model {pretrained.model.name}"
         compose_name = f"cpu/{recipe}"
         sandbox = "probed at launch" if job_family(args.family).multi_turn else "none"
     backend = dataclasses.replace(backend, sandbox=sandbox)

@@ -127,11 +127,15 @@ def _pass_at_ks(records: Sequence[EvalRecord], n_problems: int, k: int) -> dict[
 def heldout_problem(p: Problem, position: int, family: str) -> EvalProblem:
     """Held-out problem ``p`` as the driver's row: the question alone as the prompt, the family's reward
     options, ``problem_id`` ``<data_source>/<position>``; the tool loop when the family's episodes use a tool."""
-    env = job_family(family).env_family
+    fam = job_family(family)
+    env = fam.env_family
+    extra: dict[str, Any] = {"family": env.name, "task": p.task}
+    if fam.reward_options:
+        extra["reward_options"] = dict(fam.reward_options)
     return EvalProblem(
         index=position, problem_id=f"{p.data_source}/{position}", data_source=p.data_source,
         prompt=[{"role": "user", "content": p.question}], ground_truth=p.answer,
-        extra_info={"family": env.name, "task": p.task}, tool_use=env.tool_use,
+        extra_info=extra, tool_use=env.tool_use,
     )
 
 

@@ -12,7 +12,7 @@ folder with its ``EnvFamily`` plus a ``JobFamily`` passed to :func:`register_job
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -21,6 +21,7 @@ from envs.family import EnvFamily, env_family
 __all__ = [
     "DEFAULT_FAMILY",
     "JobFamily",
+    "PretrainedTask",
     "job_families",
     "job_family",
     "job_family_names",
@@ -60,6 +61,12 @@ class JobFamily:
         tool_config: the tool config of its GPU recipe, relative to ``recipes/`` (None: no tool, no sandbox).
         compare_steps, compare_seeds: ``make compare``'s default RL steps per run and seeds per method.
         compare_dir: ``make compare``'s default output folder under ``runs/``.
+        reward_options: ``envs.reward`` options every row of the family carries (``extra_info["reward_options"]``),
+            so training and the held-out evaluation score alike.
+        pretrained: the family's task for a pretrained model (``--model NAME|PATH``; :meth:`for_pretrained`), None
+            when the family has none.
+        distinct_expressions: splits are disjoint by expression, not only by question text (a small pool of sums
+            asked in several wordings: the held-out problems must be sums RL never saw).
     """
 
     name: str
@@ -77,10 +84,14 @@ class JobFamily:
     compare_steps: int = 30
     compare_seeds: tuple[int, ...] = (0, 1, 2)
     compare_dir: str = ""
+    reward_options: Mapping[str, Any] = field(default_factory=dict)
+    pretrained: PretrainedTask | None = None
+    distinct_expressions: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task_table", _frozen({k: _frozen(v) for k, v in self.task_table.items()}))
         object.__setattr__(self, "sft_defaults", _frozen(self.sft_defaults))
+        object.__setattr__(self, "reward_options", _frozen(self.reward_options))
         object.__setattr__(self, "compare_seeds", tuple(self.compare_seeds))
         if not self.cpu_recipe:
             object.__setattr__(self, "cpu_recipe", f"{self.name}_tiny")
@@ -106,9 +117,54 @@ class JobFamily:
         """Assistant turns of one held-out episode given ``--max-turns``."""
         return max_turns if self.multi_turn else 1
 
+    @property
+    def is_pretrained(self) -> bool:
+        """Whether this is a family's pretrained-model variant (:meth:`for_pretrained`)."""
+        return self.cpu_recipe.endswith("_real")
+
+    def for_pretrained(self) -> JobFamily:
+        """The family as a pretrained model's CPU run sees it: the same name and environment, the
+        :attr:`pretrained` task's problems, reward options and recipe (``recipes/cpu/<recipe>_<method>.yaml``).
+
+        Raises:
+            ValueError: the family has no pretrained-model task.
+        """
+        if self.pretrained is None:
+            raise ValueError(f"family {self.name!r} has no task for a pretrained model (--model): use the tiny model")
+        if self.is_pretrained:
+            return self
+        task = self.pretrained
+        return replace(self, task_table=task.task_table, accepts=task.accepts, reward_options=task.reward_options,
+                       cpu_recipe=task.recipe, min_sft_accuracy=0.0, distinct_expressions=True)  # fmt: skip
+
     def accepts_expression(self, expression: str) -> bool:
         """Whether a generated question with this ``metadata["expression"]`` belongs to the family."""
         return self.accepts is None or bool(self.accepts(expression))
+
+
+@dataclass(frozen=True)
+class PretrainedTask:
+    """A family's task for a pretrained model (``--model``): chosen so that the model starts between roughly 10% and
+    60% correct without any fine-tuning, and scored from the model's own tokens.
+
+    Attributes:
+        task_table: reasoning-gym generator -> config (mixed evenly), as :attr:`JobFamily.task_table`.
+        reward_options: ``envs.reward`` options of its rows (e.g. ``{"last_number": True}``: a prose answer's last
+            number counts when there is no box).
+        recipe: ``recipes/cpu/<recipe>_<method>.yaml``; must end in ``_real``.
+        accepts: which generated expressions belong (None: all).
+        sft_warm_start: whether the model needs the family's demonstrations first (a format it cannot produce).
+    """
+
+    task_table: Mapping[str, Mapping[str, Any]]
+    reward_options: Mapping[str, Any]
+    recipe: str
+    accepts: Callable[[str], bool] | None = None
+    sft_warm_start: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.recipe.endswith("_real"):
+            raise ValueError(f"a pretrained task's recipe must end in _real, got {self.recipe!r}")
 
 
 _REGISTRY: dict[str, JobFamily] = {}
@@ -148,8 +204,12 @@ def unregister_job_family(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def job_family(name: str) -> JobFamily:
-    """The family registered as ``name``. Raises ValueError, naming the registered ones, for an unknown name."""
+def job_family(name: str | JobFamily) -> JobFamily:
+    """The family registered as ``name`` (a :class:`JobFamily` is returned as it is, so that a variant such as
+    :meth:`JobFamily.for_pretrained` passes through the functions that take a family). Raises ValueError, naming the
+    registered ones, for an unknown name."""
+    if isinstance(name, JobFamily):
+        return name
     _builtins()
     try:
         return _REGISTRY[name]

@@ -39,7 +39,7 @@ from itertools import permutations
 from typing import Any
 
 from envs.contract import LONG_COT, SHORT_COT
-from stare_verl.jobs.families.base import JobFamily, job_family
+from stare_verl.jobs.families.base import JobFamily, PretrainedTask, job_family
 from stare_verl.jobs.families.problems import Problem
 
 __all__ = [
@@ -240,6 +240,17 @@ def build_cot_demos(
 
 # CoT SFT defaults (stare_verl.jobs.demo.sft's docstring): steps where held-out greedy accuracy passes ~0.5 on the
 # 2-core machine; max_response_tokens: the family's CPU recipe's data.max_response_length.
+# The pretrained model's short CoT task (``--model``): chain_sum with two or three one-digit terms, ``+`` and ``-``,
+# the question alone as the prompt (the model's own chat template and system prompt), scored on the last number of
+# the answer when there is no box: SmolLM2-135M-Instruct answers in prose and writes a box only when taught one.
+# Splits are disjoint by expression (a sum asked in another wording is the same problem).
+PRETRAINED_COT_TASKS: dict[str, dict[str, Any]] = {
+    "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1},
+}
+SHORTCOT_PRETRAINED = PretrainedTask(
+    task_table=PRETRAINED_COT_TASKS, reward_options={"last_number": True}, recipe="shortcot_real",
+)
+
 SHORTCOT = JobFamily(
     name="shortcot",
     env=SHORT_COT,
@@ -255,6 +266,7 @@ SHORTCOT = JobFamily(
     # minutes (33 measured) and three take 47
     compare_steps=100,
     compare_seeds=(0, 1),
+    pretrained=SHORTCOT_PRETRAINED,
 )
 LONGCOT = JobFamily(
     name="longcot",

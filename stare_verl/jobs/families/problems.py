@@ -96,6 +96,7 @@ def sample_problems(
     fam = job_family(family)
     tasks = fam.task_table
     seen = {" ".join(q.split()) for q in exclude}
+    by_expression = fam.distinct_expressions
     out: list[Problem] = []
     for (task, cfg), want in zip(tasks.items(), _task_sizes(n, len(tasks)), strict=True):
         if want == 0:
@@ -108,7 +109,7 @@ def sample_problems(
             taken = set(seen)
             for j in range(size):
                 entry = ds[j]
-                key = " ".join(entry["question"].split())
+                key = " ".join(str(entry["metadata"]["expression"] if by_expression else entry["question"]).split())
                 if key in taken or not fam.accepts_expression(str(entry["metadata"]["expression"])):
                     continue
                 taken.add(key)
@@ -121,10 +122,17 @@ def sample_problems(
             size *= 4
         if len(got) < want:
             raise DemoError(f"{task}: only {len(got)} distinct questions for {want} (seed {seed})")
-        seen.update(" ".join(p.question.split()) for p in got)
+        seen.update(" ".join(problem_key(p, fam).split()) for p in got)
         out.extend(got)
     random.Random(seed).shuffle(out)
     return out
+
+
+def problem_key(p: Problem, family) -> str:
+    """What makes two problems the same for ``family`` (a name or ``JobFamily``): the question text, or the
+    expression when the family's problems must differ in their arithmetic (``JobFamily.distinct_expressions``:
+    the same sum asked in another wording is not a new problem)."""
+    return p.expression if job_family(family).distinct_expressions else p.question
 
 
 def split_problems(
@@ -139,14 +147,15 @@ def split_problems(
     is drawn last, excluding the splits drawn in the same call (the SFT draws no ``rl_train``, so its dev questions
     may be among RL's training questions, which is harmless); adding it leaves the other splits as they were.
     """
+    fam = job_family(family)
     heldout = heldout_problems(n_heldout, seed, family)
-    used = [p.question for p in heldout]
+    used = [problem_key(p, fam) for p in heldout]
     train = sample_problems(n_train, seed + SPLIT_SEED_OFFSET["sft_train"], exclude=used, family=family)
     out = {"heldout": heldout, "sft_train": train}
-    used += [p.question for p in train]
+    used += [problem_key(p, fam) for p in train]
     if n_rl:
         out["rl_train"] = sample_problems(n_rl, seed + SPLIT_SEED_OFFSET["rl_train"], exclude=used, family=family)
-        used += [p.question for p in out["rl_train"]]
+        used += [problem_key(p, fam) for p in out["rl_train"]]
     if n_dev:
         out["sft_dev"] = sample_problems(n_dev, seed + SPLIT_SEED_OFFSET["sft_dev"], exclude=used, family=family)
     return out
@@ -167,7 +176,8 @@ def problem_row(
     prompt; the tool list comes from the tool config through the chat template's ``tools=``.
     ``agent_name`` None: the family's.
     """
-    env = job_family(family).env_family
+    fam = job_family(family)
+    env = fam.env_family
     base = {
         "data_source": p.data_source,
         "prompt": [{"role": "user", "content": p.question}],
@@ -176,6 +186,8 @@ def problem_row(
         "extra_info": {"split": split, "index": int(index), "family": env.name, "task": p.task,
                        "question": p.question, "expression": p.expression},
     }
+    if fam.reward_options:
+        base["extra_info"]["reward_options"] = dict(fam.reward_options)
     row = env.make_row(base, system=None)
     if agent_name:
         row["agent_name"] = agent_name

@@ -1,0 +1,92 @@
+"""RL of a pretrained model on the CPU (``--model NAME|PATH``): the family's pretrained task, the model's own
+tokenizer and chat template, verl's trainer with the ``hf`` (or vLLM) rollout, the held-out evaluation before and
+after, and the same run folder as the tiny model's runs.
+
+The model is a registered name (``stare_verl.models``, prepared offline by ``make model``) or any local Hugging Face
+folder. The family's :class:`stare_verl.jobs.families.base.PretrainedTask` says which problems (chosen so that the
+model starts between roughly 10% and 60% correct), how they are scored and which recipe trains
+(``recipes/cpu/<family>_real_<method>.yaml``). No cold-start SFT runs when the task needs none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stare_verl.jobs.families.base import JobFamily
+from stare_verl.models import ResolvedModel
+
+DATA_SEED = 0
+"""The data seed of the pretrained tasks' problems (held-out split first, then RL's training split)."""
+N_HELDOUT = 200
+"""Held-out problems drawn for a pretrained task; ``--n-eval`` evaluates the first of them."""
+
+
+@dataclass(frozen=True)
+class PretrainedRun:
+    """What a pretrained model's run needs besides the options: the family's pretrained variant, the model, and where
+    caches go.
+
+    Attributes:
+        family: ``job_family(name).for_pretrained()``.
+        model: the resolved ``--model``.
+        cache_dir: the run's cache folder (the vLLM engine's compile cache).
+    """
+
+    family: JobFamily
+    model: ResolvedModel
+    cache_dir: Path
+
+    def write_data(self, out_dir: Path, n_train: int, n_val: int) -> dict[str, Path]:
+        """``train.parquet`` / ``val.parquet`` of the pretrained task (``n_train`` RL problems, the first ``n_val``
+        held-out ones; disjoint). Raises ValueError for counts below 1 or ``n_val`` over :data:`N_HELDOUT`."""
+        from stare_verl.jobs.families.problems import write_rl_parquet
+
+        return write_rl_parquet(out_dir, n_train=n_train, n_val=n_val, seed=DATA_SEED, n_sft_train=0,
+                                n_heldout=N_HELDOUT, family=self.family)  # fmt: skip
+
+    def evaluate(self, path: Path, n: int, samples: int) -> dict[str, Any]:
+        """Held-out accuracy of the model folder ``path`` on the first ``n`` held-out problems: greedy and T = 1
+        (``samples`` per problem, pass@k when more than one), as ``{"T=0": report, "T=1": report}``."""
+        from stare_verl.jobs.demo.evaluate import evaluate_checkpoint
+
+        reports = evaluate_checkpoint(path, n=n, data_seed=DATA_SEED, n_heldout=N_HELDOUT, family=self.family,
+                                      samples=samples, max_response_tokens=128)  # fmt: skip
+        return {f"T={t:g}": rep.to_dict() for t, rep in reports.items()}
+
+    def describe(self) -> dict[str, Any]:
+        """The model's entry for ``summary.json``."""
+        return {"spec": self.model.spec, "name": self.model.name, "path": str(self.model.path),
+                "registered": self.model.entry is not None}  # fmt: skip
+
+
+def eval_before(pr: PretrainedRun, run_eval_file: Path, n: int, samples: int) -> dict[str, Any]:
+    """The held-out evaluation of the model before RL, cached in the run folder (``run_eval_file``) with the
+    settings it was made with: a file made with another ``n`` or ``samples`` is evaluated again."""
+    key = {"n": n, "samples": samples, "model": str(pr.model.path)}
+    if run_eval_file.is_file():
+        try:
+            saved = json.loads(run_eval_file.read_text())
+            if isinstance(saved, dict) and saved.get("_settings") == key:
+                return {k: v for k, v in saved.items() if k != "_settings"}
+        except ValueError:
+            pass  # torn or foreign: evaluate again
+    ev = pr.evaluate(pr.model.path, n, samples)
+    tmp = run_eval_file.with_name(f".{run_eval_file.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**ev, "_settings": key}, indent=1))
+    os.replace(tmp, run_eval_file)
+    return ev
+
+
+def pretrained_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the pretrained runs' defaults where the user gave none: 20 RL steps, 100 held-out problems,
+    4 samples per held-out problem at T = 1 (avg@4, pass@4), 512 RL problems."""
+    out = dict(vars(args))
+    for key, value in (("steps", 20), ("n_eval", 100), ("eval_samples", 4), ("n_train", 512)):
+        if out.get(key) is None:
+            out[key] = value
+    return argparse.Namespace(**out)
