@@ -45,6 +45,12 @@ verl's ``naive`` manager passes none of these; ``envs.reward_manager.MathRewardM
 manager plus ``response_length``/``hit_eos``/``max_response_length`` from the batch) does. Do not also
 enable verl's ``dapo`` manager overlong buffer: it would penalise twice, and counts tool tokens.
 
+Answer: the final box run of ``envs.scoring.extract`` (a ``The final answer is $X$`` after the last box wins). When
+the ground truth is a list of k parts (commas or semicolons outside brackets; a ground truth holding several boxes
+joined by connectors is the list of them) and the answer has fewer, the last k boxes of the response are tried as the
+answer too when short connecting text joins them (parts boxed apart: ``y_1 = \\boxed{..}`` and ``y_2 =
+\\boxed{..}``; see ``envs.scoring.extract.last_boxes``).
+
 Truncation: ``hit_eos`` decides when given, else the stop reason, else a known length that reached
 ``max_response_length``. A truncated response is scored as having no answer (acc False, base
 ``incorrect_score``) whatever it holds.
@@ -58,7 +64,8 @@ Returned dict (the same keys every call, scalars only, so verl can stack them):
     score (float), acc (bool), pred (str, normalised extracted answer; "" if none or truncated),
     has_answer (bool), truncated (bool), overlong_penalty (float), response_length (int, -1 unknown),
     response_chars (int), think_closed (bool), verify_method (str: exact | numeric | math_verify |
-    hedge | label | malformed | choice | empty | timeout | error | no_ground_truth; see ``envs.scoring.verify``), timed_out (bool: the equivalence checker gave no verdict,
+    hedge | label | malformed | choice | ellipsis | empty | timeout | error | no_ground_truth; see
+    ``envs.scoring.verify``), timed_out (bool: the equivalence checker gave no verdict,
     because its time ran out or it failed; the response then scores as wrong, and nothing of that check
     is remembered, so a later call with the same pair checks it afresh),
     reflect_<word> (int) for each of ``REFLECTION_PATTERNS`` and reflect_total (int).
@@ -68,6 +75,7 @@ ValueError only for invalid options (a configuration error, reported on the firs
 """
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -75,8 +83,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from envs.contract import FAMILIES, LONG_COT, SHORT_COT
 from envs.markup import remove_calls
-from envs.scoring.extract import extract_final_answer, split_think
+from envs.scoring.extract import extract_final_answer, last_boxes, split_think
 from envs.scoring.normalize import normalize_answer
+from envs.scoring.offers import split_top_level
 from envs.scoring.reflection import REFLECTION_PATTERNS, count_reflections
 from envs.scoring.verify import Verdict, answers_equal
 
@@ -262,12 +271,26 @@ def _int_text(n: int) -> str:
 
 
 def _gt_answer(gt: str) -> str:
-    """A ground truth given as a full solution keeps only its final answer (box or GSM8K ``####``)."""
+    """A ground truth given as a full solution keeps only its final answer (box or GSM8K ``####``); one that holds
+    boxes joined by connectors is the list of them (``\\boxed{1} papers and \\boxed{2} bins`` -> ``1, 2``: a label
+    boxes each part; see ``envs.scoring.extract.last_boxes``)."""
     if "\\boxed" in gt or "\\fbox" in gt or "####" in gt:
+        ans = last_boxes(gt)
+        if ans:
+            return ans
         ans, _ = extract_final_answer(gt, strict_box=False)
         if ans:
             return ans
     return gt
+
+
+_PART_SEP_RE = re.compile(r"[,;]")
+
+
+def _parts(answer: str) -> int:
+    """Number of parts of a list answer (items parted by a comma or semicolon outside brackets, after
+    ``normalize_answer``, so thousands separators part nothing): 1 for a single value."""
+    return len(split_top_level(normalize_answer(answer), _PART_SEP_RE))
 
 
 def compute_score(
@@ -308,8 +331,8 @@ def compute_score(
     penalty = overlong_penalty(length, opts.max_response_length, opts.overlong_buffer_len, opts.overlong_penalty_factor)
 
     split = split_think(text, opts.think_mode)  # type: ignore[arg-type]
-    pred_raw, _how = extract_final_answer(remove_calls(split.answer), strict_box=opts.strict_box,
-                                      last_number=opts.last_number)  # a call's \\boxed{} is no answer
+    answer_text = remove_calls(split.answer)  # a call's \\boxed{} is no answer
+    pred_raw, how = extract_final_answer(answer_text, strict_box=opts.strict_box, last_number=opts.last_number)
     has_answer = pred_raw is not None and not truncated
     gts = _ground_truths(ground_truth)
 
@@ -319,7 +342,13 @@ def compute_score(
     elif has_answer:
         failed = None  # a checker failure is reported unless another ground truth matched
         for gt in gts:
-            verdict = answers_equal(pred_raw, _gt_answer(gt), timeout_s=opts.timeout_s)
+            gold = _gt_answer(gt)
+            verdict = answers_equal(pred_raw, gold, timeout_s=opts.timeout_s)
+            if verdict.equal is False and how == "box":  # the parts of a list boxed apart, prose between the boxes
+                parts = _parts(gold)
+                joined = last_boxes(answer_text, parts) if parts > 1 and parts > _parts(pred_raw) else None
+                if joined is not None and joined != pred_raw and _parts(joined) == parts:
+                    verdict = answers_equal(joined, gold, timeout_s=opts.timeout_s)
             if verdict.equal:
                 break
             if verdict.failed and failed is None:

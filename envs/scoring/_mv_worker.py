@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -88,6 +89,27 @@ def tiny_values_differ(gold, pred) -> bool:
     return bool(abs(a - b) > TINY_REL_TOL * scale)
 
 
+# an operator whose subscript binds an index (\\sum_{k=1}, \\int_{x=0}, \\max_{i=1}, \\bigcup_{i=1} ...)
+BOUND_OPERATOR_RE = re.compile(
+    r"\\(?:sum|prod|coprod|int|iint|iiint|oint|lim|limsup|liminf|max|min|sup|inf|argmax|argmin|bigcup|bigcap"
+    r"|bigoplus|bigotimes|bigsqcup|bigvee|bigwedge|bigodot|biguplus)(?![A-Za-z])\s*(?:\\(?:no)?limits\s*)?_\s*\{[^{}]*="
+)
+
+
+def lost_operator(text: str, parsed: list) -> bool:
+    """True when ``text`` holds an operator with bound-index subscript (``BOUND_OPERATOR_RE``) but math-verify's
+    parse ``parsed`` holds no sum, product, integral or limit: the parse read the subscript's ``k=1`` as an
+    equation and kept a piece of it (``\\int_{x=0}^{1} x\\,dx`` parsed as 0, ``\\max_{i=1} a_i`` as 1), so it is no
+    reading of the answer."""
+    if not parsed or BOUND_OPERATOR_RE.search(text) is None:
+        return False
+    import sympy
+
+    expr = parsed[0]
+    kinds = (sympy.Sum, sympy.Product, sympy.Integral, sympy.Limit)
+    return not (isinstance(expr, sympy.Basic) and expr.has(*kinds))
+
+
 def make_checker():
     """``check(pairs) -> bool``: math-verify's verdict over candidate ``(gold, pred)`` pairs, with a parse
     cache that only ever holds finished parses. Raises ``OutOfBudget`` (from the timer) and anything
@@ -109,6 +131,8 @@ def make_checker():
             cache.move_to_end(s)
             return hit
         res = parse("$" + s + "$", extraction_config=configs, parsing_timeout=None)
+        if lost_operator(s, res):
+            res = []
         cache[s] = res  # only reached when the parse finished: an interrupted parse raised past this line
         added.append(s)
         if len(cache) > _CACHE_MAX:

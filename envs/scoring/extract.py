@@ -30,6 +30,7 @@ __all__ = [
     "extract_boxed",
     "extract_final_answer",
     "find_boxed_all",
+    "last_boxes",
     "split_think",
     "think_visible_spans",
 ]
@@ -121,22 +122,17 @@ def extract_boxed(text: str) -> str | None:
     ``\\boxed{1000}, \\boxed{1{,}000}`` -> ``"1000"``: compared after ``normalize_answer``). Linear in
     ``len(text)``.
     """
-    if not text or "\\" not in text:
-        return None
-    boxes = _outermost(_boxes(text))
-    if not boxes:
-        return None
-    run = [boxes[-1]]
-    for box in reversed(boxes[:-1]):
-        gap_start, gap_end = box[1], run[-1][0]
-        if _BOX_SEPARATOR_RE.fullmatch(text, gap_start, gap_end) is None:
-            break
-        run.append(box)
+    return _boxed_run(text)[0]
+
+
+def _join(contents: list[str]) -> str:
+    """Box contents joined by ``", "``, each value once (compared after ``normalize_answer``), empty ones dropped
+    when there are others."""
     parts: list[str] = []
     seen: set[str] = set()
-    for _, _, content in reversed(run):
+    for content in contents:
         c = content.strip()
-        key = normalize_answer(c) if len(run) > 1 else c  # the same value written twice is one value
+        key = normalize_answer(c) if len(contents) > 1 else c  # the same value written twice is one value
         if key not in seen:
             seen.add(key)
             parts.append(c)
@@ -145,9 +141,72 @@ def extract_boxed(text: str) -> str | None:
     return ", ".join(parts)
 
 
+def _boxed_run(text: str) -> tuple[str | None, int]:
+    """``(answer, end)``: the answer of :func:`extract_boxed` and the offset after its last box (-1 when none)."""
+    if not text or "\\" not in text:
+        return None, -1
+    boxes = _outermost(_boxes(text))
+    if not boxes:
+        return None, -1
+    run = [boxes[-1]]
+    for box in reversed(boxes[:-1]):
+        gap_start, gap_end = box[1], run[-1][0]
+        if _BOX_SEPARATOR_RE.fullmatch(text, gap_start, gap_end) is None:
+            break
+        run.append(box)
+    return _join([content for _, _, content in reversed(run)]), boxes[-1][1]
+
+
+_CONNECTOR_RE = re.compile(r"(?<![A-Za-z])and(?![A-Za-z])", re.I)
+_SENTENCE_END_RE = re.compile(r"[.!?](?:\s|$)")
+_MAX_CONNECTED_GAP = 40
+
+
+def _connected(text: str, start: int, end: int) -> bool:
+    """The text between two boxes joins them into one list: separators only (module docstring), or a short gap
+    (at most ``_MAX_CONNECTED_GAP`` characters, no sentence end in it) that holds the word "and"
+    (``\\boxed{(3, 3)} for part (a) and \\boxed{(1, 1)}``, ``y_1 = \\boxed{..} and y_2 = \\boxed{..}``)."""
+    if _BOX_SEPARATOR_RE.fullmatch(text, start, end) is not None:
+        return True
+    return (
+        end - start <= _MAX_CONNECTED_GAP
+        and _CONNECTOR_RE.search(text, start, end) is not None
+        and _SENTENCE_END_RE.search(text[start:end]) is None
+    )
+
+
+def last_boxes(text: str, k: int | None = None) -> str | None:
+    """The last boxes of ``text`` that connectors join into one list (``_connected``), joined as
+    :func:`extract_boxed` joins a run (``"(3, 3), (1, 1)"`` from ``\\boxed{(3, 3)} for part (a) and
+    \\boxed{(1, 1)}``).
+
+    Args:
+        text: a response's answer part or a ground truth.
+        k: how many boxes to take (None: the whole connected run).
+    Returns:
+        the joined contents, or None when ``text`` has no box or its last connected run holds fewer than ``k``.
+        Linear in ``len(text)``.
+    """
+    if (k is not None and k < 1) or not text or "\\" not in text:
+        return None
+    boxes = _outermost(_boxes(text))
+    if not boxes:
+        return None
+    run = [boxes[-1]]
+    for box in reversed(boxes[:-1]):
+        if (k is not None and len(run) >= k) or not _connected(text, box[1], run[-1][0]):
+            break
+        run.append(box)
+    if k is not None and len(run) < k:
+        return None
+    return _join([content for _, _, content in reversed(run)])
+
+
 _ANSWER_LINE_RE = re.compile(r"(?im)^\s*\**\s*(?:final\s+)?answer\s*\**\s*[:：]\s*\**\s*(.+?)\s*$")
 _FINAL_IS_RE = re.compile(r"(?i)the\s+final\s+answer\s+is\s*[:：]?\s*(.+?)(?:\.\s*(?:I hope|$)|$)", re.S)
 _GSM_RE = re.compile(r"####\s*([^\n]+)")
+# "The final answer is $X$" (Minerva's format) after the last box restates the answer: it wins
+_FINAL_MATH_RE = re.compile(r"(?i)final\s+answer\s+is\s*:?\s*\$(?P<a>[^$]{1,500})\$")
 
 
 def extract_final_answer(text: str, strict_box: bool = True, last_number: bool = False) -> tuple[str | None, str]:
@@ -155,7 +214,8 @@ def extract_final_answer(text: str, strict_box: bool = True, last_number: bool =
 
     Args:
         text: the answer part of a response.
-        strict_box: when True only a complete ``\\boxed{}``/``\\fbox{}`` counts; when False, fall back
+        strict_box: when True only a complete ``\\boxed{}``/``\\fbox{}`` counts (a ``The final answer is $X$``
+            written after the last box restates the answer, and ``X`` is taken); when False, fall back
             (in this order) to a last ``Answer: X`` line (DAPO/Minerva), ``The final answer is X`` and
             GSM8K's ``#### X``.
         last_number: when nothing above is found (whatever ``strict_box`` says), the last number written in the
@@ -165,8 +225,11 @@ def extract_final_answer(text: str, strict_box: bool = True, last_number: bool =
         ``(answer, how)`` with ``how`` one of ``"box"``, ``"answer_line"``, ``"final_answer_is"``,
         ``"gsm8k"``, ``"last_number"``, ``"none"``; ``answer`` is None when nothing was found.
     """
-    boxed = extract_boxed(text)
+    boxed, end = _boxed_run(text)
     if boxed is not None:
+        finals = list(_FINAL_MATH_RE.finditer(text, end))
+        if finals and finals[-1].group("a").strip():
+            return finals[-1].group("a").strip(), "final_answer_is"
         return boxed, "box"
     if not text:
         return None, "none"

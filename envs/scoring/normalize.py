@@ -5,9 +5,10 @@
 
 - ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``\\frac34`` -> ``\\frac{3}{4}``; ``\\sqrt2`` -> ``\\sqrt{2}``
 - ``\\boxed{..}``/``\\fbox{..}`` wrappers, ``$``, ``\\left``/``\\right``, ``\\displaystyle``, spacing
-  commands (``\\,`` ``\\!`` ``\\;`` ``\\:`` ``\\ `` ``~``) and whitespace removed
+  commands (``\\,`` ``\\;`` ``\\:`` ``\\ `` ``~``) and whitespace removed
 - units: a trailing ``\\text{ cm}``/``\\mbox{..}``/``\\mathrm{..}`` after a number, and plain unit
   words (cm, meters, dollars, degrees, ...) after a number
+- ``\\!`` (a negative thin space, ``16,\\!386``) removed without a trace
 - ``\\%``, ``%``, degrees (``^\\circ``, ``°``), currency (``\\$``) removed
 - thousands separators: ``1,000``, ``1{,}000``, ``12,345.5`` -> digits only (only when the whole answer
   is such a number, so tuples such as ``(1,2)`` are untouched; a comma followed by whitespace separates list
@@ -18,8 +19,12 @@
 - Python/C float literals from tool output (``3.0e+08``, ``2.5e-07``, ``1e-05``, ``6.02E23``) ->
   ``3.0\\times10^{8}``: a mantissa with a decimal point and any exponent, or an integer mantissa with a
   signed exponent of two or more digits (``2e+1``, ``2e10`` stay: ``e`` may be Euler's number)
-- an assignment ``x=5`` (a single variable on the left) -> ``5`` (``envs.scoring.verify`` compares the names
-  first when both sides name one)
+- an assignment ``x=5``, ``x_1=5``, ``\\alpha=5``, ``(x,y)=(1,2)`` (a name, a name with a simple subscript, a Greek
+  letter or a tuple of names on the left) -> ``5`` (``envs.scoring.verify`` compares the names first when both sides
+  name one); an operator's bounds are never a name (``\\sum_{k=1}^{n}k^2`` stays as written)
+- ``and`` between list items (``(5,8) \\text{and} (8,5)``) -> a comma
+- notations read by :func:`read_notations` first: full-width punctuation, repeating decimals, degrees inside
+  trigonometric functions
 - a command written with parentheses instead of braces is read as the command, as math-verify's own LaTeX
   normalisation reads ``\\sqrt(3)``: ``\\sqrt(3)`` -> ``\\sqrt{3}``, ``\\sqrt[3](8)`` -> ``\\sqrt[3]{8}``,
   ``\\frac(1)(2)``, ``\\frac{1}(2)``, ``\\frac(1){2}`` -> ``\\frac{1}{2}``, ``\\binom(4)(2)`` -> ``\\binom{4}{2}``
@@ -35,9 +40,17 @@ The rules are applied to both the prediction and the ground truth.
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from functools import lru_cache
 
-__all__ = ["LETTER_UNITS", "clear_normalize_cache", "normalize_answer", "rewrite_paren_commands", "strip_wrappers"]
+__all__ = [
+    "LETTER_UNITS",
+    "clear_normalize_cache",
+    "normalize_answer",
+    "read_notations",
+    "rewrite_paren_commands",
+    "strip_wrappers",
+]
 
 _MAX_LEN = 2000  # answers longer than this are not normalised further (math-verify decides)
 
@@ -58,11 +71,20 @@ _CHOICE_RE = re.compile(r"^\(([A-Za-z])\)$")
 _WHOLE_TEXT_RE = re.compile(r"^\\text\{([^{}]*)\}$")
 _THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _COMMA_SPACE_RE = re.compile(r"(?<=\d),\s+(?=\d)")  # a comma then whitespace between digits separates items
-_ASSIGN_RE = re.compile(r"^(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?\s*=\s*(?P<rhs>[^=<>]+)$")
+GREEK = (
+    "alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau"
+    "|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega"
+)
+# a name: a letter or a Greek letter, with at most a simple subscript (x_1, x_{12}, a_n); never another command
+_NAME = r"(?:[A-Za-z]|\\(?:" + GREEK + r"))(?![A-Za-z])(?:_(?:[A-Za-z0-9]|\{[A-Za-z0-9]+\}))?'*"
+_ASSIGN_RE = re.compile(
+    r"^(?:" + _NAME + r"|\(\s*" + _NAME + r"(?:\s*,\s*" + _NAME + r")+\s*\))\s*=\s*(?P<rhs>[^=<>]+)$"
+)
+_AND_RE = re.compile(r"\s*,?\s*(?:\\text\{\s*and\s*\}|(?<![A-Za-z\\])and(?![A-Za-z]))\s*")
 _FRAC_SHORT_RE = re.compile(r"\\frac(?![A-Za-z])\s*([0-9A-Za-z])\s*([0-9A-Za-z])")
 _FRAC_HALF_SHORT_RE = re.compile(r"\\frac(?![A-Za-z])\s*\{([^{}]*)\}\s*(\d)")
 _SQRT_SHORT_RE = re.compile(r"\\sqrt(?![A-Za-z])\s*([0-9A-Za-z])")
-_SPACING_RE = re.compile(r"\\[,!;:> ]|~|\\quad|\\qquad")
+_SPACING_RE = re.compile(r"\\[,;:> ]|~|\\quad|\\qquad")
 _DEGREE_RE = re.compile(r"(?<=[\d}.])\s*\^\s*\{?\s*\\circ\s*\}?|(?<=[\d}.])\s*\\circ(?![A-Za-z])")
 _WS_RE = re.compile(r"(\\[A-Za-z]+)?\s+(?=(.?))", re.S)
 _WRAPPER_RE = re.compile(r"^\\(?:boxed|fbox)\s*\{(.*)\}$", re.S)
@@ -89,6 +111,68 @@ def strip_wrappers(s: str) -> str:
         m = _WRAPPER_RE.match(s)
         if m and _balanced(m.group(1)):
             s = m.group(1)
+    return s
+
+
+# Full-width forms (U+FF01..U+FF5E) are ASCII shifted by 0xFEE0; a full-width or ideographic comma separates
+# list items (never thousands), so it becomes ", " (see the thousands rule)
+_FULL_WIDTH = {c: chr(c - 0xFEE0) for c in range(0xFF01, 0xFF5F)}
+_FULL_WIDTH.update({0xFF0C: ", ", 0x3001: ", ", 0x3000: " ", 0x3002: ".", 0x2212: "-"})
+_DIGITS = r"(?P<int>\d*)\.(?P<pre>\d*)"
+_REPEAT_RE = re.compile(
+    r"(?<![\d.\w])" + _DIGITS + r"(?:"
+    r"\\(?:overline|bar)\s*(?:\{\s*(?P<bar>\d+)\s*\}|(?P<bar1>\d))"  # 0.1\overline{6}, 0.\bar{3}, 0.\bar3
+    r"|\((?P<par>\d+)\)"  # 0.(3), 0.1(6)
+    r"|\\dot\s*\{?\s*(?P<d1>\d)\s*\}?(?:(?P<mid>\d*)\\dot\s*\{?\s*(?P<d2>\d)\s*\}?)?"  # 0.\dot{3}, 0.\dot{1}2\dot{3}
+    r")(?![\d.\w(])"
+)
+_TRIG_DEGREE_RE = re.compile(
+    r"\\(?P<f>sin|cos|tan|cot|sec|csc)(?![A-Za-z])\s*(?P<pow>\^\s*(?:\{\s*-?\d+\s*\}|\d))?\s*"
+    r"(?:(?P<o>\\left\s*\(|\(|\{)\s*)?(?P<n>[-+]?\d+(?:\.\d+)?)\s*"
+    r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])|°|\\degree(?![A-Za-z]))"
+    r"(?(o)\s*(?:\\right\s*\)|\)|\}))"
+)
+
+
+def _repeating(m: re.Match) -> str:
+    whole, pre = m.group("int") or "0", m.group("pre")
+    if m.group("d1") is not None:
+        rep = m.group("d1") + ((m.group("mid") or "") + m.group("d2") if m.group("d2") is not None else "")
+    else:
+        rep = m.group("bar") or m.group("bar1") or m.group("par")
+    den = 10 ** len(pre) * (10 ** len(rep) - 1)
+    num = int(whole) * den + int(pre or "0") * (10 ** len(rep) - 1) + int(rep)
+    val = Fraction(num, den)
+    return str(val.numerator) if val.denominator == 1 else f"\\frac{{{val.numerator}}}{{{val.denominator}}}"
+
+
+def _trig_degrees(m: re.Match) -> str:
+    return f"\\{m.group('f')}{m.group('pow') or ''}(\\frac{{{m.group('n')}\\pi}}{{180}})"
+
+
+def read_notations(s: str) -> str:
+    """Rewrite notations that math-verify and the numeric path do not read into ones they do.
+
+    - full-width punctuation and letters (``１，２``, ``（１，２）``, ``３．５``, ``１：２``, ``－３``) -> ASCII; a
+      full-width or ideographic comma (``，`` ``、``) -> ``", "`` (a list separator, never thousands); the
+      ideographic full stop and the minus sign U+2212 -> ``.`` and ``-``
+    - repeating decimals -> an exact fraction: ``0.\\overline{3}``, ``0.\\bar{3}``, ``0.(3)``, ``0.\\dot{3}`` ->
+      ``\\frac{1}{3}``; ``0.1\\overline{6}`` -> ``\\frac{1}{6}``; ``0.\\dot{1}2\\dot{3}`` (dots over the first and
+      last repeated digit) -> ``\\frac{41}{333}``
+    - degrees inside a trigonometric function -> radians: ``\\sin 30^\\circ``, ``\\cos(60°)``,
+      ``\\tan^2{45^{\\circ}}`` -> ``\\sin(\\frac{30\\pi}{180})`` ... (without a degree mark the argument is radians)
+
+    Args:
+        s: an answer or ground truth (raw LaTeX).
+    Returns:
+        the rewritten string (``s`` itself when none applies). Never raises; linear-time regexes only.
+    """
+    if not s.isascii():
+        s = s.translate(_FULL_WIDTH)
+    if "." in s and ("\\" in s or "(" in s):
+        s = _REPEAT_RE.sub(_repeating, s)
+    if "\\" in s and ("circ" in s or "°" in s or "degree" in s):
+        s = _TRIG_DEGREE_RE.sub(_trig_degrees, s)
     return s
 
 
@@ -222,13 +306,13 @@ def normalize_answer(ans: str | None, keep: frozenset = _NO_KEEP) -> str:
 def _normalize(s: str, keep: frozenset = _NO_KEEP) -> str:
     if len(s) > _MAX_LEN:
         return s.strip()
-    s = strip_wrappers(s)
+    s = strip_wrappers(read_notations(s))
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
     s = _LEFT_RIGHT_RE.sub("", s).replace("\\displaystyle", "")
     s = rewrite_paren_commands(s)
     s = s.replace("\\bigl", "").replace("\\bigr", "").replace("\\Bigl", "").replace("\\Bigr", "")
     s = _TEXT_CMD_RE.sub("\\\\text{", s)
-    s = s.replace("{,}", ",")
+    s = s.replace("{,}", ",").replace("\\!", "")
     s = _SPACING_RE.sub(" ", s)
     # degrees, percent, currency
     s = _DEGREE_RE.sub("", s).replace("°", "")
@@ -254,6 +338,8 @@ def _normalize(s: str, keep: frozenset = _NO_KEEP) -> str:
         if m and not (keep and _unit_is_variable(s[m.end("num") :], keep)):
             s = m.group("num")
     s = s.strip().rstrip(".").strip()
+    if "and" in s:
+        s = _AND_RE.sub(", ", s)
     m = _ASSIGN_RE.match(s)
     if m:
         s = m.group("rhs").strip()

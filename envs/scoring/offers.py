@@ -4,12 +4,12 @@ A final answer can offer more than one value: ``5 = 7``, ``\\frac{10}{2} = 5``, 
 ``5 \\approx 7``, ``5 \\text{ or } 7``, ``5 \\lor 7``, ``5 (\\text{or } 7)``, ``5 \\text{ (or 7)}``, ``either 5 or
 7``. Such an answer is a hedge unless every value it offers is the answer, so the scorer compares each value
 (``envs.scoring.verify``). The side of a chain that names a variable (``x = 5``, ``a_{n} = 5``, ``\\alpha = 5``,
-``f(x) = 5``) is a label, not a value; when the ground truth is a number, any side with a variable in it
-(``x + y = 5``, ``2x = 10``) is part of the question restated, not a value offered.
+``f(x) = 5``, ``(x, y) = (1, 2)``) is a label, not a value; when the ground truth is a number, any side with a
+variable in it (``x + y = 5``, ``2x = 10``) is part of the question restated, not a value offered.
 
 Left alone (``offers`` returns None, the answer is scored as written): answers without these separators, lists
-(a comma or semicolon outside brackets: ``x = 1, y = 2``), and chains that hold any other relation
-(``<``, ``\\le``, ``\\ne``, ``\\in`` ...: ``x > 2 \\text{ or } x < -1`` is an inequality, not a hedge).
+(a comma, a semicolon or the word "and" outside brackets: ``x = 1, y = 2``, ``(x, y) = (5, 8) \\text{and} (8, 5)``),
+and chains that hold any other relation (``<``, ``\\le``, ``\\ne``, ``\\in`` ...: ``x > 2 \\text{ or } x < -1`` is an inequality, not a hedge).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from envs.scoring.normalize import strip_wrappers
+from envs.scoring.normalize import GREEK, strip_wrappers
 
-__all__ = ["Offer", "label_key", "offers"]
+__all__ = ["Offer", "label_key", "offers", "split_top_level"]
 
 _MAX_LEN = 400
 # anything that may make an answer a chain or an alternative; answers without it cost one regex search
@@ -47,13 +47,13 @@ _OTHER_RELATION_RE = re.compile(
 _FILLER_RE = re.compile(
     r"^(?:(?:either|equivalently|alternatively|possibly|perhaps|maybe|simply|just|also)(?![A-Za-z])\s*,?\s*)+", re.I
 )
-_GREEK = (
-    "alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau"
-    "|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega"
-)
+_GREEK = GREEK
+_SIMPLE_NAME = r"(?:[A-Za-z]|\\(?:" + _GREEK + r"))(?![A-Za-z])(?:_(?:\{[^{}]*\}|[A-Za-z0-9]))?'*"
+# a name (x, a_{n}, \alpha, f(x)) or a tuple of names ((x, y), (a_1, a_2, a_3))
 _NAME_RE = re.compile(
-    r"(?:[A-Za-z]|\\(?:" + _GREEK + r"))(?![A-Za-z])(?:_(?:\{[^{}]*\}|[A-Za-z0-9]))?'*(?:\([^()=]*\))?"
+    _SIMPLE_NAME + r"(?:\([^()=]*\))?|\(\s*" + _SIMPLE_NAME + r"(?:\s*,\s*" + _SIMPLE_NAME + r")+\s*\)"
 )
+_LIST_SEP_RE = re.compile(r"[,;]|(?<![A-Za-z\\])and(?![A-Za-z])", re.I)
 _LETTER_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]|\\(?:" + _GREEK + r")(?![A-Za-z])")
 _COMMAND_RE = re.compile(r"\\[A-Za-z]+")
 _CONSTANTS = {"e", "i", "\\pi", "\\infty"}
@@ -101,7 +101,9 @@ def _top_level(s: str, pattern: re.Pattern) -> list[re.Match]:
     return [m for m in pattern.finditer(s) if depth[m.start()] == 0]
 
 
-def _split(s: str, pattern: re.Pattern) -> list[str]:
+def split_top_level(s: str, pattern: re.Pattern) -> list[str]:
+    """``s`` split at the matches of ``pattern`` outside brackets (``{}``, ``()``, ``[]``, ``\\{\\}``): ``"(1, 2), 3"``
+    split at commas is ``["(1, 2)", " 3"]``. Linear in ``len(s)`` plus the pattern's search."""
     parts, last = [], 0
     for m in _top_level(s, pattern):
         parts.append(s[last : m.start()])
@@ -133,14 +135,14 @@ def offers(answer: str, numeric_gold: bool = False) -> Offer | None:
         prev, s = s, _TEXT_GROUP_RE.sub(lambda m: " " + m.group(1) + " ", s)
     s = _PAREN_ALT_RE.sub(lambda m: " or " + m.group(1), s)  # 5 (or 7): an alternative in parentheses
     s = s.strip().rstrip(".").strip()
-    if _top_level(s, re.compile(r"[,;]")) or _top_level(s, _OTHER_RELATION_RE):
+    if _top_level(s, _LIST_SEP_RE) or _top_level(s, _OTHER_RELATION_RE):
         return None  # a list, or a relation other than equality: scored as written
-    alts = [_FILLER_RE.sub("", a.strip()).strip() for a in _split(s, _ALT_RE)]
+    alts = [_FILLER_RE.sub("", a.strip()).strip() for a in split_top_level(s, _ALT_RE)]
     labels: set[str] = set()
     values: list[str] = []
     chained = False
     for alt in alts:
-        sides = [x.strip() for x in _split(alt, _CHAIN_RE)]
+        sides = [x.strip() for x in split_top_level(alt, _CHAIN_RE)]
         if any(not x for x in sides):
             return None  # "= 5", "x =": malformed, scored as written
         chained = chained or len(sides) > 1

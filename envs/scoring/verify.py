@@ -8,7 +8,11 @@ the names must agree (method ``"label"``). A LaTeX command left with an unbalanc
 normalisation (``2\\sqrt(3``) is no answer (method ``"malformed"``), never the number before it; a ground truth
 that is a choice letter accepts an answer that starts with that letter as a choice (``\\textbf{(B) } 5``,
 ``(B) 5``, ``**(B)** 5``). Single letters after a number (``2m``, ``7g``, ``2in``) are units only when the ground
-truth has no variable of that name. Each value is then decided in three steps:
+truth has no variable of that name. Both sides are first read by ``normalize.read_notations`` (full-width
+punctuation, repeating decimals, degrees inside trigonometric functions). An answer with an ellipsis on either side
+(``\\ldots``, ``\\dots``, ``\\cdots``, ``...``, ``…``) is never read as a number: lists are compared term by term
+with the ellipses at the same places, anything else by its normalised string (method ``"ellipsis"``). Each value
+is then decided in three steps:
 
 1. normalised strings are equal (``normalize_answer``) -> equal;
 2. both sides are plain numbers/fractions/radicals (``numeric.evaluate``) -> compared exactly;
@@ -46,9 +50,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.scoring.normalize import normalize_answer, strip_wrappers
+from envs.scoring.normalize import normalize_answer, read_notations, strip_wrappers
 from envs.scoring.numeric import evaluate, numeric_equal
-from envs.scoring.offers import _has_variable, offers
+from envs.scoring.offers import _has_variable, offers, split_top_level
 
 __all__ = ["MathVerifyPool", "Verdict", "answers_equal", "clear_verdict_cache", "get_pool", "prewarm"]
 
@@ -66,7 +70,8 @@ class Verdict:
         method: ``"exact"`` (normalised strings equal), ``"numeric"`` (fast numeric path),
             ``"math_verify"``, ``"hedge"`` (a value of a chain or alternative differs), ``"label"`` (the variables
             named differ), ``"malformed"`` (a command with an unbalanced parenthesis), ``"choice"`` (a choice letter
-            read from the answer's start), ``"empty"`` (no prediction), ``"no_ground_truth"`` (the gold is empty
+            read from the answer's start), ``"ellipsis"`` (an answer with an ellipsis, compared term by term),
+            ``"empty"`` (no prediction), ``"no_ground_truth"`` (the gold is empty
             after normalisation), ``"timeout"`` (the checker's time ran out) or ``"error"`` (the checker failed).
     """
 
@@ -377,7 +382,9 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
     try:
         if pred is None:
             return Verdict(False, "empty")
-        pred, gold = str(pred), str(gold)
+        pred, gold = read_notations(str(pred)), read_notations(str(gold))
+        if _ELLIPSIS_RE.search(pred) or _ELLIPSIS_RE.search(gold):
+            return _ellipsis_equal(pred, gold, timeout_s, pool)
         g_off = offers(gold)
         g_val = gold
         if g_off is not None:
@@ -405,6 +412,42 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
         return undecided if undecided is not None else verdict
     except Exception:  # noqa: BLE001 - a scorer must never crash a training run
         return Verdict(None, "error")
+
+
+_ELLIPSIS_RE = re.compile(
+    r"\\(?:[lcvda]?dots[cbmio]?|ldotp|cdotp\s*\\cdotp\s*\\cdotp)(?![A-Za-z])|\.\s*\.\s*\.|…|⋯|(?:\\cdot\s*){3}"
+)
+_DOTS = "\\dots"
+_TERM_SEP_RE = re.compile(r",")
+
+
+def _ellipsis_equal(pred: str, gold: str, timeout_s: float, pool: MathVerifyPool | None) -> Verdict:
+    """An answer with an ellipsis on either side (``1, 3, 5, \\ldots, 2n-1``, ``a_1 < \\cdots < a_n``): never read as a
+    number. Every ellipsis (``\\ldots`` ``\\dots`` ``\\cdots`` ``...`` ``…``) is one token; lists (commas outside
+    brackets) are compared term by term, the ellipses at the same places and every other term equal; anything else
+    only by its normalised string."""
+    p = normalize_answer(_ELLIPSIS_RE.sub(lambda _: " " + _DOTS + " ", pred))
+    g = normalize_answer(_ELLIPSIS_RE.sub(lambda _: " " + _DOTS + " ", gold))
+    if not p:
+        return Verdict(False, "empty")
+    if p == g:
+        return Verdict(True, "exact")
+    pt = [t.strip() for t in split_top_level(p, _TERM_SEP_RE)]
+    gt = [t.strip() for t in split_top_level(g, _TERM_SEP_RE)]
+    if len(pt) != len(gt) or len(pt) < 2:
+        return Verdict(False, "ellipsis")
+    undecided = None
+    for a, b in zip(pt, gt, strict=True):
+        if a == b:
+            continue
+        if _DOTS in a or _DOTS in b or not a or not b:
+            return Verdict(False, "ellipsis")
+        v = _equal_one(a, b, timeout_s, pool)
+        if v.equal is False:
+            return Verdict(False, "ellipsis")
+        if v.equal is None and undecided is None:
+            undecided = v
+    return undecided if undecided is not None else Verdict(True, "ellipsis")
 
 
 _LIST_RE = re.compile(r",")
