@@ -1,8 +1,11 @@
 """Code run *inside* the sandbox, in front of the model's code.
 
 This file is not imported by the host: its source text is handed to the sandboxed interpreter with
-``python -I -c <source> MODE LIMITS [CTL_FD PIDNS]`` (LIMITS: ``RLIMIT_X=value,...``). It must only use
+``python -I -u -c <source> MODE LIMITS [CTL_FD PIDNS]`` (LIMITS: ``RLIMIT_X=value,...``). It must only use
 the standard library and run on any CPython >= 3.8 (the sandbox interpreter is not necessarily the host's).
+
+``-u``: the program's stdout and stderr are unbuffered (every write goes to the pipe at once), so what it printed
+before a kill (deadline, CPU limit, a signal, ``os._exit``) is not lost in a buffer of the dead process.
 
 Modes:
 - ``cold``: read the whole program from stdin, point fd 0 at /dev/null, lower the resource limits

@@ -1,8 +1,9 @@
 """Local sandbox backends: bubblewrap, ``unshare`` and a plain subprocess, cold calls and persistent sessions.
 
-Every call runs ``python -I`` (isolated from user site-packages and PYTHON* variables) with a cleared
-environment and stdin from /dev/null, under rlimits set by ``_driver.py`` before the model's code runs.
-At the deadline the sandbox's whole process tree is SIGKILLed (``_io.kill_tree``).
+Every call runs ``python -I -u`` (isolated from user site-packages and PYTHON* variables, unbuffered output) with
+a cleared environment and stdin from /dev/null, under rlimits set by ``_driver.py`` before the model's code runs.
+At the deadline the sandbox's whole process tree is SIGKILLed (``_io.kill_tree``); what it printed until then
+is read to the end of the pipes and returned.
 
 When the host process is root, each slot (concurrent call or session) runs under its own unprivileged
 uid (``SandboxConfig.uid_base`` + k), so RLIMIT_NPROC is enforced (it is not for root) and a sandbox
@@ -47,10 +48,12 @@ _ROOT = Path(__file__).resolve().parents[2]
 _PROJECT_ROOT = str(_ROOT) if (_ROOT / "pyproject.toml").exists() else "/"  # source checkout: hide it
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 # The environment model-written code sees (besides PATH and HOME): matplotlib draws headless (Agg: plt.show()
-# returns at once), and numerical libraries start one thread each (OpenBLAS/OpenMP would start one per host
-# core, which RLIMIT_NPROC and RLIMIT_AS cannot afford on a large machine).
+# returns at once), numerical libraries start one thread each (OpenBLAS/OpenMP would start one per host
+# core, which RLIMIT_NPROC and RLIMIT_AS cannot afford on a large machine), and Python programs the code starts
+# write unbuffered, as the code itself does (-u), so their output up to a kill is kept too.
 SANDBOX_ENV = {
     "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",
     "MPLBACKEND": "Agg",
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "1",
@@ -64,6 +67,26 @@ _FLOOD_MIN = 4 << 20
 # A session's processes may use this much CPU between two calls (clock-tick granularity, exit bookkeeping of
 # the processes killed after a call); more means something kept running after its call ended.
 _IDLE_CPU_SLACK_S = 0.25
+# After the sandbox's processes are killed (deadline, flood, crash), what they wrote before dying is still in the
+# pipes: it is read up to EOF, for at most this long (a writer that escaped the kill must not hold the call).
+_DRAIN_S = 1.0
+
+
+async def _drain(pumps: asyncio.Future, timeout: float = _DRAIN_S) -> None:
+    """Let ``pumps`` (the stdout/stderr readers) read to EOF for at most ``timeout`` seconds, then stop them."""
+    with contextlib.suppress(Exception):  # the time ran out, or a read failed (EIO): what was read is kept
+        await asyncio.wait_for(asyncio.shield(pumps), timeout)
+    pumps.cancel()
+    await asyncio.gather(pumps, return_exceptions=True)
+
+
+def _partial_marker_at(buf: bytes, marker: bytes) -> int:
+    """Where the longest suffix of ``buf`` that is a proper prefix of ``marker`` starts (``len(buf)`` if none):
+    bytes from there on may be the start of a marker split across two reads, the rest is output."""
+    for i in range(max(0, len(buf) - len(marker) + 1), len(buf)):
+        if marker.startswith(buf[i:]):
+            return i
+    return len(buf)
 
 
 
@@ -144,7 +167,8 @@ class LocalSandbox:
         if mode == "session":
             values["SESSION_CPU"] = limits.session_cpu_budget
         rlimits = ",".join(f"{k}={v}" for k, v in values.items())
-        argv = [self.python, "-I", "-c", DRIVER_SOURCE, mode, rlimits]
+        # -u: unbuffered stdout/stderr, so what the code printed before a kill reaches the pipe (see _driver.py)
+        argv = [self.python, "-I", "-u", "-c", DRIVER_SOURCE, mode, rlimits]
         if mode == "session":
             argv += [str(ctl_fd), "1" if self.network_isolated else "0"]
         return argv
@@ -297,8 +321,10 @@ class LocalSandbox:
                 await proc.stdin.drain()
                 proc.stdin.close()
 
+        pumps = asyncio.ensure_future(asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err)))
+
         async def body() -> None:
-            await asyncio.gather(feed(), pump(proc.stdout, out), pump(proc.stderr, err))
+            await asyncio.gather(feed(), asyncio.shield(pumps))
             await proc.wait()
 
         timed_out = False
@@ -309,8 +335,10 @@ class LocalSandbox:
                                          return_when=asyncio.FIRST_COMPLETED)
             timed_out = not done
         finally:
-            # Normal exit, deadline, flood or cancellation of the caller: the tree dies here.
+            # Normal exit, deadline, flood or cancellation of the caller: the tree dies here, then what it
+            # printed up to its death is read from the pipes.
             await kill_tree(proc, self._kill_uid(uid))
+            await _drain(pumps)
             for t in (task, flood_wait):
                 t.cancel()
             await asyncio.gather(task, flood_wait, return_exceptions=True)
@@ -552,11 +580,10 @@ class PythonSession:
 
         async def pump(stream: asyncio.StreamReader, cap: OutputCapture) -> None:
             nonlocal flooded
-            keep = len(nonce) - 1
-            pending = b""
+            pending = b""  # the end of the last read when it may be the start of the nonce
             while True:
                 chunk = await stream.read(_READ_CHUNK)
-                if not chunk:
+                if not chunk:  # EOF: the interpreter died (a kill, a crash) before the nonce
                     cap.feed(pending)
                     return
                 buf = pending + chunk
@@ -564,25 +591,25 @@ class PythonSession:
                 if idx >= 0:
                     cap.feed(buf[:idx])
                     return
-                cap.feed(buf[:-keep])
-                pending = buf[-keep:]
+                cut = _partial_marker_at(buf, nonce)
+                cap.feed(buf[:cut])
+                pending = buf[cut:]
                 if out.total + err.total > flood_cap:
                     flooded = True
                     with contextlib.suppress(OSError):
                         os.killpg(proc.pid, signal.SIGKILL)  # ends the control pipe too
                     return
 
+        # The readers run until the nonce or EOF; they outlive a cancelled exchange (deadline) so that, once the
+        # interpreter is killed, what it printed before is read to the end of the pipes.
+        pumps = asyncio.ensure_future(asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err)))
+
         async def exchange() -> dict | None:
             request = json.dumps({"code": code, "nonce": nonce.decode()}, ensure_ascii=True) + "\n"
             proc.stdin.write(request.encode())
             await proc.stdin.drain()
-            pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
-            try:
-                reply = await self._ctl.readline()
-                await pumps
-            finally:
-                pumps.cancel()
-                await asyncio.gather(pumps, return_exceptions=True)
+            reply = await self._ctl.readline()
+            await asyncio.shield(pumps)
             if flooded or not reply:
                 return None
             return json.loads(reply)
@@ -601,7 +628,11 @@ class PythonSession:
                 if not timed_out and not flooded:  # crashed: let it report its own status first
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(proc.wait(), timeout=1.0)
+                await kill_tree(proc, self.sandbox._kill_uid(self._uid))
+                await _drain(pumps)  # what it printed up to the kill
                 await self.close()
+            else:
+                await _drain(pumps, 0)  # already done (the nonce ended both)
         duration = time.monotonic() - t0
         stdout, stderr = out.text(), err.text()
         if timed_out:
