@@ -1,9 +1,9 @@
 """Local sandbox backends: bubblewrap, ``unshare`` and a plain subprocess, cold calls and persistent sessions.
 
 Every call runs ``python -I -u`` (isolated from user site-packages and PYTHON* variables, unbuffered output) with
-a cleared environment and stdin from /dev/null, under rlimits set by ``_driver.py`` before the model's code runs.
-At the deadline the sandbox's whole process tree is SIGKILLed (``_io.kill_tree``); what it printed until then
-is read to the end of the pipes and returned.
+a cleared environment and stdin from /dev/null, under rlimits set by ``_driver.py`` before the model's code runs;
+the code is module ``__main__``. At the deadline the sandbox's whole process tree is SIGKILLed
+(``_io.kill_tree``); what it printed until then is read to the end of the pipes and returned.
 
 When the host process is root, each slot (concurrent call or session) runs under its own unprivileged
 uid (``SandboxConfig.uid_base`` + k), so RLIMIT_NPROC is enforced (it is not for root) and a sandbox
