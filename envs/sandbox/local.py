@@ -6,14 +6,16 @@ the code is module ``__main__``. At the deadline the sandbox's whole process tre
 (``_io.kill_tree``); what it printed until then is read to the end of the pipes and returned.
 
 When the host process is root, each slot (concurrent call or session) runs under its own unprivileged
-uid (``SandboxConfig.uid_base`` + k), so RLIMIT_NPROC is enforced (it is not for root) and a sandbox
-escape lands on a uid that owns nothing. Inside bwrap the code sees uid 65534.
+uid, from a range of uids that this sandbox alone holds among the machine's live processes (``_UidPool``: a
+lock file per range), so RLIMIT_NPROC is enforced (it is not for root) and a sandbox escape lands on a uid
+that owns nothing. Inside bwrap the code sees uid 65534.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -21,6 +23,7 @@ import shutil
 import signal
 import tempfile
 import time
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 
@@ -103,20 +106,115 @@ class SandboxUnavailable(RuntimeError):
     """The requested backend cannot run on this machine (or is refused by the configuration)."""
 
 
+UID_SLOTS = 1000
+"""How many uid ranges there are (``SandboxConfig.uid_base + slot * UID_SLOT_SIZE``, slot < UID_SLOTS)."""
+UID_SLOT_SIZE = 8192
+"""uids per range: a range serves one :class:`LocalSandbox` (``max_concurrency + max_sessions`` of them)."""
+UID_LOCK_DIR = "/run/stare-verl-sandbox-uids"
+"""Where the slots' lock files live (``$STARE_SANDBOX_UID_LOCK_DIR`` overrides it)."""
+
+
 class _UidPool:
-    """Unprivileged uids, one per live slot; empty (None handed out) unless the host runs as root."""
+    """Unprivileged uids, one per live slot of a :class:`LocalSandbox`; empty (None handed out) unless the host
+    runs as root.
+
+    The pool owns one range of :data:`UID_SLOT_SIZE` uids, ``base + slot * UID_SLOT_SIZE``, claimed by holding an
+    exclusive ``flock`` on ``<lock dir>/slot-<slot>.lock`` for the pool's life. Two live pools, in one process or in
+    any processes of the machine, never share a range (they could otherwise kill each other's sandboxed programs:
+    a slot's uid is cleared of processes after each call), and a range frees itself when its holder ends, however
+    it ends (the kernel drops the lock with the last descriptor of the lock file). Slots are tried in order, from a
+    preferred one (``$STARE_SANDBOX_UID_SLOT``, else the pid modulo :data:`UID_SLOTS`) around to the one before it.
+    A forked child that takes a uid first claims a range of its own (the parent's stays the parent's).
+
+    Raises:
+        ValueError: ``size`` above :data:`UID_SLOT_SIZE`, or a bad ``$STARE_SANDBOX_UID_SLOT``.
+        SandboxUnavailable: every slot is held, or the lock directory cannot be created.
+    """
 
     def __init__(self, base: int, size: int, enabled: bool):
+        if size > UID_SLOT_SIZE:
+            raise ValueError(f"{size} uids per sandbox asked for; a uid range holds {UID_SLOT_SIZE}")
         self.enabled = enabled and os.geteuid() == 0
-        start = base + (os.getpid() % 1000) * 8192  # distinct ranges for processes sharing a node
-        self._free = list(range(start, start + size)) if self.enabled else []
+        self.base, self.size = base, size
+        self.slot: int | None = None  # the claimed slot (None when disabled)
+        self.start: int | None = None  # its first uid
+        self._free: list[int] = []
+        self._lock_fd: int | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._pid = os.getpid()
+        if self.enabled:
+            self._claim()
+
+    @staticmethod
+    def _preferred_slot() -> int:
+        forced = os.environ.get("STARE_SANDBOX_UID_SLOT", "").strip()
+        if not forced:
+            return os.getpid() % UID_SLOTS
+        if not forced.isdigit() or int(forced) >= UID_SLOTS:
+            raise ValueError(f"STARE_SANDBOX_UID_SLOT must be an integer in [0, {UID_SLOTS}), got {forced!r}")
+        return int(forced)
+
+    def _claim(self) -> None:
+        self.release()  # a forked child's inherited descriptor: closed, the parent keeps its lock
+        lock_dir = os.environ.get("STARE_SANDBOX_UID_LOCK_DIR", "").strip() or UID_LOCK_DIR
+        try:
+            os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot create the sandbox uid lock directory {lock_dir}: {exc}") from exc
+        first = self._preferred_slot()
+        for i in range(UID_SLOTS):
+            slot = (first + i) % UID_SLOTS
+            path = os.path.join(lock_dir, f"slot-{slot}.lock")
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                raise SandboxUnavailable(f"cannot open the sandbox uid lock {path}: {exc}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held by a live pool
+                os.close(fd)
+                continue
+            with contextlib.suppress(OSError):  # who holds it, for a person looking
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+            self._lock_fd, self._pid = fd, os.getpid()
+            self._finalizer = weakref.finalize(self, _close_quietly, fd)
+            self.slot, self.start = slot, self.base + slot * UID_SLOT_SIZE
+            self._free = list(range(self.start, self.start + self.size))
+            return
+        raise SandboxUnavailable(f"all {UID_SLOTS} sandbox uid ranges are held by live processes (locks in {lock_dir})")
+
+    @property
+    def uids(self) -> range:
+        """Every uid of the claimed range (empty when disabled)."""
+        return range(self.start, self.start + self.size) if self.start is not None else range(0)
 
     def take(self) -> int | None:
-        return self._free.pop() if self.enabled else None
+        """A free uid of the range (None when disabled)."""
+        if not self.enabled:
+            return None
+        if os.getpid() != self._pid:  # forked: the parent's range is the parent's
+            self._claim()
+        return self._free.pop()
 
     def give(self, uid: int | None) -> None:
-        if uid is not None:
+        """Hand ``uid`` back (None is ignored; a uid of a range this process no longer holds too)."""
+        if uid is not None and uid in self.uids:
             self._free.append(uid)
+
+    def release(self) -> None:
+        """Give the range back (its lock closed; idempotent). Only once no sandbox of the pool runs."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+        self._lock_fd, self.slot, self.start, self._free = None, None, None, []
+
+
+def _close_quietly(fd: int) -> None:
+    """Close a range's lock descriptor. In a forked child it is the inherited copy: closing it leaves the parent's
+    lock held (flock is dropped with the last descriptor of the open file, never by closing one copy)."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _as_uid(uid: int | None) -> list[str]:
@@ -134,7 +232,11 @@ class LocalSandbox:
     Args:
         kind: ``"bwrap"``, ``"unshare"`` or ``"subprocess"``.
         config: the validated :class:`SandboxConfig`.
-        separate_uids: when the host runs as root, run each slot under its own unprivileged uid.
+        separate_uids: when the host runs as root, run each slot under its own unprivileged uid (from a uid range
+            that this sandbox alone holds while it lives: see ``_UidPool``).
+
+    Raises:
+        SandboxUnavailable: separate uids are used and every uid range of the machine is held by a live sandbox.
 
     Use :meth:`run` for a cold call (fresh interpreter) and :meth:`run_in_session` for calls that share
     globals under a key (one long-lived sandboxed interpreter per key, at most ``config.max_sessions``;
