@@ -1,8 +1,17 @@
 """Code run *inside* the sandbox, in front of the model's code.
 
 This file is not imported by the host: its source text is handed to the sandboxed interpreter with
-``python -I -c <source> MODE LIMITS [CTL_FD PIDNS]`` (LIMITS: ``RLIMIT_X=value,...``). It must only use
+``python -I -u -c <source> MODE LIMITS [CTL_FD PIDNS]`` (LIMITS: ``RLIMIT_X=value,...``). It must only use
 the standard library and run on any CPython >= 3.8 (the sandbox interpreter is not necessarily the host's).
+
+``-u``: the program's stdout and stderr are unbuffered (every write goes to the pipe at once), so what it printed
+before a kill (deadline, CPU limit, a signal, ``os._exit``) is not lost in a buffer of the dead process.
+
+The program runs as module ``__main__``: a fresh module object registered as ``sys.modules["__main__"]`` (the
+driver's own module, which ``-c`` made ``__main__``, stays alive through its functions' globals), so ``import
+__main__``, pickling what the program defines, ``multiprocessing`` with the program's functions and
+``dataclasses`` / ``typing`` (which look up ``sys.modules[cls.__module__]``) see the program's names, as under a
+host ``python -c``. In a session every call runs in that one module's namespace.
 
 Modes:
 - ``cold``: read the whole program from stdin, point fd 0 at /dev/null, lower the resource limits
@@ -33,10 +42,33 @@ import sys
 CODE_FILENAME = "<code>"
 
 
+_NPROC = [None]  # RLIMIT_NPROC once applied (None: not limited)
+
+
 def _apply_limits(limits):
     # soft = hard for every resource: the program can lower a limit, never raise it back.
     for name, value in limits.items():
         resource.setrlimit(getattr(resource, name), (value, value))
+    _NPROC[0] = limits.get("RLIMIT_NPROC")
+
+
+def _process_limit_note(exc):
+    """A line naming the process limit when ``exc`` is what starting a process or thread beyond it raises
+    (fork: EAGAIN; a thread: "can't start new thread"), else None. A non-blocking read's EAGAIN looks the same,
+    hence the "if"."""
+    n = _NPROC[0]
+    if n is None:
+        return None
+    import errno
+
+    hit = (isinstance(exc, BlockingIOError) and exc.errno == errno.EAGAIN) or (
+        isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
+    )
+    if not hit:
+        return None
+    return (f"[sandbox: at most {n} processes and threads may run at once (RLIMIT_NPROC); if this error came from "
+            f"starting one (os.fork, subprocess, multiprocessing.Pool, threading), start fewer (e.g. "
+            f"multiprocessing.Pool(k) with k well below {n})]")
 
 
 def _cpu_timer(seconds):
@@ -62,15 +94,20 @@ def _print_exception(exc):
         import traceback
 
         traceback.print_exception(type(exc), exc, tb)
+        note = _process_limit_note(exc)
+        if note is not None:
+            print(note, file=sys.stderr)
     except BaseException:  # printing can fail too (closed stderr, limits): the exit code still tells
         pass
 
 
-def _run(src, glb):
-    """Compile and run ``src`` in ``glb``; return (exit_code, exception type name or None)."""
+def _run(src, main):
+    """Compile and run ``src`` as module ``main`` (made ``sys.modules["__main__"]`` again first: an earlier call of
+    a session may have replaced it); return (exit_code, exception type name or None)."""
+    sys.modules["__main__"] = main
     try:
         code = compile(src, CODE_FILENAME, "exec")
-        exec(code, glb)
+        exec(code, main.__dict__)
     except SystemExit as exc:
         status = exc.code
         if status is None:
@@ -97,8 +134,11 @@ def _flush():
             pass
 
 
-def _fresh_globals():
-    return {"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None}
+def _main_module():
+    """A fresh module named ``__main__`` for the program (what ``python -c`` would give it: no ``__file__``)."""
+    main = type(sys)("__main__")
+    main.__dict__.update(__builtins__=__builtins__, __loader__=__loader__)
+    return main
 
 
 def main_cold(limits):
@@ -112,7 +152,7 @@ def main_cold(limits):
     if cpu_s is not None:
         _cpu_timer(cpu_s)
     sys.argv = [CODE_FILENAME]
-    status, _ = _run(src, _fresh_globals())
+    status, _ = _run(src, _main_module())
     _flush()
     os._exit(status)
 
@@ -182,7 +222,7 @@ def main_session(limits, ctl_fd, in_pidns):
         limits["RLIMIT_CPU"] = session_cpu  # the whole session's budget, soft = hard
     _apply_limits(limits)
     sys.argv = [CODE_FILENAME]
-    glb = _fresh_globals()
+    main = _main_module()
     # The code runs in this process and can tamper with the driver's own descriptors. Their identities are kept so
     # that a replaced or closed one ends the session (no reply: the host reports it and starts a fresh one) rather
     # than a later call being answered wrongly; a control input left non-blocking is made blocking again.
@@ -204,7 +244,7 @@ def main_session(limits, ctl_fd, in_pidns):
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         if cpu_s is not None:
             _cpu_timer(cpu_s)
-        status, error = _run(request["code"], glb)
+        status, error = _run(request["code"], main)
         if cpu_s is not None:
             _cpu_timer(0)
         _flush()
@@ -224,6 +264,7 @@ def _parse_limits(text):
 
 
 if __name__ == "__main__":
+    _DRIVER = sys.modules["__main__"]  # kept (through this global) once the program's module replaces it there
     _mode, _limits = sys.argv[1], _parse_limits(sys.argv[2])
     if _mode == "cold":
         main_cold(_limits)

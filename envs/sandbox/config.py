@@ -129,7 +129,11 @@ class SandboxConfig(BaseModel):
         description="unshare backend: host paths covered by an empty tmpfs (bwrap shows nothing unlisted)",
     )
     uid_base: int = Field(
-        200000, ge=1000, description="when run as root, each sandbox runs under its own uid from here on"
+        200000, ge=1000,
+        description=(
+            "when run as root, each sandbox runs under its own uid, from a range of 8192 uids at uid_base + "
+            "slot * 8192 that one LocalSandbox of the machine holds at a time (a lock file per slot)"
+        ),
     )
     remote: RemoteConfig | None = None
 

@@ -1,18 +1,21 @@
 """Local sandbox backends: bubblewrap, ``unshare`` and a plain subprocess, cold calls and persistent sessions.
 
-Every call runs ``python -I`` (isolated from user site-packages and PYTHON* variables) with a cleared
-environment and stdin from /dev/null, under rlimits set by ``_driver.py`` before the model's code runs.
-At the deadline the sandbox's whole process tree is SIGKILLed (``_io.kill_tree``).
+Every call runs ``python -I -u`` (isolated from user site-packages and PYTHON* variables, unbuffered output) with
+a cleared environment and stdin from /dev/null, under rlimits set by ``_driver.py`` before the model's code runs;
+the code is module ``__main__``. At the deadline the sandbox's whole process tree is SIGKILLed
+(``_io.kill_tree``); what it printed until then is read to the end of the pipes and returned.
 
 When the host process is root, each slot (concurrent call or session) runs under its own unprivileged
-uid (``SandboxConfig.uid_base`` + k), so RLIMIT_NPROC is enforced (it is not for root) and a sandbox
-escape lands on a uid that owns nothing. Inside bwrap the code sees uid 65534.
+uid, from a range of uids that this sandbox alone holds among the machine's live processes (``_UidPool``: a
+lock file per range), so RLIMIT_NPROC is enforced (it is not for root) and a sandbox escape lands on a uid
+that owns nothing. Inside bwrap the code sees uid 65534.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -20,6 +23,7 @@ import shutil
 import signal
 import tempfile
 import time
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 
@@ -47,10 +51,12 @@ _ROOT = Path(__file__).resolve().parents[2]
 _PROJECT_ROOT = str(_ROOT) if (_ROOT / "pyproject.toml").exists() else "/"  # source checkout: hide it
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 # The environment model-written code sees (besides PATH and HOME): matplotlib draws headless (Agg: plt.show()
-# returns at once), and numerical libraries start one thread each (OpenBLAS/OpenMP would start one per host
-# core, which RLIMIT_NPROC and RLIMIT_AS cannot afford on a large machine).
+# returns at once), numerical libraries start one thread each (OpenBLAS/OpenMP would start one per host
+# core, which RLIMIT_NPROC and RLIMIT_AS cannot afford on a large machine), and Python programs the code starts
+# write unbuffered, as the code itself does (-u), so their output up to a kill is kept too.
 SANDBOX_ENV = {
     "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",
     "MPLBACKEND": "Agg",
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "1",
@@ -64,6 +70,26 @@ _FLOOD_MIN = 4 << 20
 # A session's processes may use this much CPU between two calls (clock-tick granularity, exit bookkeeping of
 # the processes killed after a call); more means something kept running after its call ended.
 _IDLE_CPU_SLACK_S = 0.25
+# After the sandbox's processes are killed (deadline, flood, crash), what they wrote before dying is still in the
+# pipes: it is read up to EOF, for at most this long (a writer that escaped the kill must not hold the call).
+_DRAIN_S = 1.0
+
+
+async def _drain(pumps: asyncio.Future, timeout: float = _DRAIN_S) -> None:
+    """Let ``pumps`` (the stdout/stderr readers) read to EOF for at most ``timeout`` seconds, then stop them."""
+    with contextlib.suppress(Exception):  # the time ran out, or a read failed (EIO): what was read is kept
+        await asyncio.wait_for(asyncio.shield(pumps), timeout)
+    pumps.cancel()
+    await asyncio.gather(pumps, return_exceptions=True)
+
+
+def _partial_marker_at(buf: bytes, marker: bytes) -> int:
+    """Where the longest suffix of ``buf`` that is a proper prefix of ``marker`` starts (``len(buf)`` if none):
+    bytes from there on may be the start of a marker split across two reads, the rest is output."""
+    for i in range(max(0, len(buf) - len(marker) + 1), len(buf)):
+        if marker.startswith(buf[i:]):
+            return i
+    return len(buf)
 
 
 
@@ -80,20 +106,115 @@ class SandboxUnavailable(RuntimeError):
     """The requested backend cannot run on this machine (or is refused by the configuration)."""
 
 
+UID_SLOTS = 1000
+"""How many uid ranges there are (``SandboxConfig.uid_base + slot * UID_SLOT_SIZE``, slot < UID_SLOTS)."""
+UID_SLOT_SIZE = 8192
+"""uids per range: a range serves one :class:`LocalSandbox` (``max_concurrency + max_sessions`` of them)."""
+UID_LOCK_DIR = "/run/stare-verl-sandbox-uids"
+"""Where the slots' lock files live (``$STARE_SANDBOX_UID_LOCK_DIR`` overrides it)."""
+
+
 class _UidPool:
-    """Unprivileged uids, one per live slot; empty (None handed out) unless the host runs as root."""
+    """Unprivileged uids, one per live slot of a :class:`LocalSandbox`; empty (None handed out) unless the host
+    runs as root.
+
+    The pool owns one range of :data:`UID_SLOT_SIZE` uids, ``base + slot * UID_SLOT_SIZE``, claimed by holding an
+    exclusive ``flock`` on ``<lock dir>/slot-<slot>.lock`` for the pool's life. Two live pools, in one process or in
+    any processes of the machine, never share a range (they could otherwise kill each other's sandboxed programs:
+    a slot's uid is cleared of processes after each call), and a range frees itself when its holder ends, however
+    it ends (the kernel drops the lock with the last descriptor of the lock file). Slots are tried in order, from a
+    preferred one (``$STARE_SANDBOX_UID_SLOT``, else the pid modulo :data:`UID_SLOTS`) around to the one before it.
+    A forked child that takes a uid first claims a range of its own (the parent's stays the parent's).
+
+    Raises:
+        ValueError: ``size`` above :data:`UID_SLOT_SIZE`, or a bad ``$STARE_SANDBOX_UID_SLOT``.
+        SandboxUnavailable: every slot is held, or the lock directory cannot be created.
+    """
 
     def __init__(self, base: int, size: int, enabled: bool):
+        if size > UID_SLOT_SIZE:
+            raise ValueError(f"{size} uids per sandbox asked for; a uid range holds {UID_SLOT_SIZE}")
         self.enabled = enabled and os.geteuid() == 0
-        start = base + (os.getpid() % 1000) * 8192  # distinct ranges for processes sharing a node
-        self._free = list(range(start, start + size)) if self.enabled else []
+        self.base, self.size = base, size
+        self.slot: int | None = None  # the claimed slot (None when disabled)
+        self.start: int | None = None  # its first uid
+        self._free: list[int] = []
+        self._lock_fd: int | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._pid = os.getpid()
+        if self.enabled:
+            self._claim()
+
+    @staticmethod
+    def _preferred_slot() -> int:
+        forced = os.environ.get("STARE_SANDBOX_UID_SLOT", "").strip()
+        if not forced:
+            return os.getpid() % UID_SLOTS
+        if not forced.isdigit() or int(forced) >= UID_SLOTS:
+            raise ValueError(f"STARE_SANDBOX_UID_SLOT must be an integer in [0, {UID_SLOTS}), got {forced!r}")
+        return int(forced)
+
+    def _claim(self) -> None:
+        self.release()  # a forked child's inherited descriptor: closed, the parent keeps its lock
+        lock_dir = os.environ.get("STARE_SANDBOX_UID_LOCK_DIR", "").strip() or UID_LOCK_DIR
+        try:
+            os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot create the sandbox uid lock directory {lock_dir}: {exc}") from exc
+        first = self._preferred_slot()
+        for i in range(UID_SLOTS):
+            slot = (first + i) % UID_SLOTS
+            path = os.path.join(lock_dir, f"slot-{slot}.lock")
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                raise SandboxUnavailable(f"cannot open the sandbox uid lock {path}: {exc}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held by a live pool
+                os.close(fd)
+                continue
+            with contextlib.suppress(OSError):  # who holds it, for a person looking
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+            self._lock_fd, self._pid = fd, os.getpid()
+            self._finalizer = weakref.finalize(self, _close_quietly, fd)
+            self.slot, self.start = slot, self.base + slot * UID_SLOT_SIZE
+            self._free = list(range(self.start, self.start + self.size))
+            return
+        raise SandboxUnavailable(f"all {UID_SLOTS} sandbox uid ranges are held by live processes (locks in {lock_dir})")
+
+    @property
+    def uids(self) -> range:
+        """Every uid of the claimed range (empty when disabled)."""
+        return range(self.start, self.start + self.size) if self.start is not None else range(0)
 
     def take(self) -> int | None:
-        return self._free.pop() if self.enabled else None
+        """A free uid of the range (None when disabled)."""
+        if not self.enabled:
+            return None
+        if os.getpid() != self._pid:  # forked: the parent's range is the parent's
+            self._claim()
+        return self._free.pop()
 
     def give(self, uid: int | None) -> None:
-        if uid is not None:
+        """Hand ``uid`` back (None is ignored; a uid of a range this process no longer holds too)."""
+        if uid is not None and uid in self.uids:
             self._free.append(uid)
+
+    def release(self) -> None:
+        """Give the range back (its lock closed; idempotent). Only once no sandbox of the pool runs."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+        self._lock_fd, self.slot, self.start, self._free = None, None, None, []
+
+
+def _close_quietly(fd: int) -> None:
+    """Close a range's lock descriptor. In a forked child it is the inherited copy: closing it leaves the parent's
+    lock held (flock is dropped with the last descriptor of the open file, never by closing one copy)."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _as_uid(uid: int | None) -> list[str]:
@@ -111,7 +232,11 @@ class LocalSandbox:
     Args:
         kind: ``"bwrap"``, ``"unshare"`` or ``"subprocess"``.
         config: the validated :class:`SandboxConfig`.
-        separate_uids: when the host runs as root, run each slot under its own unprivileged uid.
+        separate_uids: when the host runs as root, run each slot under its own unprivileged uid (from a uid range
+            that this sandbox alone holds while it lives: see ``_UidPool``).
+
+    Raises:
+        SandboxUnavailable: separate uids are used and every uid range of the machine is held by a live sandbox.
 
     Use :meth:`run` for a cold call (fresh interpreter) and :meth:`run_in_session` for calls that share
     globals under a key (one long-lived sandboxed interpreter per key, at most ``config.max_sessions``;
@@ -144,7 +269,8 @@ class LocalSandbox:
         if mode == "session":
             values["SESSION_CPU"] = limits.session_cpu_budget
         rlimits = ",".join(f"{k}={v}" for k, v in values.items())
-        argv = [self.python, "-I", "-c", DRIVER_SOURCE, mode, rlimits]
+        # -u: unbuffered stdout/stderr, so what the code printed before a kill reaches the pipe (see _driver.py)
+        argv = [self.python, "-I", "-u", "-c", DRIVER_SOURCE, mode, rlimits]
         if mode == "session":
             argv += [str(ctl_fd), "1" if self.network_isolated else "0"]
         return argv
@@ -297,8 +423,10 @@ class LocalSandbox:
                 await proc.stdin.drain()
                 proc.stdin.close()
 
+        pumps = asyncio.ensure_future(asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err)))
+
         async def body() -> None:
-            await asyncio.gather(feed(), pump(proc.stdout, out), pump(proc.stderr, err))
+            await asyncio.gather(feed(), asyncio.shield(pumps))
             await proc.wait()
 
         timed_out = False
@@ -309,8 +437,10 @@ class LocalSandbox:
                                          return_when=asyncio.FIRST_COMPLETED)
             timed_out = not done
         finally:
-            # Normal exit, deadline, flood or cancellation of the caller: the tree dies here.
+            # Normal exit, deadline, flood or cancellation of the caller: the tree dies here, then what it
+            # printed up to its death is read from the pipes.
             await kill_tree(proc, self._kill_uid(uid))
+            await _drain(pumps)
             for t in (task, flood_wait):
                 t.cancel()
             await asyncio.gather(task, flood_wait, return_exceptions=True)
@@ -552,11 +682,10 @@ class PythonSession:
 
         async def pump(stream: asyncio.StreamReader, cap: OutputCapture) -> None:
             nonlocal flooded
-            keep = len(nonce) - 1
-            pending = b""
+            pending = b""  # the end of the last read when it may be the start of the nonce
             while True:
                 chunk = await stream.read(_READ_CHUNK)
-                if not chunk:
+                if not chunk:  # EOF: the interpreter died (a kill, a crash) before the nonce
                     cap.feed(pending)
                     return
                 buf = pending + chunk
@@ -564,25 +693,25 @@ class PythonSession:
                 if idx >= 0:
                     cap.feed(buf[:idx])
                     return
-                cap.feed(buf[:-keep])
-                pending = buf[-keep:]
+                cut = _partial_marker_at(buf, nonce)
+                cap.feed(buf[:cut])
+                pending = buf[cut:]
                 if out.total + err.total > flood_cap:
                     flooded = True
                     with contextlib.suppress(OSError):
                         os.killpg(proc.pid, signal.SIGKILL)  # ends the control pipe too
                     return
 
+        # The readers run until the nonce or EOF; they outlive a cancelled exchange (deadline) so that, once the
+        # interpreter is killed, what it printed before is read to the end of the pipes.
+        pumps = asyncio.ensure_future(asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err)))
+
         async def exchange() -> dict | None:
             request = json.dumps({"code": code, "nonce": nonce.decode()}, ensure_ascii=True) + "\n"
             proc.stdin.write(request.encode())
             await proc.stdin.drain()
-            pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
-            try:
-                reply = await self._ctl.readline()
-                await pumps
-            finally:
-                pumps.cancel()
-                await asyncio.gather(pumps, return_exceptions=True)
+            reply = await self._ctl.readline()
+            await asyncio.shield(pumps)
             if flooded or not reply:
                 return None
             return json.loads(reply)
@@ -601,7 +730,11 @@ class PythonSession:
                 if not timed_out and not flooded:  # crashed: let it report its own status first
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(proc.wait(), timeout=1.0)
+                await kill_tree(proc, self.sandbox._kill_uid(self._uid))
+                await _drain(pumps)  # what it printed up to the kill
                 await self.close()
+            else:
+                await _drain(pumps, 0)  # already done (the nonce ended both)
         duration = time.monotonic() - t0
         stdout, stderr = out.text(), err.text()
         if timed_out:
