@@ -119,6 +119,44 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
     }
 
 
+def _baseline_text(g: Any) -> str:
+    norm = "GRPO (divided by the group std)" if g.norm_adv_by_std_in_grpo else "Dr.GRPO (not divided by the group std)"
+    return f"{norm}, epsilon {g.epsilon:g}, zero_variance_tol {g.zero_variance_tol:g}"
+
+
+def baseline_mismatch(methods: list[str], family: str, overrides: list[str]) -> str | None:
+    """Why ``methods`` cannot be compared on ``family`` with ``overrides``: each method's run config (its CPU recipe
+    composed with the overrides it launches with, ``EntropyControl.compose_overrides``) gives the GRPO group
+    baseline its advantages start from (``stare_verl.estimator.group_baseline``: std normalisation, epsilon,
+    zero-variance tolerance); a comparison of methods whose baselines differ would measure the baselines, so a
+    message naming each method's baseline is returned; None when all are equal. A method whose config does not
+    compose is left to the run's own check.
+
+    Raises:
+        stare_verl.config.StareConfigError: a boolean key (``norm_adv_by_std_in_grpo``) that holds no boolean.
+    """
+    from stare_verl.estimator import group_baseline
+    from stare_verl.jobs.recipes import compose_recipe
+    from stare_verl.methods import parse_method_spec
+
+    fam = job_family(family)
+    baselines = {}
+    for m in methods:
+        spec = parse_method_spec(m)
+        launch, _ = spec.compose_overrides(list(overrides))
+        try:
+            cfg = compose_recipe(f"cpu/{fam.cpu_recipe}_{spec.recipe}", launch, resolve=False)
+        except Exception:  # noqa: BLE001 - a bad override is the run's own check's to report
+            continue
+        baselines[m] = group_baseline(cfg.algorithm)
+    if len(set(baselines.values())) <= 1:
+        return None
+    each = "; ".join(f"{m}: {_baseline_text(g)}" for m, g in baselines.items())
+    return (f"the methods' GRPO baselines differ ({each}): the comparison would measure the baselines, not the "
+            "methods. Give every method the same one (e.g. the override algorithm.norm_adv_by_std_in_grpo=true or "
+            "false for all, and no method setting of its own such as stare:norm_adv_by_std_in_grpo=...)")
+
+
 def _heldout_points(heldout: dict[str, Any], steps: int) -> list[list[float]]:
     """``[[step, entropy], ...]`` of a run's held-out entropy: its curve (``by_step``), or, for a run from before the
     curve, its SFT value at step 0 and its value after RL at its last step ``steps``; ``[]`` when not measured."""
@@ -381,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # options are checked once, up front (a finished run folder would skip the per-run check)
     problem = bad_option(run_args(methods[0], args.seeds[0], out / f"{method_of(methods[0]).label}-seed{args.seeds[0]}"))
+    if not problem:
+        try:
+            problem = baseline_mismatch(methods, args.family, [*regime_overrides, *args.overrides])
+        except ValueError as err:  # a boolean key that holds no boolean
+            problem = str(err)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -196,3 +196,32 @@ def test_anneal_options_are_refused_where_the_cold_start_has_no_anneal(family, o
     # with the anneal turned on they are a variant of their own, as for tool use
     cfg = S.SFTConfig(family=family, anneal_below_loss=0.1, anneal_steps=600)
     assert cfg.anneal_steps == 600
+
+
+@pytest.mark.parametrize(("methods", "overrides", "differ"), [
+    (["stare:norm_adv_by_std_in_grpo=false", "grpo"], [], True),  # STARE's own setting: Dr.GRPO against GRPO
+    (["stare", "forking:rho=0.2", "grpo"], ["algorithm.norm_adv_by_std_in_grpo=0"], False),  # one reading: all Dr.GRPO
+    (["forking", "stare"], ["algorithm.norm_adv_by_std_in_grpo=false"], False),
+    (["stare:epsilon=0.001", "grpo"], [], True),  # another epsilon
+    (["stare:norm_adv_by_std_in_grpo=false", "grpo"], ["algorithm.norm_adv_by_std_in_grpo=false"], False),
+    (["stare", "entropy_adv"], [], False),
+])  # fmt: skip
+def test_compare_refuses_methods_whose_baselines_differ(tmp_path, monkeypatch, capsys, methods, overrides, differ):
+    ran = []
+    monkeypatch.setattr(T, "train_cpu", lambda args: ran.append(args.method) or 7)  # stops at the first run
+    monkeypatch.chdir(tmp_path)
+    rc = compare.main(["--family", "shortcot", *overrides, "--seeds", "0", "--methods", *methods])
+    err = capsys.readouterr().err
+    if differ:
+        assert rc == 2 and ran == [] and "GRPO baselines differ" in err
+        assert all(f"{m}: " in err for m in methods)
+    else:
+        assert rc == 7 and ran == [methods[0]] and "baselines differ" not in err
+
+
+def test_compare_refuses_a_norm_flag_that_is_no_boolean(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(T, "train_cpu", lambda args: pytest.fail("no run may start"))
+    monkeypatch.chdir(tmp_path)
+    assert compare.main(["--family", "shortcot", "algorithm.norm_adv_by_std_in_grpo=maybe", "--seeds", "0",
+                         "--methods", "stare", "forking"]) == 2  # fmt: skip
+    assert "algorithm.norm_adv_by_std_in_grpo must be a boolean" in capsys.readouterr().err
