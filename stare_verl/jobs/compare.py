@@ -333,11 +333,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status."""
     from stare_verl.jobs.procs import interrupt_on_termination
     from stare_verl.jobs.train import (
+        INTERRUPTED,
         SFT_SHARED_OPTIONS,
         _method_arg,
         add_sft_options,
         bad_option,
         method_of,
+        stopped_before_rl,
         train_cpu,
     )
     from stare_verl.jobs.train import build_parser as train_parser
@@ -434,7 +436,12 @@ def main(argv: list[str] | None = None) -> int:
         for method in methods:
             run_dir = out / f"{method_of(method).label}-seed{seed}"
             if not RunFolder(run_dir).is_finished():
-                rc = train_cpu(run_args(method, seed, run_dir))
+                try:
+                    rc = train_cpu(run_args(method, seed, run_dir))
+                except KeyboardInterrupt as exc:  # before the run's RL (its SFT, its evaluation): one line, 130
+                    print(stopped_before_rl(f"compare {run_dir.name}", exc) + "; finished runs are kept",
+                          file=sys.stderr)  # fmt: skip
+                    return INTERRUPTED
                 if rc != 0:
                     print(
                         f"error: run {run_dir.name} failed ({rc}); the comparison stops here", file=sys.stderr
