@@ -157,6 +157,25 @@ def baseline_mismatch(methods: list[str], family: str, overrides: list[str]) -> 
             "false for all, and no method setting of its own such as stare:norm_adv_by_std_in_grpo=...)")
 
 
+def reuse_mismatch(summary: dict[str, Any], steps: int, n_eval: int, eval_samples: int) -> str | None:
+    """Why a finished run (its ``summary.json``) cannot stand in a comparison of ``steps`` RL steps evaluated on
+    ``n_eval`` held-out problems with ``eval_samples`` samples at T = 1: other steps, another number of problems,
+    or fewer samples (more are fine: pass@k is reported at the comparison's k); None when it can. A run without
+    held-out evaluations (a run from ``MODEL``) is checked on its steps only; what a summary does not say is not
+    checked."""
+    why = []
+    if "steps" in summary and summary["steps"] != steps:
+        why.append(f"{summary.get('steps')} steps, not {steps}")
+    after = summary.get("eval_after") if isinstance(summary.get("eval_after"), dict) else {}
+    greedy, sampled = after.get("T=0"), after.get("T=1")
+    if isinstance(greedy, dict) and "n" in greedy and greedy["n"] != n_eval:
+        why.append(f"{greedy['n']} held-out problems, not {n_eval}")
+    spp = sampled.get("samples_per_problem") if isinstance(sampled, dict) else None
+    if isinstance(spp, int) and spp < eval_samples:
+        why.append(f"{spp} samples per problem, fewer than {eval_samples}")
+    return "; ".join(why) or None
+
+
 def _heldout_points(heldout: dict[str, Any], steps: int) -> list[list[float]]:
     """``[[step, entropy], ...]`` of a run's held-out entropy: its curve (``by_step``), or, for a run from before the
     curve, its SFT value at step 0 and its value after RL at its last step ``steps``; ``[]`` when not measured."""
@@ -447,6 +466,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"error: run {run_dir.name} failed ({rc}); the comparison stops here", file=sys.stderr
                     )
                     return rc
+            other = reuse_mismatch(RunFolder(run_dir).read_summary(), args.steps, args.n_eval, args.eval_samples)
+            if other:  # a finished folder of another comparison: never reported as if it were this one's
+                print(f"error: {run_dir} holds a finished run of other settings ({other}); use another --out, or "
+                      "delete that folder to run it again", file=sys.stderr)  # fmt: skip
+                return 2
             stats.append(run_stats(run_dir, pass_k=args.eval_samples))
     print(write_report(stats, out, args.family, regime))
     extra = [n for n in ("heldout_entropy_overlay.png", "cov_overlay.png") if (out / n).is_file()]
