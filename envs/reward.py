@@ -67,7 +67,8 @@ Returned dict (the same keys every call, scalars only, so verl can stack them):
     hedge | label | malformed | choice | ellipsis | empty | timeout | error | no_ground_truth; see
     ``envs.scoring.verify``), timed_out (bool: the equivalence checker gave no verdict,
     because its time ran out or it failed; the response then scores as wrong, and nothing of that check
-    is remembered, so a later call with the same pair checks it afresh),
+    is remembered, so a later call with the same pair checks it afresh; a training step logs the share of such
+    responses as ``reward/timed_out/mean``, the evaluation records them as ``verdict: "unverified"``),
     reflect_<word> (int) for each of ``REFLECTION_PATTERNS`` and reflect_total (int).
 
 Errors: never raises for any response or ground truth (bad ones score ``incorrect_score``); raises

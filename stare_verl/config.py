@@ -9,13 +9,71 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stare_verl.core import ZERO_VARIANCE_TOL
 
 
 class StareConfigError(ValueError):
     """Raised when ``algorithm.stare`` holds an invalid or unknown key; the message names the key."""
+
+
+class ConfigBoolError(ValueError):
+    """A boolean config key holds a value that is no boolean; the message names the key and the value."""
+
+
+_TRUE = frozenset({"true", "t", "yes", "y", "on", "1"})
+_FALSE = frozenset({"false", "f", "no", "n", "off", "0"})
+_MISSING = object()
+
+
+def config_bool(value: Any, key: str, null: bool | None = None) -> bool:
+    """The one reading of a boolean config key (every method, the estimator, the trainer and ``stare-verl check``).
+
+    Args:
+        value: the key's value: a bool (numpy's too), the ints 0 / 1, or a string ``true/false``, ``yes/no``,
+            ``on/off``, ``t/f``, ``y/n``, ``1/0`` (any case, surrounding spaces ignored): the spellings pydantic
+            and Hydra read as booleans, so ``0`` and ``"false"`` are False everywhere (never true as a non-empty
+            string or a non-zero object).
+        key: the key's full name, for the error (e.g. ``algorithm.norm_adv_by_std_in_grpo``).
+        null: what None (YAML ``null``) means; None: None is not allowed.
+    Returns:
+        the bool.
+    Raises:
+        ConfigBoolError: any other value (``"maybe"``, ``2``, ``0.5``, a list, None where ``null`` is None),
+            naming ``key``.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if value is None:
+        if null is not None:
+            return null
+    elif isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    elif isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    raise ConfigBoolError(f"{key} must be a boolean (true or false), got {value!r}")
+
+
+def read_bool(section: Any, key: str, default: bool, where: str, null: bool | None = None) -> bool:
+    """:func:`config_bool` of ``section[key]`` (a mapping, DictConfig or object with attributes; None: empty),
+    ``default`` when the key is absent. ``where`` is the section's name (``algorithm``), for the error.
+
+    Raises:
+        ConfigBoolError: the value is no boolean (or None where ``null`` is None).
+    """
+    if section is None:
+        return default
+    if hasattr(section, "get"):
+        value = section.get(key, _MISSING)
+    else:
+        value = getattr(section, key, _MISSING)
+    return default if value is _MISSING else config_bool(value, f"{where}.{key}", null)
 
 
 class StareConfig(BaseModel):
@@ -58,6 +116,18 @@ class StareConfig(BaseModel):
     zero_variance_tol: float = Field(ZERO_VARIANCE_TOL, ge=0.0, lt=1.0)
     scope: Literal["batch", "chunk"] = "batch"
     chunk_size: int | None = Field(None, ge=1)
+
+    @field_validator("adaptive", "norm_adv_by_std_in_grpo", mode="before")
+    @classmethod
+    def _one_bool_reading(cls, value: Any, info: Any) -> Any:
+        """The project's one reading of a boolean key (:func:`config_bool`); ``norm_adv_by_std_in_grpo`` may be
+        None (follow ``algorithm.norm_adv_by_std_in_grpo``)."""
+        if value is None and info.field_name == "norm_adv_by_std_in_grpo":
+            return None
+        try:
+            return config_bool(value, info.field_name)
+        except ConfigBoolError:
+            raise ValueError("must be a boolean (true or false)") from None
 
     @model_validator(mode="after")
     def _check_scope(self) -> StareConfig:
@@ -110,8 +180,9 @@ def parse_stare_config(algorithm_config: Any) -> StareConfig:
         A frozen ``StareConfig``.
 
     Raises:
-        StareConfigError: a value out of range, an unknown variant or a misspelt key; the message names
-            the key and what is allowed.
+        StareConfigError: a value out of range, an unknown variant or a misspelt key, or a boolean key
+            (``adaptive``, ``norm_adv_by_std_in_grpo`` here or in ``algorithm``) that is no boolean
+            (:func:`config_bool`); the message names the key and what is allowed.
     """
     if algorithm_config is None:
         return StareConfig(norm_adv_by_std_in_grpo=True)
@@ -125,8 +196,11 @@ def parse_stare_config(algorithm_config: Any) -> StareConfig:
         else lambda k, d=None: getattr(algorithm_config, k, d)
     )
     raw = _plain(get("stare", None))
-    if raw.get("norm_adv_by_std_in_grpo") is None:  # verl's key; pydantic parses "false"/"no"/0 (bool() would not)
-        raw["norm_adv_by_std_in_grpo"] = get("norm_adv_by_std_in_grpo", True)
+    if raw.get("norm_adv_by_std_in_grpo") is None:  # verl's key, read as every method reads it
+        try:
+            raw["norm_adv_by_std_in_grpo"] = read_bool(algorithm_config, "norm_adv_by_std_in_grpo", True, "algorithm")
+        except ConfigBoolError as err:
+            raise StareConfigError(str(err)) from None
     try:
         return StareConfig(**raw)
     except ValidationError as err:

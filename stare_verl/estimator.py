@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stare_verl.config import parse_stare_config
+from stare_verl.config import ConfigBoolError, StareConfigError, parse_stare_config, read_bool
 from stare_verl.controller import StareController
 from stare_verl.core import ZERO_VARIANCE_TOL, zero_variance_groups
 from stare_verl.stare import stare_reweight
@@ -51,9 +51,36 @@ class GroupConfig:
 
     @classmethod
     def from_algorithm(cls, algorithm_config: Any) -> GroupConfig:
-        get = getattr(algorithm_config, "get", None)
-        norm = get("norm_adv_by_std_in_grpo", True) if get else getattr(algorithm_config, "norm_adv_by_std_in_grpo", True)
-        return cls(norm_adv_by_std_in_grpo=norm is not False)
+        """The baseline of verl's ``algorithm`` section: ``norm_adv_by_std_in_grpo`` read by the project's one
+        boolean reader (``stare_verl.config.config_bool``: ``0`` and ``"false"`` are Dr.GRPO, as for STARE and
+        verl), True when absent.
+
+        Raises:
+            StareConfigError: the key holds no boolean (``"maybe"``, ``2``, null), named in the message.
+        """
+        try:
+            norm = read_bool(algorithm_config, "norm_adv_by_std_in_grpo", True, "algorithm")
+        except ConfigBoolError as err:
+            raise StareConfigError(str(err)) from None
+        return cls(norm_adv_by_std_in_grpo=norm)
+
+
+def group_baseline(algorithm_config: Any) -> GroupConfig:
+    """The GRPO group baseline (STARE step 1) a run of verl's ``algorithm`` section computes its advantages from:
+    for ``adv_estimator=stare`` (STARE and the methods run as its GRPO-ds twin) STARE's config
+    (``algorithm.stare.norm_adv_by_std_in_grpo`` / ``epsilon`` / ``zero_variance_tol``, the first falling back to
+    ``algorithm.norm_adv_by_std_in_grpo``), for the other estimators :meth:`GroupConfig.from_algorithm`. Two runs
+    are comparable only when these are equal.
+
+    Raises:
+        StareConfigError: an invalid ``algorithm.stare`` or a boolean key that holds no boolean.
+    """
+    get = getattr(algorithm_config, "get", None)
+    estimator = get("adv_estimator", None) if get else getattr(algorithm_config, "adv_estimator", None)
+    if estimator == ESTIMATOR_NAME:
+        c = parse_stare_config(algorithm_config)
+        return GroupConfig(c.norm_adv_by_std_in_grpo is not False, c.epsilon, c.zero_variance_tol)
+    return GroupConfig.from_algorithm(algorithm_config)
 
 
 def grpo_base(

@@ -60,8 +60,13 @@ class StareTrainerMixin:
         # Validate at start-up: a bad algorithm.<method> stops the run before any worker starts.
         self.entropy_method: EntropyControl | None = method_for_config(algo)
         if self.entropy_method is not None:
+            from stare_verl.estimator import group_baseline
+
+            group_baseline(algo)  # its boolean keys read now, not at the first step
+            from stare_verl.config import read_bool
+
             rc = algo.get("rollout_correction", None)
-            if rc is not None and rc.get("bypass_mode", False):
+            if read_bool(rc, "bypass_mode", False, "algorithm.rollout_correction"):
                 raise ValueError(
                     f"algorithm.adv_estimator={algo.adv_estimator} needs the actor's entropy, which verl does not "
                     "compute with algorithm.rollout_correction.bypass_mode=true; set it to false"

@@ -91,9 +91,18 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(cfg))
     summary = f"ok: {args.recipe}: adv_estimator={cfg.algorithm.adv_estimator}, "
     summary += f"trainer_mode={cfg.trainer.v1.trainer_mode}, rollout={cfg.actor_rollout_ref.rollout.name}"
-    if stare is not None:
+    from stare_verl.config import StareConfig
+
+    if isinstance(stare, StareConfig):
         summary += f", stare: variant={stare.variant} P={stare.top_p_ratio} W={stare.reweight_w} "
         summary += f"M={stare.reweight_m} target={stare.target_entropy} nats"
+    elif stare is not None:  # another method's config (forking, entropy_adv, adaptive_entropy)
+        summary += ", " + " ".join(f"{k}={v}" for k, v in stare.model_dump().items())
+    if stare is not None:
+        from stare_verl.estimator import group_baseline
+
+        norm = group_baseline(cfg.algorithm).norm_adv_by_std_in_grpo
+        summary += ", baseline " + ("GRPO (std-normalised)" if norm else "Dr.GRPO (no std normalisation)")
     print(summary)
     return 0
 

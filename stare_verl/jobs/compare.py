@@ -119,6 +119,63 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
     }
 
 
+def _baseline_text(g: Any) -> str:
+    norm = "GRPO (divided by the group std)" if g.norm_adv_by_std_in_grpo else "Dr.GRPO (not divided by the group std)"
+    return f"{norm}, epsilon {g.epsilon:g}, zero_variance_tol {g.zero_variance_tol:g}"
+
+
+def baseline_mismatch(methods: list[str], family: str, overrides: list[str]) -> str | None:
+    """Why ``methods`` cannot be compared on ``family`` with ``overrides``: each method's run config (its CPU recipe
+    composed with the overrides it launches with, ``EntropyControl.compose_overrides``) gives the GRPO group
+    baseline its advantages start from (``stare_verl.estimator.group_baseline``: std normalisation, epsilon,
+    zero-variance tolerance); a comparison of methods whose baselines differ would measure the baselines, so a
+    message naming each method's baseline is returned; None when all are equal. A method whose config does not
+    compose is left to the run's own check.
+
+    Raises:
+        stare_verl.config.StareConfigError: a boolean key (``norm_adv_by_std_in_grpo``) that holds no boolean.
+    """
+    from stare_verl.estimator import group_baseline
+    from stare_verl.jobs.recipes import compose_recipe
+    from stare_verl.methods import parse_method_spec
+
+    fam = job_family(family)
+    baselines = {}
+    for m in methods:
+        spec = parse_method_spec(m)
+        launch, _ = spec.compose_overrides(list(overrides))
+        try:
+            cfg = compose_recipe(f"cpu/{fam.cpu_recipe}_{spec.recipe}", launch, resolve=False)
+        except Exception:  # noqa: BLE001 - a bad override is the run's own check's to report
+            continue
+        baselines[m] = group_baseline(cfg.algorithm)
+    if len(set(baselines.values())) <= 1:
+        return None
+    each = "; ".join(f"{m}: {_baseline_text(g)}" for m, g in baselines.items())
+    return (f"the methods' GRPO baselines differ ({each}): the comparison would measure the baselines, not the "
+            "methods. Give every method the same one (e.g. the override algorithm.norm_adv_by_std_in_grpo=true or "
+            "false for all, and no method setting of its own such as stare:norm_adv_by_std_in_grpo=...)")
+
+
+def reuse_mismatch(summary: dict[str, Any], steps: int, n_eval: int, eval_samples: int) -> str | None:
+    """Why a finished run (its ``summary.json``) cannot stand in a comparison of ``steps`` RL steps evaluated on
+    ``n_eval`` held-out problems with ``eval_samples`` samples at T = 1: other steps, another number of problems,
+    or fewer samples (more are fine: pass@k is reported at the comparison's k); None when it can. A run without
+    held-out evaluations (a run from ``MODEL``) is checked on its steps only; what a summary does not say is not
+    checked."""
+    why = []
+    if "steps" in summary and summary["steps"] != steps:
+        why.append(f"{summary.get('steps')} steps, not {steps}")
+    after = summary.get("eval_after") if isinstance(summary.get("eval_after"), dict) else {}
+    greedy, sampled = after.get("T=0"), after.get("T=1")
+    if isinstance(greedy, dict) and "n" in greedy and greedy["n"] != n_eval:
+        why.append(f"{greedy['n']} held-out problems, not {n_eval}")
+    spp = sampled.get("samples_per_problem") if isinstance(sampled, dict) else None
+    if isinstance(spp, int) and spp < eval_samples:
+        why.append(f"{spp} samples per problem, fewer than {eval_samples}")
+    return "; ".join(why) or None
+
+
 def _heldout_points(heldout: dict[str, Any], steps: int) -> list[list[float]]:
     """``[[step, entropy], ...]`` of a run's held-out entropy: its curve (``by_step``), or, for a run from before the
     curve, its SFT value at step 0 and its value after RL at its last step ``steps``; ``[]`` when not measured."""
@@ -295,11 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status."""
     from stare_verl.jobs.procs import interrupt_on_termination
     from stare_verl.jobs.train import (
+        INTERRUPTED,
         SFT_SHARED_OPTIONS,
         _method_arg,
         add_sft_options,
         bad_option,
         method_of,
+        stopped_before_rl,
         train_cpu,
     )
     from stare_verl.jobs.train import build_parser as train_parser
@@ -381,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # options are checked once, up front (a finished run folder would skip the per-run check)
     problem = bad_option(run_args(methods[0], args.seeds[0], out / f"{method_of(methods[0]).label}-seed{args.seeds[0]}"))
+    if not problem:
+        try:
+            problem = baseline_mismatch(methods, args.family, [*regime_overrides, *args.overrides])
+        except ValueError as err:  # a boolean key that holds no boolean
+            problem = str(err)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -391,12 +455,22 @@ def main(argv: list[str] | None = None) -> int:
         for method in methods:
             run_dir = out / f"{method_of(method).label}-seed{seed}"
             if not RunFolder(run_dir).is_finished():
-                rc = train_cpu(run_args(method, seed, run_dir))
+                try:
+                    rc = train_cpu(run_args(method, seed, run_dir))
+                except KeyboardInterrupt as exc:  # before the run's RL (its SFT, its evaluation): one line, 130
+                    print(stopped_before_rl(f"compare {run_dir.name}", exc) + "; finished runs are kept",
+                          file=sys.stderr)  # fmt: skip
+                    return INTERRUPTED
                 if rc != 0:
                     print(
                         f"error: run {run_dir.name} failed ({rc}); the comparison stops here", file=sys.stderr
                     )
                     return rc
+            other = reuse_mismatch(RunFolder(run_dir).read_summary(), args.steps, args.n_eval, args.eval_samples)
+            if other:  # a finished folder of another comparison: never reported as if it were this one's
+                print(f"error: {run_dir} holds a finished run of other settings ({other}); use another --out, or "
+                      "delete that folder to run it again", file=sys.stderr)  # fmt: skip
+                return 2
             stats.append(run_stats(run_dir, pass_k=args.eval_samples))
     print(write_report(stats, out, args.family, regime))
     extra = [n for n in ("heldout_entropy_overlay.png", "cov_overlay.png") if (out / n).is_file()]

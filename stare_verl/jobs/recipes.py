@@ -86,7 +86,24 @@ def validate_recipe(cfg: DictConfig) -> Any:
             print(line)
     omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout, dataclass_type=RolloutConfig)
     algo: dict[str, Any] = OmegaConf.to_container(cfg.algorithm, resolve=True)  # type: ignore[assignment]
+    from stare_verl.config import config_bool, read_bool
+    from stare_verl.estimator import group_baseline
     from stare_verl.methods import ESTIMATORS, METHODS, method_for_config
+
+    estimator = cfg.algorithm.adv_estimator
+    # the boolean keys every method reads, read once by the project's reader (0 and "false" are false, "maybe",
+    # 2 and null are errors naming the key), before verl's dataclass would read them its own way
+    if estimator in ESTIMATORS:
+        group_baseline(cfg.algorithm)
+    elif "norm_adv_by_std_in_grpo" in algo:
+        norm = algo["norm_adv_by_std_in_grpo"]
+        config_bool(norm, "algorithm.norm_adv_by_std_in_grpo")
+        if not isinstance(norm, bool):
+            raise ValueError(
+                f"algorithm.norm_adv_by_std_in_grpo={norm!r}: verl's own estimator {estimator} reads this key by "
+                "Python truthiness (a non-empty string is true); write true or false"
+            )
+    read_bool(cfg.algorithm.get("rollout_correction") or {}, "bypass_mode", False, "algorithm.rollout_correction")
 
     for name in METHODS:  # the methods' own sections (algorithm.stare, algorithm.forking, ...) are ours
         algo.pop(name, None)
@@ -104,7 +121,6 @@ def validate_recipe(cfg: DictConfig) -> Any:
         raise FileNotFoundError(
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {mt.tool_config_path}"
         )
-    estimator = cfg.algorithm.adv_estimator
     if estimator in ESTIMATORS:
         from stare_verl.estimator import STARE_TRAINER_MODES, StareInputsMissing
 
@@ -115,7 +131,7 @@ def validate_recipe(cfg: DictConfig) -> Any:
                 f"{STARE_TRAINER_MODES} (got use_v1={cfg.trainer.use_v1}, trainer_mode={mode})"
             )
         rc = cfg.algorithm.get("rollout_correction") or {}
-        if rc.get("bypass_mode", False):
+        if read_bool(rc, "bypass_mode", False, "algorithm.rollout_correction"):
             raise ValueError(
                 f"algorithm.adv_estimator={estimator} needs the actor's entropy: "
                 "algorithm.rollout_correction.bypass_mode must be false"

@@ -123,6 +123,14 @@ INTERRUPTED = 130
 """Exit status of a run stopped by Ctrl-C, SIGTERM or SIGHUP (128 + SIGINT, as a shell reports it)."""
 
 
+def stopped_before_rl(name: str, exc: KeyboardInterrupt) -> str:
+    """The one line a command prints when a stop (Ctrl-C, SIGTERM, SIGHUP: ``KeyboardInterrupt`` from
+    ``procs.interrupt_on_termination``) lands before RL (the cold-start SFT, the held-out evaluation), where
+    :func:`train_cpu` lets it reach its caller; ``name`` is the command's tag (``train-tooluse``, ``compare``)."""
+    return (f"[{name}] interrupted ({exc or 'signal SIGINT'}) before RL: nothing of this step is kept (an SFT "
+            "checkpoint is cached only when it finishes); the same command starts it again")
+
+
 def run_main_ppo(
     cmd: list[str], env: dict[str, str], log_path: Path, metrics_part: Path, total_steps: int
 ) -> int:
@@ -475,11 +483,22 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         )
         return 1
     eval_before = run.eval_before
+    # what the evaluation before RL depends on: a cached one of other settings (another --eval-samples, --n-eval,
+    # --max-turns or SFT checkpoint: a resumed run given other options) is evaluated again, never reused
+    key = {"sft_checkpoint": str(Path(sft_dir).resolve()), "n_eval": args.n_eval, "eval_samples": args.eval_samples,
+           "eval_turns": fam.eval_turns(args.max_turns), "temperatures": [0, 1]}  # fmt: skip
+    key_file = eval_before.with_name(eval_before.name.removesuffix(".json") + ".key.json")
     with _timed(phases, "eval_before"):
-        if not eval_before.exists():
+        try:
+            cached = eval_before.is_file() and json.loads(key_file.read_text()) == key
+        except (OSError, ValueError):
+            cached = False  # no key (an earlier version's cache) or a torn one: evaluated again
+        if not cached:
+            key_file.unlink(missing_ok=True)
             eval_before.write_text(
                 json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns, args.eval_samples), indent=1)
             )
+            key_file.write_text(json.dumps(key))
         before = json.loads(eval_before.read_text())
     print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
     return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run, recipe, name, t0, before, phases)
@@ -1246,7 +1265,11 @@ def main(argv: list[str] | None = None) -> int:
     if backend.path == "cpu" and os.environ.get("MODEL"):
         print(_model_on_cpu_error(args), file=sys.stderr)
         return 2
-    return train_cpu(args, backend)
+    try:
+        return train_cpu(args, backend)
+    except KeyboardInterrupt as exc:  # before RL (the SFT, the evaluation): RL reports its own stop
+        print(stopped_before_rl(f"train-{getattr(args, 'family', None) or DEFAULT_FAMILY}", exc), file=sys.stderr)
+        return INTERRUPTED
 
 
 def with_defaults(args: argparse.Namespace) -> argparse.Namespace:

@@ -289,3 +289,45 @@ def test_a_worker_goes_with_its_parent_even_while_starting():
             alive = False
         time.sleep(0.1)
     assert not alive, f"math-verify worker {wpid} outlived its parent"
+
+
+# ------------------------------------------------ the evaluation keeps a missing verdict apart and scores it again
+
+
+@pytest.mark.parametrize("broken", ["hangs", "dies"])
+def test_the_evaluation_records_a_failed_check_as_unverified_and_a_resume_scores_it(tmp_path, one_worker, monkeypatch,
+                                                                                    broken):  # fmt: skip
+    import asyncio
+
+    from stare_verl.jobs.evaluation.episode import EvalProblem, Sample, TurnResult, run_episode
+    from stare_verl.jobs.evaluation.runner import EvalSettings, ResultsFile, resume_split
+    from stare_verl.jobs.evaluation.summary import summarize
+
+    bad = {"hangs": [sys.executable, "-c", "import json, time; print(json.dumps({'ready': True}), flush=True); "
+                     "time.sleep(600)"],
+           "dies": [sys.executable, "-c", "import json; print(json.dumps({'ready': True}), flush=True)"]}[broken]
+    monkeypatch.setattr(verify_mod, "_POOL", one_worker(worker_command=bad, wall_factor=1.0, wall_margin_s=0.2))
+    problem = EvalProblem(0, "toy/test/0", "toy", [{"role": "user", "content": "expand"}], r"x^3+3x^2+3x+1",
+                          {"family": "short_cot"})
+
+    async def generate(req):
+        return TurnResult(text=r"\boxed{(x+1)^{3}}", completion_tokens=9, prompt_tokens=3)
+
+    rec = asyncio.run(run_episode(Sample(problem, 0, 0), generate, max_tokens=64, max_turns=1))
+    want = "timeout" if broken == "hangs" else "error"
+    assert (rec.verdict, rec.verify_method, rec.correct, rec.score) == ("unverified", want, False, 0.0)
+    settings = EvalSettings(k=1, max_tokens=64)
+    out = tmp_path / "out.jsonl"
+    rf = ResultsFile(out, settings.fingerprint("m", tmp_path / "d.jsonl"))
+    rf.append(rec.model_dump())
+    rf.close()
+    assert summarize([rec.model_dump()])["groups"]["all"]["unverified"] == 1
+    monkeypatch.setattr(verify_mod, "_POOL", one_worker())  # a working checker
+    rf = ResultsFile(out, settings.fingerprint("m", tmp_path / "d.jsonl"))
+    try:
+        done, todo = resume_split([problem], settings, rf)
+    finally:
+        rf.close()
+    assert todo == [] and (done[0]["verdict"], done[0]["verify_method"], done[0]["score"]) == (
+        "correct", "math_verify", 1.0)  # fmt: skip
+    assert json.loads(out.read_text())["verdict"] == "correct"

@@ -196,3 +196,71 @@ def test_anneal_options_are_refused_where_the_cold_start_has_no_anneal(family, o
     # with the anneal turned on they are a variant of their own, as for tool use
     cfg = S.SFTConfig(family=family, anneal_below_loss=0.1, anneal_steps=600)
     assert cfg.anneal_steps == 600
+
+
+@pytest.mark.parametrize(("methods", "overrides", "differ"), [
+    (["stare:norm_adv_by_std_in_grpo=false", "grpo"], [], True),  # STARE's own setting: Dr.GRPO against GRPO
+    (["stare", "forking:rho=0.2", "grpo"], ["algorithm.norm_adv_by_std_in_grpo=0"], False),  # one reading: all Dr.GRPO
+    (["forking", "stare"], ["algorithm.norm_adv_by_std_in_grpo=false"], False),
+    (["stare:epsilon=0.001", "grpo"], [], True),  # another epsilon
+    (["stare:norm_adv_by_std_in_grpo=false", "grpo"], ["algorithm.norm_adv_by_std_in_grpo=false"], False),
+    (["stare", "entropy_adv"], [], False),
+])  # fmt: skip
+def test_compare_refuses_methods_whose_baselines_differ(tmp_path, monkeypatch, capsys, methods, overrides, differ):
+    ran = []
+    monkeypatch.setattr(T, "train_cpu", lambda args: ran.append(args.method) or 7)  # stops at the first run
+    monkeypatch.chdir(tmp_path)
+    rc = compare.main(["--family", "shortcot", *overrides, "--seeds", "0", "--methods", *methods])
+    err = capsys.readouterr().err
+    if differ:
+        assert rc == 2 and ran == [] and "GRPO baselines differ" in err
+        assert all(f"{m}: " in err for m in methods)
+    else:
+        assert rc == 7 and ran == [methods[0]] and "baselines differ" not in err
+
+
+def test_compare_refuses_a_norm_flag_that_is_no_boolean(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(T, "train_cpu", lambda args: pytest.fail("no run may start"))
+    monkeypatch.chdir(tmp_path)
+    assert compare.main(["--family", "shortcot", "algorithm.norm_adv_by_std_in_grpo=maybe", "--seeds", "0",
+                         "--methods", "stare", "forking"]) == 2  # fmt: skip
+    assert "algorithm.norm_adv_by_std_in_grpo must be a boolean" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    (["--steps", "6"], "4 steps, not 6"), (["--n-eval", "9"], "5 held-out problems, not 9"),
+    (["--eval-samples", "4"], "2 samples per problem, fewer than 4"), (["--eval-samples", "1"], None),
+    ([], None),
+])  # fmt: skip
+def test_a_finished_run_of_other_settings_is_not_reused(tmp_path, monkeypatch, capsys, change, why):
+    """A finished run folder is the comparison's cache: one of another --steps, --n-eval or fewer --eval-samples is
+    refused with what differs, never reported as this comparison's."""
+    ran = []
+
+    def fake_train_cpu(args):
+        ran.append(args.method)
+        run = Path(args.run_dir)
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "actor/entropy": 0.1}) + "\n"
+                                                   for i in range(args.steps)))  # fmt: skip
+        after = {"T=0": {"accuracy": 0.5, "n": args.n_eval},
+                 "T=1": {"accuracy": 0.25, "n": args.n_eval * args.eval_samples,
+                         "samples_per_problem": args.eval_samples, "pass_at_k": {"1": 0.25}}}  # fmt: skip
+        (run / "summary.json").write_text(json.dumps({"method": args.method, "seed": args.seed, "steps": args.steps,
+                                                      "eval_before": after, "eval_after": after}))  # fmt: skip
+        return 0
+
+    monkeypatch.setattr(T, "train_cpu", fake_train_cpu)
+    monkeypatch.chdir(tmp_path)
+    base = {"--steps": "4", "--n-eval": "5", "--eval-samples": "2"}
+    argv = ["--family", "shortcot", "--seeds", "0", "--methods", "grpo"]
+    assert compare.main([*argv, *[x for kv in base.items() for x in kv]]) == 0 and ran == ["grpo"]
+    capsys.readouterr()
+    opts = {**base, **dict(zip(change[::2], change[1::2], strict=True))}
+    rc = compare.main([*argv, *[x for kv in opts.items() for x in kv]])
+    err = capsys.readouterr().err
+    assert ran == ["grpo"]  # the folder exists: never trained again
+    if why:
+        assert rc == 2 and f"holds a finished run of other settings ({why})" in err
+    else:
+        assert rc == 0 and "other settings" not in err

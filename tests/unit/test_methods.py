@@ -153,3 +153,105 @@ def test_registered_estimators_refuse_a_trainer_without_token_statistics(name):
     adv, ret = fn(token_level_rewards=rewards, response_mask=MASK, index=np.array(["a", "a", "b"]),
                   config={"adv_estimator": name}, old_log_probs=LP, entropys=ENT)  # fmt: skip
     assert adv.shape == MASK.shape and (adv[MASK == 0] == 0).all() and ret is adv
+
+
+# ------------------------------------------------------------------------ one reading of the boolean config keys
+
+# two groups of 3 responses; outcome rewards on the last model token of each row
+_R = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+_UID = np.array(["a", "a", "a", "b", "b", "b"])
+_M6 = torch.ones(6, 3)
+_LP6, _ENT6 = -torch.rand(6, 3), torch.rand(6, 3)
+
+
+def _group_adv(norm: bool) -> torch.Tensor:
+    """Per-response GRPO (norm) or Dr.GRPO advantage of _R, by hand (torch.std: unbiased, as verl)."""
+    out = torch.empty(6)
+    for g in (slice(0, 3), slice(3, 6)):
+        r = _R[g]
+        out[g] = (r - r.mean()) / ((r.std() + 1e-6) if norm else 1.0)
+    return out
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize(("raw", "norm"), [(0, False), ("false", False), ("False", False), (" no ", False),
+                                           ("off", False), (False, False), (np.bool_(False), False), (1, True),
+                                           ("true", True), ("yes", True), (True, True), ("absent", True)])  # fmt: skip
+def test_every_method_reads_norm_adv_by_std_in_grpo_alike(name, raw, norm):
+    """``algorithm.norm_adv_by_std_in_grpo=0`` (or "false") is Dr.GRPO for every method's baseline, as for STARE and
+    verl (the group baseline of forking, entropy_adv and adaptive_entropy once read it as std-normalised)."""
+    from stare_verl.estimator import group_baseline
+
+    cls = METHODS[name]
+    algo = {"adv_estimator": cls.estimator or "stare", "stare": {}}
+    if raw != "absent":
+        algo["norm_adv_by_std_in_grpo"] = raw
+    assert group_baseline(algo).norm_adv_by_std_in_grpo is norm
+    method = cls.from_algorithm(algo)
+    rewards = torch.zeros(6, 3)
+    rewards[:, -1] = _R
+    base, _ = method.advantage(rewards, _M6, _UID, algo, _LP6, _ENT6, {})
+    torch.testing.assert_close(base[:, 0], _group_adv(norm), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["stare", "grpo", "forking", "entropy_adv", "adaptive_entropy"])
+@pytest.mark.parametrize("raw", ["maybe", 2, -1, 0.5, None, [], "", "truee"])
+def test_a_norm_flag_that_is_no_boolean_is_a_config_error_naming_the_key(name, raw):
+    from stare_verl.config import StareConfigError
+    from stare_verl.estimator import group_baseline
+
+    algo = {"adv_estimator": METHODS[name].estimator or "stare", "norm_adv_by_std_in_grpo": raw, "stare": {}}
+    with pytest.raises(StareConfigError, match=r"algorithm\.norm_adv_by_std_in_grpo must be a boolean") as err:
+        group_baseline(algo)
+    assert repr(raw) in str(err.value)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("false", False), ("0", False), (0, False), ("TRUE", True), (1, True),
+                                               ("maybe", None), (2, None), (None, None)])  # fmt: skip
+def test_stare_boolean_keys_take_the_same_reading(raw, expected):
+    """``algorithm.stare.adaptive`` and ``algorithm.stare.norm_adv_by_std_in_grpo`` (null there: follow the
+    algorithm's key) read as ``config_bool`` reads them; a method setting (``stare:adaptive=false``) too."""
+    from stare_verl.config import StareConfig, StareConfigError, parse_stare_config
+
+    kw = {"reweight_w": 1.2, "reweight_m": 0.9}
+    if expected is None:
+        with pytest.raises(StareConfigError, match=r"algorithm\.stare\.adaptive: .*must be a boolean"):
+            parse_stare_config({"stare": {"adaptive": raw, **kw}})
+    else:
+        assert parse_stare_config({"stare": {"adaptive": raw, **kw}}).adaptive is expected
+        assert parse_stare_config({"norm_adv_by_std_in_grpo": True, "stare": {"norm_adv_by_std_in_grpo": raw}}
+                                  ).norm_adv_by_std_in_grpo is expected  # fmt: skip
+        assert parse_method_spec(f"stare:adaptive={raw}").config.adaptive is expected
+    assert parse_stare_config({"norm_adv_by_std_in_grpo": "false", "stare": {"norm_adv_by_std_in_grpo": None}}
+                              ).norm_adv_by_std_in_grpo is False  # fmt: skip
+    assert StareConfig().norm_adv_by_std_in_grpo is None
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, False), ("false", False), (0, False), ("true", True), (1, True)])
+def test_bypass_mode_is_read_by_the_same_reader(raw, expected):
+    from stare_verl.config import ConfigBoolError, read_bool
+
+    rc = {} if raw is None else {"bypass_mode": raw}
+    assert read_bool(rc, "bypass_mode", False, "algorithm.rollout_correction") is expected
+    assert read_bool(None, "bypass_mode", False, "algorithm.rollout_correction") is False
+    with pytest.raises(ConfigBoolError, match=r"algorithm\.rollout_correction\.bypass_mode must be a boolean"):
+        read_bool({"bypass_mode": "maybe"}, "bypass_mode", False, "algorithm.rollout_correction")
+
+
+@pytest.mark.parametrize(("estimator", "raw", "ok"), [
+    ("forking", "maybe", False), ("forking", 2, False), ("stare", "maybe", False), ("entropy_adv", None, False),
+    ("forking", 0, True), ("forking", "false", True), ("stare", 0, True),
+    ("grpo", "'false'", False),  # verl's own estimator reads a string by truthiness: refused
+])  # fmt: skip
+def test_stare_verl_check_reads_the_key_with_the_same_reader(estimator, raw, ok, capsys):
+    from stare_verl.jobs.cli import main
+
+    value = "null" if raw is None else raw
+    rc = main(["check", "cpu/shortcot_tiny_grpo", f"algorithm.adv_estimator={estimator}",
+               f"algorithm.norm_adv_by_std_in_grpo={value}"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == (0 if ok else 1), err
+    if not ok:
+        assert "algorithm.norm_adv_by_std_in_grpo" in err
+    else:  # 0 and "false": Dr.GRPO for forking as for STARE
+        assert out.startswith("ok: ") and "baseline Dr.GRPO" in out

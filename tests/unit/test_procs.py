@@ -166,7 +166,12 @@ if which == "stare-verl":
 
 @pytest.mark.parametrize("entry", ["train", "compare", "sft", "eval", "stare-verl"])
 def test_every_driver_turns_an_inherited_ignored_sigint_into_an_interrupt(tmp_path, entry):
-    """train, compare, sft, eval (and the stare-verl script) started with SIGINT ignored still stop on SIGINT."""
+    """train, compare, sft, eval (and the stare-verl script) started with SIGINT ignored still stop on SIGINT.
+
+    Two contracts: the user-facing commands train and compare (and ``stare-verl train``) end a stop that reaches
+    them from their work (``train_cpu`` raises it to its caller before RL) with one line and status 130, never a
+    traceback; the stand-ins of sft and eval replace the function that reports the stop (``sft._train``,
+    ``evaluation.cli.run``), so there the interrupt itself reaches the top: the helper's contract is to raise it."""
     proc = subprocess.Popen([sys.executable, "-c", _ENTRY, entry, str(tmp_path / "out")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_ignore_sigint)  # fmt: skip
     try:
@@ -176,7 +181,63 @@ def test_every_driver_turns_an_inherited_ignored_sigint_into_an_interrupt(tmp_pa
         assert line.split() == ["ready", "True"]
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-        assert proc.returncode != 0 and "KeyboardInterrupt" in err
+        if entry in ("train", "compare", "stare-verl"):
+            assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err
+            assert [ln for ln in err.splitlines() if "interrupted" in ln] == [err.strip().splitlines()[-1]]
+            assert "interrupted (signal SIGINT) before RL" in err
+        else:
+            assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# The real train / compare up to the cold-start SFT, whose stand-in starts a math-verify worker (a child process, as
+# the SFT's demonstration check starts one), reports its pid and then trains "for minutes".
+_SFT_STOP = """
+import os, sys, time
+from stare_verl.jobs.demo import sft as demo_sft
+def slow_sft(cfg, *a, **k):
+    from envs.scoring import verify
+    assert verify.prewarm(wait_s=120)
+    pids = [w.proc.pid for w in verify.get_pool()._all]
+    print("sft", *pids, flush=True)
+    time.sleep(300)
+demo_sft.ensure_sft_checkpoint = slow_sft
+which, out = sys.argv[1], sys.argv[2]
+if which == "train":
+    from stare_verl.jobs import train
+    sys.exit(train.main(["--cpu", "--family", "shortcot", "--steps", "2", "--run-dir", out]))
+from stare_verl.jobs import compare
+sys.exit(compare.main(["--family", "shortcot", "--seeds", "0", "--steps", "2", "--out", out]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("entry", ["train", "compare"])
+def test_a_stop_during_the_cold_start_sft_ends_with_one_line_and_130(tmp_path, entry, sig):
+    """Ctrl-C or a kill during the cold-start SFT (minutes, before RL's own stop handling) ends train and compare as
+    a stop during RL does: one line, status 130, no traceback, and the SFT's child processes gone."""
+    proc = subprocess.Popen([sys.executable, "-c", _SFT_STOP, entry, str(tmp_path / "out")], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        while line and not line.startswith("sft"):  # the driver prints its plan first
+            line = proc.stdout.readline()
+        children = [int(x) for x in line.split()[1:]]
+        assert children, "the SFT stand-in never started"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err
+        last = err.strip().splitlines()[-1]
+        assert f"interrupted (signal {sig.name}) before RL" in last and "the same command starts it again" in last
+        assert sum("interrupted" in ln for ln in err.splitlines()) == 1
+        assert last.startswith("[train-shortcot]" if entry == "train" else "[compare stare-seed0]")
+        deadline = time.time() + 30
+        while any(_alive(c) for c in children) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(c) for c in children)  # nothing left running
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -65,6 +65,7 @@ class EvalReport:
         wall_s: seconds. With several samples per problem (``samples_per_problem`` k > 1, see
         :func:`evaluate_model`) the means are over all n = problems x k episodes (``accuracy`` is then avg@k)
         and ``pass_at_k`` maps each reported k' (powers of two below k, and k) to the mean unbiased pass@k'.
+        unverified: episodes the answer checker gave no verdict (``EvalRecord.verdict``; counted as wrong).
     """
 
     n: int
@@ -81,6 +82,7 @@ class EvalReport:
     wall_s: float = 0.0
     samples_per_problem: int = 1
     pass_at_k: dict[int, float] = field(default_factory=dict)
+    unverified: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready)."""
@@ -110,6 +112,7 @@ def _report(records: Sequence[EvalRecord], temperature: float, wall_s: float) ->
         mean_response_tokens=statistics.fmean(r.tokens or 0 for r in records),
         per_task={t: statistics.fmean(float(r.correct) for r in records if _task(r) == t) for t in tasks},
         wall_s=wall_s,
+        unverified=sum(r.verdict == "unverified" for r in records),
     )
 
 

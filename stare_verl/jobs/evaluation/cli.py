@@ -173,7 +173,13 @@ def run(a: argparse.Namespace) -> int:
         ResumeMismatch,
         load_problems,
     )
-    from stare_verl.jobs.evaluation.summary import format_table, partial_pass_at, summarize, write_summary
+    from stare_verl.jobs.evaluation.summary import (
+        format_table,
+        partial_pass_at,
+        summarize,
+        unverified_notes,
+        write_summary,
+    )
 
     out: Path | None = None
     try:
@@ -233,6 +239,8 @@ def run(a: argparse.Namespace) -> int:
     for note in partial_pass_at(summary):
         why = ": that pass@k is over those problems only (marked * in the table)" if " covers " in note else ""
         print(f"warning: {note}{why}", file=sys.stderr)
+    for note in unverified_notes(summary):
+        print(f"warning: {note}", file=sys.stderr)
     print(format_table(summary))
     print(f"samples: {out}\nsummary: {path}")
     return 0

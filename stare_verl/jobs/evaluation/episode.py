@@ -19,7 +19,10 @@ One sample = one episode of one problem (:class:`EvalProblem`), driven by :func:
    each turn without its tool calls and special-token strings (``envs.tool_use.parser.turn_reward_text``,
    joined with newlines, as the training loop's ``model_response_text``); for plain rows the turn's text
    without special-token strings (verl's single-turn reward decodes without special tokens). Tool output is
-   never credited.
+   never credited. The record keeps the verdict's kind (:func:`verdict_of`): ``correct``, ``wrong``, or
+   ``unverified`` when the answer checker gave none (its time ran out, its worker crashed or failed): such a
+   sample scores as wrong, as in training, but is counted apart and scored again (:func:`rescore_record`, from
+   the stored response) when the evaluation resumes.
 
 The result is one :class:`EvalRecord` (the evaluation's only record schema; :data:`RECORD_KEYS`), written by
 the API evaluation (``runner.run_api_eval``), the local-checkpoint evaluation (``local.run_local_eval``) and
@@ -40,9 +43,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "CONTEXT_FULL",
@@ -55,15 +58,22 @@ __all__ = [
     "Sample",
     "TurnRequest",
     "TurnResult",
+    "UNVERIFIED",
+    "VERDICTS",
+    "rescore_record",
     "run_episode",
     "run_samples",
     "score_sample",
     "tool_schema_dicts",
+    "verdict_of",
 ]
 
 CUT_REASONS = ("length", "max_tokens", "abort", "aborted")  # finish reasons of a turn cut (or aborted) by the server
 CONTEXT_FULL = "context_length"  # no turn: the server's context window is full (the episode counts as cut)
 NO_BUDGET = "budget"  # no turn: the context already fills the token budget (the episode ends on "length")
+VERDICTS = ("correct", "wrong", "unverified")  # EvalRecord.verdict
+UNVERIFIED = "unverified"  # the answer checker gave no verdict: scored as wrong, counted apart, re-scored on resume
+NO_VERDICT_METHODS = ("timeout", "error")  # envs.scoring.verify's methods of a checker that gave no verdict
 
 
 @dataclass
@@ -115,6 +125,11 @@ class EvalRecord(BaseModel):
     extracted_answer: str = Field("", description="the normalised answer the scorer read ('' when none)")
     has_answer: bool = False
     correct: bool = Field(False, description="envs.reward acc")
+    verdict: Literal["correct", "wrong", "unverified"] = Field(
+        "wrong", description="correct | wrong | unverified (the answer checker gave no verdict: its time ran out or "
+        "it failed; scored as wrong, counted apart in the summary and scored again on resume)")
+    verify_method: str = Field("", description="how the checker decided (envs.scoring.verify: exact, numeric, "
+                               "math_verify, empty, ...) or why it did not (timeout, error)")
     score: float = Field(0.0, description="the training reward (overlong penalty included when configured)")
     finish_reason: str = Field("", description="of the last turn ('stop', 'length', ..., 'context_length')")
     truncated: bool = Field(False, description="the last turn was cut by the length limit (or aborted)")
@@ -133,6 +148,20 @@ class EvalRecord(BaseModel):
         default_factory=dict, description='envs.scoring.reflection counts of "response" (per word and "total")'
     )
     error: str | None = Field(None, description="why a sample ended early (e.g. the server's context message)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_verdict(cls, data: Any) -> Any:
+        """A record built without a verdict takes it from ``correct`` (correct / wrong)."""
+        if isinstance(data, dict) and "verdict" not in data:
+            data = {**data, "verdict": "correct" if data.get("correct") is True else "wrong"}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EvalRecord:
+        if (self.verdict == "correct") != self.correct:
+            raise ValueError(f"verdict {self.verdict!r} contradicts correct={self.correct}")
+        return self
 
 
 RECORD_KEYS: tuple[str, ...] = tuple(EvalRecord.model_fields)
@@ -218,6 +247,40 @@ def score_sample(problem: EvalProblem, text: str, info: Mapping[str, Any], rewar
     if fam.tool_use:
         extra[MODEL_TEXT_KEY] = text
     return fam.compute_score(problem.data_source, text, problem.ground_truth, extra, **dict(reward_kwargs))
+
+
+def verdict_of(score: Mapping[str, Any]) -> tuple[str, str]:
+    """``(verdict, verify_method)`` of a reward dict (``envs.reward.compute_score``'s keys ``acc``,
+    ``timed_out``, ``verify_method``): ``"correct"`` when ``acc``; ``"unverified"`` when the checker gave no
+    verdict (``timed_out``, or a method of :data:`NO_VERDICT_METHODS`: its time ran out, its worker crashed or it
+    failed); else ``"wrong"`` (an empty ground truth, ``no_ground_truth``, is the data's fault: wrong, as the
+    reward scores it). Never raises."""
+    method = str(score.get("verify_method", "") or "")
+    if bool(score.get("acc", False)):
+        return "correct", method
+    if bool(score.get("timed_out", False)) or method in NO_VERDICT_METHODS:
+        return UNVERIFIED, method
+    return "wrong", method
+
+
+def rescore_record(problem: EvalProblem, record: Mapping[str, Any], reward_kwargs: Mapping[str, Any]) -> dict:
+    """``record`` (a dict of :data:`RECORD_KEYS`) of ``problem`` scored again from its stored ``response``, as the
+    episode scored it: ``hit_eos`` is ``not truncated``, the finish reason and the model-token count (``tokens``)
+    as recorded. Returns a new dict whose ``extracted_answer``, ``has_answer``, ``correct``, ``verdict``,
+    ``verify_method`` and ``score`` are the new scoring's; the rest is ``record``'s.
+
+    Raises:
+        ValueError: invalid reward options.
+    """
+    info: dict[str, Any] = {"hit_eos": not record.get("truncated", False),
+                            "finish_reason": record.get("finish_reason") or None}
+    if record.get("tokens") is not None:
+        info["response_length"] = int(record["tokens"])
+    score = score_sample(problem, str(record.get("response", "")), info, reward_kwargs)
+    verdict, method = verdict_of(score)
+    return {**record, "extracted_answer": str(score.get("pred", "") or ""),
+            "has_answer": bool(score.get("has_answer", False)), "correct": verdict == "correct",
+            "verdict": verdict, "verify_method": method, "score": float(score.get("score", 0.0))}
 
 
 def tool_schema_dicts(runner: Any) -> list[dict[str, Any]]:
@@ -342,6 +405,7 @@ async def run_episode(
     score = await asyncio.to_thread(score_sample, p, text, info, reward_kwargs or {})
     refl = {k: int(score.get(f"reflect_{k}", 0)) for k in REFLECTION_PATTERNS}
     refl["total"] = int(score.get("reflect_total", 0))
+    verdict, method = verdict_of(score)
     return EvalRecord(
         problem_id=p.problem_id,
         problem_index=p.index,
@@ -352,7 +416,9 @@ async def run_episode(
         response=text,
         extracted_answer=str(score.get("pred", "") or ""),
         has_answer=bool(score.get("has_answer", False)),
-        correct=bool(score.get("acc", False)),
+        correct=verdict == "correct",
+        verdict=verdict,
+        verify_method=method,
         score=float(score.get("score", 0.0)),
         finish_reason=finish_reason,
         truncated=st.truncated,

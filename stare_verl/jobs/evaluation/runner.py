@@ -25,7 +25,10 @@ file's path and the SHA-256 of its bytes, the sampling and episode settings). Ru
 and settings to resume: answered (problem_id, sample_index) pairs are not asked again, a torn last line is
 dropped, a line that is no valid record (bad JSON, a missing key, a field of the wrong type) is skipped, counted
 and warned about (its sample runs again), and of two records of one pair the first in the file counts
-(``metrics.unique_records``, the one rule of every count). Other settings, data whose content changed, or
+(``metrics.unique_records``, the one rule of every count). A sample the answer checker gave no verdict
+(``verdict: "unverified"``: a timeout or a failed checker) is scored again from its stored response
+(:func:`rescore_unverified`) and its line rewritten; a record of an earlier version without a ``verdict``
+is read as correct when ``correct``, else as unverified (scored again). Other settings, data whose content changed, or
 samples without their settings file raise :class:`ResumeMismatch` naming what differs and how to start
 afresh (a larger ``k`` is allowed: only the new samples run).
 """
@@ -54,11 +57,13 @@ from stare_verl.jobs.evaluation.episode import (
     CONTEXT_FULL,
     NO_BUDGET,
     RECORD_KEYS,
+    UNVERIFIED,
     EvalProblem,
     EvalRecord,
     Sample,
     TurnRequest,
     TurnResult,
+    rescore_record,
     run_samples,
     score_sample,
 )
@@ -81,6 +86,7 @@ __all__ = [
     "pending_samples",
     "record_order",
     "record_samples",
+    "rescore_unverified",
     "resume_split",
     "run_api_eval",
     "sample_seed",
@@ -276,6 +282,12 @@ def load_problems(path: str | Path, limit: int | None = None, tools: str = "auto
 # ------------------------------------------------------------------------------------------- results
 
 
+def _legacy_verdict(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """The verdict of a record written before records kept one: ``correct`` when it was correct, else
+    ``unverified`` (a checker that gave no verdict was then stored as wrong: it is scored again)."""
+    return {"verdict": "correct" if rec.get("correct") is True else UNVERIFIED, "verify_method": "not_recorded"}
+
+
 class ResultsFile:
     """The per-sample JSONL file and its ``.meta.json`` (settings fingerprint).
 
@@ -371,6 +383,8 @@ class ResultsFile:
                 rec, why = None, "not JSON"
             if why is None and not isinstance(rec, dict):
                 why = f"a JSON {type(rec).__name__}, not an object"
+            if why is None and "verdict" not in rec:  # an earlier version's record: no verdict kept
+                rec = {**rec, **_legacy_verdict(rec)}
             if why is None:
                 missing = [k for k in RECORD_KEYS if k not in rec]
                 if missing:
@@ -403,6 +417,34 @@ class ResultsFile:
             with self.path.open("r+b") as f:
                 f.truncate(len(keep))
         return unique
+
+    def replace(self, records: Mapping[tuple[str, int], Mapping[str, Any]]) -> int:
+        """Rewrite the line of each ``(problem_id, sample_index)`` of ``records`` (its first valid record in the
+        file, the one :meth:`load` reads) with the new record; every other line stays as it is. Atomic (a
+        temporary file renamed over the results). Returns the number of lines replaced."""
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        if not records or not self.path.exists():
+            return 0
+        data = self.path.read_bytes()
+        lines = data[: data.rfind(b"\n") + 1].splitlines()
+        todo = {(str(k[0]), int(k[1])): v for k, v in records.items()}
+        out, n = [], 0
+        for line in lines:
+            try:
+                rec = json.loads(line)
+                key = (str(rec["problem_id"]), int(rec["sample_index"])) if isinstance(rec, dict) else None
+            except (ValueError, KeyError, TypeError):
+                key = None
+            if key is not None and key in todo:
+                line = json.dumps(todo.pop(key), ensure_ascii=False, default=str).encode()
+                n += 1
+            out.append(line + b"\n")
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(b"".join(out))
+        os.replace(tmp, self.path)
+        return n
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Write one record as a line and flush it (a crash afterwards keeps it)."""
@@ -580,13 +622,46 @@ def pending_samples(problems: Sequence[EvalProblem], k: int, done: Sequence[Mapp
     return [(p, j) for p in problems for j in range(k) if (p.problem_id, j) not in have]
 
 
+def rescore_unverified(
+    problems: Sequence[EvalProblem], settings: EvalSettings, results: ResultsFile, done: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``done`` with every ``unverified`` record (the answer checker gave no verdict) scored again from its stored
+    response (``episode.rescore_record``, ``settings.reward_kwargs``); the records whose scoring changed are
+    rewritten in ``results`` (:meth:`ResultsFile.replace`). A sample still unverified stays so (scored again on
+    the next resume). Logs how many were scored again and how many are left unverified.
+
+    Raises:
+        ValueError: invalid reward options.
+    """
+    by_id = {p.problem_id: p for p in problems}
+    out, changed, n_again = [], {}, 0
+    for r in done:
+        problem = by_id.get(str(r["problem_id"]))
+        if r.get("verdict") == UNVERIFIED and problem is not None:
+            n_again += 1
+            row = EvalRecord.model_validate(rescore_record(problem, r, settings.reward_kwargs)).model_dump()
+            if row != r:
+                changed[(str(r["problem_id"]), int(r["sample_index"]))] = row
+            r = row
+        out.append(r)
+    if changed:
+        results.replace(changed)
+    if n_again:
+        left = sum(r["verdict"] == UNVERIFIED for r in out)
+        logger.warning("%s: scored %d unverified sample(s) again from their stored responses; %d still unverified",
+                       results.path, n_again, left)
+    return out
+
+
 def resume_split(
     problems: Sequence[EvalProblem], settings: EvalSettings, results: ResultsFile
 ) -> tuple[list[dict[str, Any]], list[Sample]]:
-    """What ``results`` already holds for ``problems`` (records with sample_index < k) and the samples still
-    to run (problem-major; sample j of problem i asked with ``sample_seed(settings.seed, i, j)``)."""
+    """What ``results`` already holds for ``problems`` (records with sample_index < k; unverified ones scored
+    again, :func:`rescore_unverified`) and the samples still to run (problem-major; sample j of problem i asked
+    with ``sample_seed(settings.seed, i, j)``)."""
     wanted = {p.problem_id for p in problems}
     done = [r for r in results.load() if r["problem_id"] in wanted and int(r["sample_index"]) < settings.k]
+    done = rescore_unverified(problems, settings, results, done)
     todo = [Sample(p, j, sample_seed(settings.seed, p.index, j)) for p, j in pending_samples(problems, settings.k, done)]
     return done, todo
 
@@ -629,15 +704,20 @@ async def record_samples(
     bar = tqdm(total=total, initial=total - len(todo), desc=desc, unit="sample", disable=not progress,
                dynamic_ncols=True)
     n_correct = sum(bool(r["correct"]) for r in done)
+    n_unverified = sum(r.get("verdict") == UNVERIFIED for r in done)
 
     def written(rec: EvalRecord) -> None:
-        nonlocal n_correct
+        nonlocal n_correct, n_unverified
         row = rec.model_dump()
         results.append(row)
         new.append(row)
         n_correct += row["correct"]
+        n_unverified += row["verdict"] == UNVERIFIED
         bar.update(1)
-        bar.set_postfix(acc=f"{n_correct / max(1, len(done) + len(new)):.3f}", refresh=False)
+        post = {"acc": f"{n_correct / max(1, len(done) + len(new)):.3f}"}
+        if n_unverified:
+            post["unverified"] = n_unverified
+        bar.set_postfix(post, refresh=False)
         if on_record is not None:
             on_record(row)
 

@@ -13,6 +13,10 @@ over all rows ("all"), each (problem_id, sample_index) once (``metrics.unique_re
     mean_tokens                 model-generated tokens per sample (usage.completion_tokens; None if unknown)
     mean_chars                  characters of the scored response per sample
     truncated_rate, answer_rate share of samples cut by the length limit / with an extracted answer
+    unverified                  samples the answer checker gave no verdict (``verdict: "unverified"``: its time
+                                ran out or it failed); they count as wrong in avg@k and pass@k, as in training,
+                                and are scored again when the evaluation resumes
+    unverified_why              {verify_method: samples} of those (timeout, error)
     reflections                 {word: mean count per sample} of envs.scoring.reflection (+ "total")
     tools                       {mean_calls, mean_executed, error_rate (errors per call), malformed_rate,
                                  timeouts, samples_with_calls (share), mean_turns, accuracy_with_calls,
@@ -29,7 +33,7 @@ from typing import Any
 
 from stare_verl.jobs.evaluation.metrics import aggregate_problems, default_ks, mean_pass_at_k, unique_records
 
-__all__ = ["format_table", "partial_pass_at", "summarize", "write_summary"]
+__all__ = ["format_table", "partial_pass_at", "summarize", "unverified_notes", "write_summary"]
 
 
 def _group(records: Sequence[Mapping[str, Any]], ks: Sequence[int] | None) -> dict[str, Any]:
@@ -47,6 +51,11 @@ def _group(records: Sequence[Mapping[str, Any]], ks: Sequence[int] | None) -> di
     calls = sum(int(r.get("tool_calls") or 0) for r in records)
     with_calls = [r for r in records if int(r.get("tool_calls") or 0) > 0]
     without = [r for r in records if int(r.get("tool_calls") or 0) == 0]
+    unverified = [r for r in records if r.get("verdict") == "unverified"]
+    why: dict[str, int] = {}
+    for r in unverified:
+        key = str(r.get("verify_method") or "unknown")
+        why[key] = why.get(key, 0) + 1
     return {
         "problems": len(problems),
         "samples": len(records),
@@ -59,6 +68,8 @@ def _group(records: Sequence[Mapping[str, Any]], ks: Sequence[int] | None) -> di
         "mean_chars": fmean(int(r.get("chars") or 0) for r in records) if records else None,
         "truncated_rate": fmean(bool(r.get("truncated")) for r in records) if records else None,
         "answer_rate": fmean(bool(r.get("has_answer")) for r in records) if records else None,
+        "unverified": len(unverified),
+        "unverified_why": dict(sorted(why.items())),
         "reflections": {k: fmean(int((r.get("reflections") or {}).get(k, 0)) for r in records) for k in refl_keys},
         "tools": {
             "mean_calls": calls / len(records) if records else 0.0,
@@ -131,16 +142,34 @@ def partial_pass_at(summary: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def unverified_notes(summary: Mapping[str, Any]) -> list[str]:
+    """One line per group (data source, and "all" when there are several) with unverified samples, e.g.
+    ``"aime24: 3 of 64 samples unverified (timeout 2, error 1): the answer checker gave no verdict; counted as
+    wrong in avg@k and pass@k, scored again when the same command runs again"``. Empty when there are none."""
+    out = []
+    groups = summary["groups"]
+    names = [n for n in groups if n != "all"]
+    for name in names + (["all"] if len(names) > 1 else []):
+        g = groups[name]
+        n = int(g.get("unverified") or 0)
+        if n:
+            why = ", ".join(f"{k} {v}" for k, v in (g.get("unverified_why") or {}).items())
+            out.append(f"{name}: {n} of {g['samples']} samples unverified ({why}): the answer checker gave no "
+                       "verdict; counted as wrong in avg@k and pass@k, scored again when the same command runs again")
+    return out
+
+
 def format_table(summary: Mapping[str, Any]) -> str:
     """A fixed-width terminal table: one row per data source (and "all"); accuracies in percent.
 
     A pass@k that covers only some problems of its row (the others have fewer than k samples) is marked with
     ``*`` and explained under the table with the counts (``partial_pass_at``), never shown as if it covered
-    every problem.
+    every problem. The ``unverif`` column counts the samples the answer checker gave no verdict, explained under
+    the table when there are any (:func:`unverified_notes`).
     """
     groups = summary["groups"]
     ks = sorted({int(k) for g in groups.values() for k in g["pass@k"] if k.isdigit()})
-    head = ["data_source", "problems", "k", "avg@k", *[f"pass@{k}" for k in ks], "tokens", "trunc%",
+    head = ["data_source", "problems", "k", "avg@k", *[f"pass@{k}" for k in ks], "unverif", "tokens", "trunc%",
             "reflect", "tool calls", "tool err%"]
     rows = []
     names = [n for n in groups if n != "all"]
@@ -149,7 +178,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
         rows.append([
             name, str(g["problems"]), str(g["k"]), _fmt(g["avg@k"]),
             *[_fmt(g["pass@k"].get(str(k))) + ("*" if _partial(g, k) is not None else "") for k in ks],
-            _fmt(g["mean_tokens"], pct=False), _fmt(g["truncated_rate"]),
+            str(int(g.get("unverified") or 0)), _fmt(g["mean_tokens"], pct=False), _fmt(g["truncated_rate"]),
             _fmt(g["reflections"].get("total"), pct=False),
             f"{g['tools']['mean_calls']:.2f}", _fmt(g["tools"]["error_rate"]),
         ])
@@ -159,6 +188,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
     for r in rows:
         out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
     out += [f"* {note}" for note in partial_pass_at(summary)]
+    out += [f"! {note}" for note in unverified_notes(summary)]
     return "\n".join(out)
 
 
