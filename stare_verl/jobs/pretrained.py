@@ -11,8 +11,6 @@ model starts between roughly 10% and 60% correct), how they are scored and which
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,24 +60,6 @@ class PretrainedRun:
         """The model's entry for ``summary.json``."""
         return {"spec": self.model.spec, "name": self.model.name, "path": str(self.model.path),
                 "registered": self.model.entry is not None}  # fmt: skip
-
-
-def eval_before(pr: PretrainedRun, run_eval_file: Path, n: int, samples: int) -> dict[str, Any]:
-    """The held-out evaluation of the model before RL, cached in the run folder (``run_eval_file``) with the
-    settings it was made with: a file made with another ``n`` or ``samples`` is evaluated again."""
-    key = {"n": n, "samples": samples, "model": str(pr.model.path)}
-    if run_eval_file.is_file():
-        try:
-            saved = json.loads(run_eval_file.read_text())
-            if isinstance(saved, dict) and saved.get("_settings") == key:
-                return {k: v for k, v in saved.items() if k != "_settings"}
-        except ValueError:
-            pass  # torn or foreign: evaluate again
-    ev = pr.evaluate(pr.model.path, n, samples)
-    tmp = run_eval_file.with_name(f".{run_eval_file.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**ev, "_settings": key}, indent=1))
-    os.replace(tmp, run_eval_file)
-    return ev
 
 
 def pretrained_defaults(args: argparse.Namespace) -> argparse.Namespace:

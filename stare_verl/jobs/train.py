@@ -454,13 +454,15 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         return 0
     sft_cfg = sft_config(args, family)
     if pretrained is not None:
-        from stare_verl.jobs.pretrained import eval_before as pretrained_eval_before
-
         print(f"[{name}] --model {pretrained.model.name} ({pretrained.model.path}): RL on the family's pretrained "
               "task, no cold-start SFT", flush=True)  # fmt: skip
         phases: dict[str, float] = {}
         with _timed(phases, "eval_before"):
-            before = pretrained_eval_before(pretrained, run.eval_before, args.n_eval, args.eval_samples)
+            key = {"model": str(pretrained.model.path), "task": pretrained.family.cpu_recipe, "n_eval": args.n_eval,
+                   "eval_samples": args.eval_samples, "temperatures": [0, 1]}  # fmt: skip
+            before = cached_eval_before(
+                run.eval_before, key, lambda: pretrained.evaluate(pretrained.model.path, args.n_eval, args.eval_samples)
+            )
         print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
         return _train_tiny_recipe(args, backend, sft_cfg, pretrained.model.path, run, recipe, name, t0, before,
                                   phases, pretrained=pretrained)  # fmt: skip
@@ -487,19 +489,10 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     # --max-turns or SFT checkpoint: a resumed run given other options) is evaluated again, never reused
     key = {"sft_checkpoint": str(Path(sft_dir).resolve()), "n_eval": args.n_eval, "eval_samples": args.eval_samples,
            "eval_turns": fam.eval_turns(args.max_turns), "temperatures": [0, 1]}  # fmt: skip
-    key_file = eval_before.with_name(eval_before.name.removesuffix(".json") + ".key.json")
     with _timed(phases, "eval_before"):
-        try:
-            cached = eval_before.is_file() and json.loads(key_file.read_text()) == key
-        except (OSError, ValueError):
-            cached = False  # no key (an earlier version's cache) or a torn one: evaluated again
-        if not cached:
-            key_file.unlink(missing_ok=True)
-            eval_before.write_text(
-                json.dumps(_evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns, args.eval_samples), indent=1)
-            )
-            key_file.write_text(json.dumps(key))
-        before = json.loads(eval_before.read_text())
+        before = cached_eval_before(
+            eval_before, key, lambda: _evaluate_sft(sft_dir, sft_cfg, args.n_eval, args.max_turns, args.eval_samples)
+        )
     print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
     return _train_tiny_recipe(args, backend, sft_cfg, sft_dir, run, recipe, name, t0, before, phases)
 
@@ -540,6 +533,23 @@ def pretrained_run_planned(args: argparse.Namespace, fam):
             raise
         resolved = resolve_model(args.model, require_prepared=False)
         return PretrainedRun(family=fam.for_pretrained(), model=resolved, cache_dir=Path("."))
+
+
+def cached_eval_before(path: Path, key: dict[str, Any], evaluate) -> dict[str, Any]:
+    """The run's held-out evaluation before RL (``path``, ``eval_before.json``), made by ``evaluate()`` unless a file
+    made with the same settings ``key`` is there (``eval_before.key.json`` beside it): a cached one of other settings
+    (another --eval-samples, --n-eval, --max-turns or model: a resumed run given other options) is evaluated again,
+    never reused."""
+    key_file = path.with_name(path.name.removesuffix(".json") + ".key.json")
+    try:
+        cached = path.is_file() and json.loads(key_file.read_text()) == key
+    except (OSError, ValueError):
+        cached = False  # no key (an earlier version's cache) or a torn one: evaluated again
+    if not cached:
+        key_file.unlink(missing_ok=True)
+        path.write_text(json.dumps(evaluate(), indent=1))
+        key_file.write_text(json.dumps(key))
+    return json.loads(path.read_text())
 
 
 def with_rollout(args: argparse.Namespace, backend: RunBackend) -> tuple[RunBackend, str | None]:
