@@ -258,8 +258,10 @@ def _group_advantage(
     # None (a StareConfig built by hand) means verl's default, std-normalised GRPO
     kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": cfg.norm_adv_by_std_in_grpo is not False}
     codes, n_groups = verl_group_codes(index)  # verl's own grouping of these uids, used for every step below
+    # verl's function sums its rewards along the row first: handed the row sums as [B, 1] it sums one entry per
+    # row (the same value, bit for bit), so the [B, T] rewards are read once, here, not twice
     if n_bad == 0:
-        adv, _ = compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, **kw)
+        adv, _ = compute_grpo_vectorized_outcome_advantage(scores[:, None], response_mask, index, **kw)
     else:
         adv = torch.zeros_like(token_level_rewards)
         keep = (~bad).nonzero(as_tuple=True)[0]
@@ -267,9 +269,7 @@ def _group_advantage(
             # the codes of the whole batch, not the subset's uids: verl's rule depends on the whole array
             # (["1", "01"] share a group, ["1", "01", "a"] do not), so the finite responses keep the batch's groups
             idx = codes[keep.cpu().numpy()]
-            sub, _ = compute_grpo_vectorized_outcome_advantage(
-                token_level_rewards[keep], response_mask[keep], idx, **kw
-            )
+            sub, _ = compute_grpo_vectorized_outcome_advantage(scores[keep][:, None], response_mask[keep], idx, **kw)
             adv[keep] = sub.to(adv.dtype)
     scores_np = scores.detach().double().cpu().numpy()
     if n_bad:
@@ -284,5 +284,9 @@ def _group_advantage(
     zero_var = zero_variance_groups(scores_np, codes, n_groups, ~bad.cpu().numpy(), cfg.zero_variance_tol)
     rows = zero_var[codes]
     if rows.any():
-        adv[torch.from_numpy(rows).to(adv.device)] = 0.0
+        # on the CPU through a NumPy view: a memset per row, not a torch index-put over [B, T]
+        if adv.device.type == "cpu" and adv.dtype in (torch.float32, torch.float64):
+            adv.numpy()[rows] = 0.0
+        else:
+            adv[torch.from_numpy(rows).to(adv.device)] = 0.0
     return adv, n_bad, float(np.count_nonzero(zero_var)) / max(n_groups, 1)

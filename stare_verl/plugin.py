@@ -1,7 +1,7 @@
 """verl plugin (entry point group ``verl.plugins``): loaded by ``import verl`` in every process.
 
 Importing this module calls :func:`register`, which registers, by explicit calls: the CPU backend (only with
-``VERL_PLATFORM=cpu``), the entropy-control methods' advantage estimators (``stare``, ``forking``, ``entropy_adv``, ``adaptive_entropy``) and the ``stare_*`` trainer modes (with the trainer
+``VERL_PLATFORM=cpu``), the entropy-control methods' advantage estimators (``stare``, ``forking``, ``entropy_adv``, ``adaptive_entropy``, ``repo_r``) and the ``stare_*`` trainer modes (with the trainer
 guard), and the ``${stare_verl.recipe_file:...}`` OmegaConf resolver the recipes name their files with
 (``stare_verl.recipe_files``; verl resolves the config in its driver and its Ray workers). verl swallows plugin import errors at debug level, so failures are also logged here at error level.
 """

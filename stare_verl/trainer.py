@@ -4,7 +4,7 @@ verl's own ``_compute_advantage`` hands estimators only rewards, mask, uid and c
 exactly like verl's ``sync`` and ``colocate_async`` (they read the same ``trainer.v1.<mode>`` sections and
 replay buffers), except that when ``algorithm.adv_estimator`` names one of our methods
 (:data:`stare_verl.methods.ESTIMATORS`: STARE, the forking-token rule, the entropy advantage, the adaptive entropy
-coefficient) they also fetch the pre-update policy's ``old_log_probs`` and ``entropy``, let the method compute the
+coefficient, REPO-R) they also fetch the pre-update policy's ``old_log_probs`` and ``entropy``, let the method compute the
 advantages, log the shared ``entropy_control/*`` metrics (:func:`stare_verl.methods.metrics.entropy_dynamics`),
 pass the method's per-step settings to the actor update, and keep its controller state in verl's checkpoints
 (``global_step_N/<method.state_file>``, e.g. ``stare_state.json``). For every other estimator they defer to verl

@@ -3,7 +3,7 @@ checkpoint, the same data order and step budget for every method.
 
 Each run is ``stare_verl.jobs.train`` (the CPU default of ``--family``: ``tooluse`` by default, or ``shortcot`` /
 ``longcot``) with ``--method <name>[:key=value,...]`` (``stare_verl.methods``: grpo, stare, entropy_bonus,
-adaptive_entropy, clip_cov, kl_cov, forking, entropy_adv; the default is STARE against its GRPO-ds twin). Same
+adaptive_entropy, clip_cov, kl_cov, forking, entropy_adv, repo_r; the default is STARE against its GRPO-ds twin). Same
 seed = same SFT checkpoint, same training data order and same rollout seed for every method. Writes ``table.md``
 / ``table.json`` (per method, mean +- sd over seeds: entropy over the first and last quarter of steps and their
 ratio, mean |entropy - target| for methods with a target, the forking-token entropy, Cov(log pi, A) after the

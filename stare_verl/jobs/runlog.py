@@ -236,6 +236,7 @@ KEPT_PREFIXES = (
     "forking/",
     "entropy_adv/",
     "adaptive_entropy/",
+    "repo_r/",
     "actor/entropy_loss",
     "response_length/",
     "num_turns/",

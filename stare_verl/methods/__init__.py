@@ -18,10 +18,12 @@ from stare_verl.methods.entropy_bonus import EntropyBonus
 from stare_verl.methods.forking import Forking
 from stare_verl.methods.grpo import Grpo
 from stare_verl.methods.kl_cov import KlCov
+from stare_verl.methods.repo_r import RepoR
 from stare_verl.methods.stare import Stare
 
 METHODS: dict[str, type[EntropyControl]] = {
-    cls.name: cls for cls in (Grpo, Stare, EntropyBonus, AdaptiveEntropy, ClipCov, KlCov, Forking, EntropyAdv)
+    cls.name: cls for cls in (Grpo, Stare, EntropyBonus, AdaptiveEntropy, ClipCov, KlCov, Forking, EntropyAdv,
+                           RepoR)
 }
 """Every method by name, in the order tables list them (the baseline first)."""
 

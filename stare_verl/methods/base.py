@@ -1,7 +1,7 @@
 """The seam every entropy-control method plugs into: one class per method, registered by name.
 
 A method (GRPO-ds, STARE, entropy bonus, adaptive entropy coefficient, Clip-Cov, KL-Cov, 80/20 forking tokens,
-entropy advantage; ``../docs/entropy-methods.md`` has the formulas) is one subclass of :class:`EntropyControl`:
+entropy advantage, REPO-R; ``../docs/entropy-methods.md`` has the formulas) is one subclass of :class:`EntropyControl`:
 
 - its typed config (a frozen pydantic model, every field documented), read from ``algorithm.<name>`` of a verl
   config for the methods that act in the trainer, validated with messages that name the key;

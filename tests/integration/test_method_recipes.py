@@ -44,3 +44,6 @@ def test_the_workers_actor_config_carries_the_methods_keys():
     assert a.calculate_entropy and a.entropy_coeff == 0.0
     # the adaptive coefficient aims at the family's calibrated target unless told otherwise
     assert cfg.algorithm.adaptive_entropy.target_entropy == cfg.algorithm.stare.target_entropy == 0.11
+    cfg, _ = actor("repo_r")
+    assert cfg.algorithm.adv_estimator == "repo_r" and cfg.algorithm.repo_r.target_entropy == 0.11
+    assert (cfg.algorithm.repo_r.zeta, cfg.algorithm.repo_r.zeta_min, cfg.algorithm.repo_r.zeta_max) == (1e-3, 1e-4, 0.05)

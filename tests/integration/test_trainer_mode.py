@@ -9,6 +9,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
 from stare_verl.config import StareConfig, StareConfigError
 from stare_verl.methods.adaptive_entropy import AdaptiveEntropy, AdaptiveEntropyConfig
+from stare_verl.methods.repo_r import RepoR, RepoRConfig
 from stare_verl.methods.stare import Stare
 from stare_verl.trainer import STATE_FILE, StareTrainerColocateAsync, StareTrainerSync
 
@@ -113,3 +114,21 @@ def test_adaptive_entropy_coefficient_saved_and_restored(tmp_path, monkeypatch):
     resumed.config, resumed.entropy_method = cfg, AdaptiveEntropy(method_cfg)
     resumed._load_checkpoint()
     assert (resumed.entropy_method.coef, resumed.entropy_method.steps) == (0.03, 4)
+
+
+def test_repo_r_zeta_saved_and_restored(tmp_path, monkeypatch):
+    """REPO-R's zeta goes into verl's checkpoint folder and comes back (as STARE's controller)."""
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", lambda self: None)
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", lambda self: setattr(self, "global_steps", 3))
+    cfg = _compose(f"trainer.default_local_dir={tmp_path}", "trainer.resume_mode=auto")
+    trainer = object.__new__(StareTrainerSync)
+    trainer.config, trainer.global_steps = cfg, 3
+    trainer.entropy_method = RepoR(RepoRConfig())
+    trainer.entropy_method.zeta, trainer.entropy_method.steps = 0.008, 3
+    trainer._save_checkpoint()
+    saved = json.loads((tmp_path / "global_step_3" / "repo_r_state.json").read_text())
+    assert saved["zeta"] == 0.008 and saved["steps"] == 3
+    resumed = object.__new__(StareTrainerSync)
+    resumed.config, resumed.entropy_method = cfg, RepoR(RepoRConfig())
+    resumed._load_checkpoint()
+    assert (resumed.entropy_method.zeta, resumed.entropy_method.steps) == (0.008, 3)

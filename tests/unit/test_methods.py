@@ -1,6 +1,7 @@
 """The entropy-control methods (stare_verl.methods): registry, configs, and each method's math on fixed batches
 against its paper's formula."""
 
+import json
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ from stare_verl.methods.base import top_share_mask
 from stare_verl.methods.entropy_adv import entropy_advantages
 from stare_verl.methods.forking import forking_advantages
 from stare_verl.methods.metrics import entropy_dynamics
+from stare_verl.methods.repo_r import RepoR, RepoRConfig, next_zeta, repo_r_advantages
 
 # a fixed batch: 3 responses x 5 positions; row 2 ends with two tool-output tokens (mask 0) of high entropy
 MASK = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.float32)
@@ -23,7 +25,7 @@ LP = -torch.tensor([[0.2, 1.5, 0.4, 0.1, 3.0], [1.0, 0.3, 0.9, 4.0, 4.0], [0.5, 
 
 def test_every_method_is_registered_once_and_unknown_names_list_the_known_ones():
     assert list(METHODS) == ["grpo", "stare", "entropy_bonus", "adaptive_entropy", "clip_cov", "kl_cov", "forking",
-                             "entropy_adv"]  # fmt: skip
+                             "entropy_adv", "repo_r"]  # fmt: skip
     with pytest.raises(MethodConfigError, match="known methods: grpo, stare, entropy_bonus"):
         get_method("clipcov")
 
@@ -32,7 +34,8 @@ def test_every_method_is_registered_once_and_unknown_names_list_the_known_ones()
     ("spec", "message"),
     [("forking:rho=0", "rho"), ("forking:rh=0.2", "unknown key; allowed keys: rho"), ("kl_cov:coef=-1", "coef"),
      ("entropy_adv:kappa=0", "kappa"), ("adaptive_entropy:coef_init=1", "coef_init"), ("entropy_bonus:coef=nan", "coef"),
-     ("stare:reweight_w=0", "reweight_w"), ("forking:rho", "key=value")],
+     ("stare:reweight_w=0", "reweight_w"), ("forking:rho", "key=value"), ("repo_r:zeta=0.1", "zeta_max"),
+     ("repo_r:zeta_min=0", "zeta_min"), ("repo_r:zeta=inf", "zeta")],
 )  # fmt: skip
 def test_bad_settings_are_errors_that_name_the_key(spec, message):
     with pytest.raises(MethodConfigError, match=message):
@@ -120,6 +123,84 @@ def test_adaptive_coefficient_steps_toward_the_target_and_applies_only_below_it(
         other.load_state_dict({**state, "coef": -1.0})
 
 
+def test_repo_r_rescales_by_surprisal_by_hand():
+    adv = ADV.clone()
+    adv[0, 4] = 7.0  # a tool-output token (mask 0) with an advantage: never touched
+    out, clamped = repo_r_advantages(adv, MASK, LP, zeta=0.5)
+    # row 0 (A = 1): 1 - 0.5 log pi; row 1 (A = -0.5): -0.5 * (1 + 0.5 log pi); row 2 (A = 0): 0
+    np.testing.assert_allclose(out[0].numpy(), [1.1, 1.75, 1.2, 1.05, 7.0], rtol=1e-6)
+    np.testing.assert_allclose(out[1].numpy(), [-0.25, -0.425, -0.275, 0.0, 0.0], rtol=1e-6)
+    assert out[2].abs().sum() == 0 and not clamped.any() and adv[0, 0] == 1.0  # the input is not changed
+    # zeta 2: row 1's factors 1 + 2 log pi = -1, 0.4, -0.8 -> clamped at 0 (never a reward), 2 tokens clamped
+    out, clamped = repo_r_advantages(adv, MASK, LP, zeta=2.0)
+    np.testing.assert_allclose(out[1].numpy(), [0.0, -0.2, 0.0, 0.0, 0.0], atol=1e-7)
+    np.testing.assert_allclose(out[0].numpy(), [1.4, 4.0, 1.8, 1.2, 7.0], rtol=1e-6)
+    assert clamped.nonzero().tolist() == [[1, 0], [1, 2]]
+    # A > 0 is clamped at >= 0 too (a log-prob above 0 can only come from numerical error); NaN log-prob: unchanged
+    lp = LP.clone()
+    lp[0, 0], lp[0, 1] = 1.0, float("nan")
+    out, clamped = repo_r_advantages(adv, MASK, lp, zeta=2.0)
+    assert out[0, 0] == 0.0 and clamped[0, 0] and out[0, 1] == 1.0
+    assert repo_r_advantages(adv, MASK, LP, zeta=0.0)[0].equal(adv)  # zeta 0: GRPO
+    with pytest.raises(ValueError, match="one"):
+        repo_r_advantages(adv, MASK, LP[:, :4], 0.1)
+    with pytest.raises(ValueError, match="zeta"):
+        repo_r_advantages(adv, MASK, LP, -0.1)
+
+
+def test_repo_r_controller_doubles_below_the_target_halves_above_within_bounds():
+    cfg = RepoRConfig()  # zeta 1e-3, target 0.3, [1e-4, 0.05]
+    assert (cfg.zeta, cfg.target_entropy, cfg.zeta_min, cfg.zeta_max) == (1e-3, 0.3, 1e-4, 0.05)
+    zeta, trace = cfg.zeta, []
+    for h in (0.2, 0.2, 0.3, 0.4, float("nan"), None, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1):
+        zeta = next_zeta(zeta, h, cfg)
+        trace.append(zeta)
+    assert trace == pytest.approx([2e-3, 4e-3, 4e-3, 2e-3, 2e-3, 2e-3, 4e-3, 8e-3, 0.016, 0.032, 0.05, 0.05, 0.05])
+    zeta = 2e-4
+    for expected in (1e-4, 1e-4):  # halved to the lower bound, held there
+        zeta = next_zeta(zeta, 0.9, cfg)
+        assert zeta == pytest.approx(expected)
+    assert next_zeta(0.01, 0.1, RepoRConfig(zeta=0.01, adaptive=False)) == 0.01
+
+
+def test_repo_r_method_reads_the_entropy_of_model_tokens_only_and_keeps_zeta_across_a_resume():
+    m = RepoR(RepoRConfig(zeta=0.01, target_entropy=0.5))
+    metrics = {}
+    out = m.reshape(ADV, MASK, LP, ENT, metrics)
+    # the model tokens' mean entropy is 0.406 < 0.5 (the tool tokens' 5-9 nats would put it far above): doubled
+    assert metrics["repo_r/entropy"] == pytest.approx(4.06 / 10) and m.zeta == metrics["repo_r/zeta"] == 0.02
+    assert out[0, 1] == pytest.approx(1 + 0.02 * 1.5) and out[1, 0] == pytest.approx(-0.5 * (1 - 0.02))
+    assert metrics["repo_r/clamped_frac"] == 0.0 and metrics["repo_r/target_entropy"] == 0.5
+    assert metrics["repo_r/mean_weight_pos"] == pytest.approx(1 + 0.02 * (0.2 + 1.5 + 0.4 + 0.1) / 4)
+    assert metrics["repo_r/mean_weight_neg"] == pytest.approx(1 - 0.02 * (1.0 + 0.3 + 0.9) / 3)
+    state = json.loads(json.dumps(m.state_dict()))
+    resumed = RepoR(RepoRConfig(zeta=0.01, target_entropy=0.5))
+    resumed.load_state_dict(state)
+    assert (resumed.zeta, resumed.steps) == (0.02, 1)
+    resumed.reshape(ADV, MASK, LP, ENT, {})
+    m.reshape(ADV, MASK, LP, ENT, {})
+    assert resumed.zeta == m.zeta == 0.04
+    narrower = RepoR(RepoRConfig(zeta=0.01, zeta_max=0.015))
+    narrower.load_state_dict(state)
+    assert narrower.zeta == 0.015  # clipped into this run's bounds
+    fixed = RepoR(RepoRConfig(zeta=0.003, adaptive=False))
+    fixed.load_state_dict(state)
+    assert (fixed.zeta, fixed.steps) == (0.003, 1)  # without the controller zeta is configuration
+    for bad in ({**state, "zeta": "x"}, {**state, "zeta": 0.0}, {**state, "steps": -1}, {"version": 9}):
+        with pytest.raises(ValueError, match="REPO-R state"):
+            resumed.load_state_dict(bad)
+    none = {}
+    RepoR(RepoRConfig()).reshape(ADV, torch.zeros_like(MASK), LP, ENT, none)
+    assert none["repo_r/zeta"] == 1e-3 and math.isnan(none["repo_r/entropy"])  # no model token: no move
+
+
+def test_repo_r_launch_follows_the_stare_target_unless_given():
+    out = parse_method_spec("repo_r").launch_overrides()
+    assert out[0] == "++algorithm.adv_estimator=repo_r"
+    assert "++algorithm.repo_r.target_entropy=${algorithm.stare.target_entropy}" in out
+    assert "++algorithm.repo_r.target_entropy=0.2" in parse_method_spec("repo_r:target_entropy=0.2").launch_overrides()
+
+
 def test_entropy_dynamics_metrics_by_hand():
     eff = entropy_advantages(ADV, MASK, ENT, 0.4, 2.0)
     m = entropy_dynamics(ADV, eff, MASK, LP, ENT)
@@ -138,7 +219,7 @@ def test_entropy_dynamics_metrics_by_hand():
         entropy_dynamics(ADV, ADV[:, :4], MASK, LP, ENT)
 
 
-@pytest.mark.parametrize("name", ["forking", "entropy_adv", "adaptive_entropy"])
+@pytest.mark.parametrize("name", ["forking", "entropy_adv", "adaptive_entropy", "repo_r"])
 def test_registered_estimators_refuse_a_trainer_without_token_statistics(name):
     import verl  # noqa: F401  (loads the plugin)
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn
