@@ -7,7 +7,7 @@ the estimator's NumPy passes run on one), so the header prints the load average.
 512 x 8192 and 1024 x 16384 on CUDA tensors: target <= 10 ms for 1024 x 16384. The gate is forced on (entropy
 below target) so the reweighting path is timed.
 
-Also the cost of the entropy-dynamics metrics (issue 13: Cov(log pi, A) and its quadrants, GRPO and effective
+Also the cost of the entropy-dynamics metrics (Cov(log pi, A) and its quadrants, GRPO and effective
 advantage): the estimator as shipped vs the same without the metrics, paired on CPU; target ratio <= 1.10.
 "Without" replaces the covariance sums by zeros and the compiled log-prob pass (stare_verl.kernels, which also
 gives the rows' high-surprisal counts and sums) by the pass the estimator needs anyway, the one that checks the

@@ -5,7 +5,7 @@ with W = M = 1, which every method's run pays anyway): the method's ``advantage`
 Sizes: the CPU short-CoT recipe's batch (64 x 48) and a GPU-scale batch (512 x 8192). The second column puts the
 added time against a training step: 3.5 s for the CPU recipe (short CoT on 2 cores, generation + log-probs +
 update) and, for 512 x 8192, a conservative 60 s step of a 1.5-7B model. Target: every method adds at most 10% to
-a step (issue 29). The methods acting in verl's loss (entropy bonus, Clip-Cov, KL-Cov, the adaptive coefficient's
+a step. The methods acting in verl's loss (entropy bonus, Clip-Cov, KL-Cov, the adaptive coefficient's
 entropy in the update) cost inside the actor's update: that shows in ``s / step`` of ``make compare``'s table.
 """
 

@@ -1,9 +1,9 @@
 """Sandbox throughput and latency: ``print(1+1)`` per local backend, cold call vs persistent session,
 at concurrency 1 and 8; then, with bwrap, the cold-call cost of the sandbox interpreter (``python: auto``, the
 project's .venv-sandbox with the math stack) against the system Python, and of importing numpy, sympy, scipy
-and matplotlib in a cold call (issue 14.6).
+and matplotlib in a cold call.
 
-Targets (issue 3): bwrap cold p50 <= 150 ms; >= 20 calls/s sustained (bwrap cold, concurrency 8);
+Targets: bwrap cold p50 <= 150 ms; >= 20 calls/s sustained (bwrap cold, concurrency 8);
 session p50 <= 10 ms. Prints one line per configuration and whether each target is met; always exits 0
 (the figures are the result). Usage: ``python bench/bench_sandbox.py [--quick]``.
 """

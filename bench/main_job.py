@@ -1,4 +1,4 @@
-"""Phase breakdown of the main job (``make train-<family>``), first run and cached run (issue 16).
+"""Phase breakdown of the main job (``make train-<family>``), first run and cached run.
 
 Runs ``python -m stare_verl.jobs.train --family F`` twice in a temporary folder: first with an empty SFT cache
 (cold-start SFT, held-out evaluation, verl RL, evaluation after), then again in a new run folder with the SFT
@@ -6,8 +6,8 @@ checkpoint and its held-out evaluation cached. For each run it prints the wall t
 run's ``summary.json``: ``phases_s``) and, inside RL, verl's start-up (RL wall minus the steps) and the median
 step with its parts (verl's ``timing_s/*`` from ``metrics.jsonl``).
 
-This is where the README's promised times come from; timing targets never go into tests. Targets (issue 16, idle
-2-core machine): first run <= 600 s, cached run <= 300 s.
+This is where the times in ``docs/results/cpu-main-jobs.md`` come from; timing targets never go into tests.
+Targets (idle 2-core machine): first run <= 600 s, cached run <= 300 s.
 
 Usage: ``python bench/main_job.py [--family tooluse] [--steps 30] [--keep DIR] [--sft-cache DIR] [train options ...]``
 (``--sft-cache`` with a filled cache runs the cached run only; ``--rollout vllm`` from ``.venv-vllm`` times verl's

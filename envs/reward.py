@@ -10,69 +10,11 @@ Recipe wiring (verl 0.9.1)::
 
 verl's reward managers call ``compute_score(data_source=..., solution_str=..., ground_truth=...,
 extra_info=...)`` from a thread pool, merging ``reward_kwargs`` into the keyword arguments. Called with
-just the four arguments, the defaults below apply.
+just the four arguments, the defaults of :class:`RewardOptions` apply.
 
-Options (``RewardOptions``; later sources override earlier ones: defaults <- family preset <-
-``extra_info["family"]`` <- ``extra_info["reward_options"]`` <- ``reward_kwargs``):
-
-    family                   "short_cot" | "long_cot" | "tool_use" (default "short_cot")
-    strict_box               True: only a complete \\boxed{}/\\fbox{} counts as an answer (default True);
-                             False: also "Answer: X", "The final answer is X", "#### X"
-    last_number              True: when no answer of the kinds above is found, the last number of the answer
-                             part is the answer (default False; the lenient rule for a pretrained model that
-                             answers in prose, e.g. the CPU jobs' --model runs of short CoT)
-    think                    "auto" | "required" | "off" (default: "required" for long_cot, else "auto");
-                             see ``envs.scoring.extract.split_think``
-    max_response_length      response token limit of the rollout (None: unknown)
-    overlong_buffer_len      DAPO soft overlong buffer in tokens (None or 0: no penalty)
-    overlong_penalty_factor  DAPO penalty factor (default 1.0)
-    correct_score / incorrect_score   base reward (defaults 1.0 / 0.0)
-    timeout_s                CPU-time budget of one call's math-verify check, seconds (default 5), so the
-                             verdict does not depend on the machine's load; a check is killed after 3x that
-                             plus 1 s of wall-clock time; waiting for a free checker process is bounded
-                             separately (max(30, 10x))
-
-Per-response keys read from ``extra_info`` (all optional; verl's naive/dapo managers merge an agent
-loop's ``extra_fields`` into ``extra_info``, so an agent loop can provide them):
-
-    response_length   int: number of model-generated response tokens (tool/observation tokens excluded)
-    response_mask     sequence of 0/1 (1 = model token); its sum is used when response_length is absent
-    hit_eos           bool: the response ended with EOS (False = cut by the length limit)
-    stop_reason / finish_reason   str: "length" / "max_tokens" mean truncated; "stop", "eos",
-                      "completed", "end_turn", "tool_calls" mean not truncated
-
-verl's ``naive`` manager passes none of these; ``envs.reward_manager.MathRewardManager`` (the naive
-manager plus ``response_length``/``hit_eos``/``max_response_length`` from the batch) does. Do not also
-enable verl's ``dapo`` manager overlong buffer: it would penalise twice, and counts tool tokens.
-
-Answer: the final box run of ``envs.scoring.extract`` (a ``The final answer is $X$`` after the last box wins). When
-the ground truth is a list of k parts (commas or semicolons outside brackets; a ground truth holding several boxes
-joined by connectors is the list of them) and the answer has fewer, the last k boxes of the response are tried as the
-answer too when short connecting text joins them (parts boxed apart: ``y_1 = \\boxed{..}`` and ``y_2 =
-\\boxed{..}``; see ``envs.scoring.extract.last_boxes``).
-
-Truncation: ``hit_eos`` decides when given, else the stop reason, else a known length that reached
-``max_response_length``. A truncated response is scored as having no answer (acc False, base
-``incorrect_score``) whatever it holds.
-
-Score: ``score = (correct_score if acc else incorrect_score) + overlong_penalty`` where
-``overlong_penalty = clip(-(L - (max_response_length - overlong_buffer_len)) / overlong_buffer_len *
-overlong_penalty_factor, -overlong_penalty_factor, 0)`` with L the model-generated token count (DAPO,
-Yu et al. 2025, "Overlong Reward Shaping"); 0 when L or the buffer is unknown.
-
-Returned dict (the same keys every call, scalars only, so verl can stack them):
-    score (float), acc (bool), pred (str, normalised extracted answer; "" if none or truncated),
-    has_answer (bool), truncated (bool), overlong_penalty (float), response_length (int, -1 unknown),
-    response_chars (int), think_closed (bool), verify_method (str: exact | numeric | math_verify |
-    hedge | label | malformed | choice | ellipsis | empty | timeout | error | no_ground_truth; see
-    ``envs.scoring.verify``), timed_out (bool: the equivalence checker gave no verdict,
-    because its time ran out or it failed; the response then scores as wrong, and nothing of that check
-    is remembered, so a later call with the same pair checks it afresh; a training step logs the share of such
-    responses as ``reward/timed_out/mean``, the evaluation records them as ``verdict: "unverified"``),
-    reflect_<word> (int) for each of ``REFLECTION_PATTERNS`` and reflect_total (int).
-
-Errors: never raises for any response or ground truth (bad ones score ``incorrect_score``); raises
-ValueError only for invalid options (a configuration error, reported on the first call).
+Its options are :class:`RewardOptions`; the ``extra_info`` keys it reads, how it finds the answer, truncation, the
+score and the returned keys are in :func:`compute_score`'s docstring; what the math scorer accepts as equal is
+``docs/scoring.md``.
 """
 
 import logging
@@ -98,7 +40,26 @@ _STOP_REASONS = {"stop", "eos", "completed", "end_turn", "tool_calls", "stop_seq
 
 
 class RewardOptions(BaseModel):
-    """Options of ``compute_score`` (see the module docstring)."""
+    """Options of ``compute_score``; later sources override earlier ones: defaults <- family preset <-
+    ``extra_info["family"]`` <- ``extra_info["reward_options"]`` <- ``reward_kwargs``.
+
+        family                   "short_cot" | "long_cot" | "tool_use" (default "short_cot")
+        strict_box               True: only a complete \\boxed{}/\\fbox{} counts as an answer (default True);
+                                 False: also "Answer: X", "The final answer is X", "#### X"
+        last_number              True: when no answer of the kinds above is found, the last number of the answer
+                                 part is the answer (default False; the lenient rule for a pretrained model that
+                                 answers in prose, e.g. the CPU jobs' --model runs of short CoT)
+        think                    "auto" | "required" | "off" (default: "required" for long_cot, else "auto");
+                                 see ``envs.scoring.extract.split_think``
+        max_response_length      response token limit of the rollout (None: unknown)
+        overlong_buffer_len      DAPO soft overlong buffer in tokens (None or 0: no penalty)
+        overlong_penalty_factor  DAPO penalty factor (default 1.0)
+        correct_score / incorrect_score   base reward (defaults 1.0 / 0.0)
+        timeout_s                CPU-time budget of one call's math-verify check, seconds (default 5), so the
+                                 verdict does not depend on the machine's load; a check is killed after 3x that
+                                 plus 1 s of wall-clock time; waiting for a free checker process is bounded
+                                 separately (max(30, 10x))
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -303,15 +264,57 @@ def compute_score(
 ) -> dict[str, Any]:
     """Score one response against its ground truth (verl custom reward function).
 
+    Per-response keys read from ``extra_info`` (all optional; verl's naive/dapo managers merge an agent
+    loop's ``extra_fields`` into ``extra_info``, so an agent loop can provide them):
+
+        response_length   int: number of model-generated response tokens (tool/observation tokens excluded)
+        response_mask     sequence of 0/1 (1 = model token); its sum is used when response_length is absent
+        hit_eos           bool: the response ended with EOS (False = cut by the length limit)
+        stop_reason / finish_reason   str: "length" / "max_tokens" mean truncated; "stop", "eos",
+                          "completed", "end_turn", "tool_calls" mean not truncated
+
+    verl's ``naive`` manager passes none of these; ``envs.reward_manager.MathRewardManager`` (the naive
+    manager plus ``response_length``/``hit_eos``/``max_response_length`` from the batch) does. Do not also
+    enable verl's ``dapo`` manager overlong buffer: it would penalise twice, and counts tool tokens.
+
+    Answer: the final box run of ``envs.scoring.extract`` (a ``The final answer is $X$`` after the last box
+    wins). When the ground truth is a list of k parts (commas or semicolons outside brackets; a ground truth
+    holding several boxes joined by connectors is the list of them) and the answer has fewer, the last k boxes of
+    the response are tried as the answer too when short connecting text joins them (parts boxed apart:
+    ``y_1 = \\boxed{..}`` and ``y_2 = \\boxed{..}``; see ``envs.scoring.extract.last_boxes``).
+
+    Truncation: ``hit_eos`` decides when given, else the stop reason, else a known length that reached
+    ``max_response_length``. A truncated response is scored as having no answer (acc False, base
+    ``incorrect_score``) whatever it holds.
+
+    Score: ``score = (correct_score if acc else incorrect_score) + overlong_penalty`` where
+    ``overlong_penalty = clip(-(L - (max_response_length - overlong_buffer_len)) / overlong_buffer_len *
+    overlong_penalty_factor, -overlong_penalty_factor, 0)`` with L the model-generated token count (DAPO,
+    Yu et al. 2025, "Overlong Reward Shaping"); 0 when L or the buffer is unknown.
+
+    Returned dict (the same keys every call, scalars only, so verl can stack them):
+        score (float), acc (bool), pred (str, normalised extracted answer; "" if none or truncated),
+        has_answer (bool), truncated (bool), overlong_penalty (float), response_length (int, -1 unknown),
+        response_chars (int), think_closed (bool), verify_method (str: exact | numeric | math_verify |
+        hedge | label | malformed | choice | ellipsis | empty | timeout | error | no_ground_truth; see
+        ``envs.scoring.verify``), timed_out (bool: the equivalence checker gave no verdict, because its time
+        ran out or it failed; the response then scores as wrong, and nothing of that check is remembered, so a
+        later call with the same pair checks it afresh; a training step logs the share of such responses as
+        ``reward/timed_out/mean``, the evaluation records them as ``verdict: "unverified"``),
+        reflect_<word> (int) for each of ``REFLECTION_PATTERNS`` and reflect_total (int).
+
+    Errors: never raises for any response or ground truth (bad ones score ``incorrect_score``); raises
+    ValueError only for invalid options (a configuration error, reported on the first call).
+
     Args:
         data_source: dataset name (not used for scoring; every math source is scored the same way).
         solution_str: the decoded response (model-generated text).
         ground_truth: the answer (str, number, or a list of acceptable answers).
-        extra_info: per-row info; keys read are listed in the module docstring.
-        **reward_kwargs: options (module docstring); verl's ``reward_router_address`` and
+        extra_info: per-row info; the keys read are listed above.
+        **reward_kwargs: options (:class:`RewardOptions`); verl's ``reward_router_address`` and
             ``reward_model_tokenizer`` are accepted and ignored.
     Returns:
-        dict with the keys listed in the module docstring.
+        dict with the keys listed above.
     Raises:
         ValueError: only for invalid options.
     """

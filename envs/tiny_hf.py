@@ -125,7 +125,7 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path | None = None, voc
             groups of that many digits (the last may be shorter), each group one token. Fewer, more distinct
             tokens to copy: the tool-use model copies numbers from the question into its code and from the tool's
             output into its answer, and with one digit a token it confuses a digit of the question with one of
-            the output (issue 30).
+            the output.
 
     Returns:
         ``transformers.PreTrainedTokenizerFast``: eos ``<|im_end|>``, pad ``<|endoftext|>``, left padding,

@@ -35,17 +35,7 @@ selection and output assembly it reuses):
   merge an agent loop's ``extra_fields`` into ``extra_info``; ``envs.tool_use.task.compute_score`` scores
   that text instead of verl's ``solution_str`` (which decodes the whole response, tool output included).
 
-Per-episode fields in ``AgentLoopOutput.extra_fields`` (also seen by the reward as ``extra_info``):
-``model_response_text`` (str), ``response_length`` (int, model tokens), ``hit_eos`` (bool, the last turn
-was not cut), ``termination`` ("answer" | "length" | "max_assistant_turns" | "max_user_turns" |
-"aborted"), ``num_assistant_turns``, ``num_tool_calls`` (call attempts, malformed included),
-``num_tool_executed``, ``num_malformed_calls``, ``num_tool_exceptions``, ``num_tool_timeouts``,
-``num_tool_errors`` (malformed + exceptions + timeouts), ``tool_time_s`` (float, seconds spent in tool
-calls), ``tool_call_log`` (list of {"name", "code"/"arguments", "error", "seconds"}).
-
-Loop options (hydra kwargs; give them through verl's ``rollout.agent.agent_loop_config_path`` YAML, e.g.
-``- {name: stare_tool_agent, _target_: envs.tool_use.agent_loop.StareToolAgentLoop, tool_timeout_s: 30}``):
-``tool_timeout_s`` (float, default 60).
+The per-episode fields it returns and its options: :class:`StareToolAgentLoop`.
 """
 
 from __future__ import annotations
@@ -118,6 +108,17 @@ class StareToolAgentLoop(ToolAgentLoop):
     """Multi-turn hermes tool use with exact tokens, answered malformed calls and reward text from model
     tokens only (module docstring). One instance runs one trajectory (verl instantiates it per sample).
 
+    Per-episode fields in ``AgentLoopOutput.extra_fields`` (also seen by the reward as ``extra_info``):
+    ``model_response_text`` (str), ``response_length`` (int, model tokens), ``hit_eos`` (bool, the last turn
+    was not cut), ``termination`` ("answer" | "length" | "max_assistant_turns" | "max_user_turns" |
+    "aborted"), ``num_assistant_turns``, ``num_tool_calls`` (call attempts, malformed included),
+    ``num_tool_executed``, ``num_malformed_calls``, ``num_tool_exceptions``, ``num_tool_timeouts``,
+    ``num_tool_errors`` (malformed + exceptions + timeouts), ``tool_time_s`` (float, seconds spent in tool
+    calls), ``tool_call_log`` (list of {"name", "code"/"arguments", "error", "seconds"}).
+
+    Loop options are hydra kwargs; give them through verl's ``rollout.agent.agent_loop_config_path`` YAML, e.g.
+    ``- {name: stare_tool_agent, _target_: envs.tool_use.agent_loop.StareToolAgentLoop, tool_timeout_s: 30}``.
+
     Args:
         tool_timeout_s: loop-side deadline of one tool call (create + execute + release), seconds; a call
             past it is cancelled and answered "timed out". The tool's own limits apply first.
@@ -140,7 +141,7 @@ class StareToolAgentLoop(ToolAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         """Run one trajectory (verl's ``AgentLoopBase.run`` contract) and add the fields listed in the
-        module docstring to ``extra_fields``."""
+        class docstring to ``extra_fields``."""
         try:
             output = await super().run(sampling_params, **kwargs)
         finally:

@@ -121,6 +121,30 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_methods(args: argparse.Namespace) -> int:
+    """``stare-verl methods``: the registered entropy-control methods, one line each; ``--markdown``: the README's
+    table (:mod:`stare_verl.jobs.methods_table`); ``--write FILE``: that table rewritten inside FILE's markers.
+    A file without the markers: a one-line error, exit status 2."""
+    from stare_verl.jobs import methods_table
+
+    if args.write:
+        try:
+            changed = methods_table.write_table(args.write)
+        except (OSError, ValueError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"{args.write}: {'table updated' if changed else 'table already current'}")
+        return 0
+    if args.markdown:
+        print(methods_table.methods_markdown(), end="")
+        return 0
+    from stare_verl.methods import METHODS
+
+    for name, cls in METHODS.items():
+        print(f"{name}: {cls.summary}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``stare-verl`` argument parser."""
     parser = argparse.ArgumentParser(prog="stare-verl", description=__doc__)
@@ -147,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--out", default=None, metavar="DIR", help="folder of dashboard.png (default: the run's plots/)")
     p.set_defaults(func=_cmd_plot)
+    p = sub.add_parser("methods", help="list the entropy-control methods (--method NAME[:key=value,...])")
+    p.add_argument("--markdown", action="store_true", help="print the README's methods table")
+    p.add_argument("--write", metavar="FILE", default=None, help="rewrite the methods table inside FILE's markers")
+    p.set_defaults(func=_cmd_methods)
     from stare_verl.jobs.evaluation import cli as eval_cli
 
     p = sub.add_parser(

@@ -468,7 +468,8 @@ def plot_entropy_dynamics(rows: list[dict[str, Any]], out_dir: Path, title: str 
     return [path]
 
 
-# The entropy report's band: a last quarter within this share of the target counts as held (issue 30's criterion).
+# The entropy report's band: a last quarter within this share of the target counts as held (the
+# criterion the tool-use calibration judged a hold by).
 ENTROPY_BAND = 0.25
 
 

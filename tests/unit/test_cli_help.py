@@ -1,5 +1,5 @@
 """``stare-verl --help`` lists every subcommand with its help line, the delegated ones (train, compare, sft) among
-them, while ``stare-verl train --help`` is still train's own parser (issue 32 item 6)."""
+them, while ``stare-verl train --help`` is still train's own parser."""
 
 import re
 
@@ -17,9 +17,9 @@ def _help(capsys, argv):
 
 def test_main_help_lists_the_delegated_subcommands_with_their_help_line(capsys):
     out = _help(capsys, ["--help"])
-    assert "{recipes,check,plot,eval,train,compare,sft}" in out
+    assert "{recipes,check,plot,methods,eval,train,compare,sft}" in out
     listed = dict(re.findall(r"^    (\w+)\s+(\S.*)$", out, flags=re.MULTILINE))
-    assert set(listed) == {"recipes", "check", "plot", "eval", "train", "compare", "sft"}
+    assert set(listed) == {"recipes", "check", "plot", "methods", "eval", "train", "compare", "sft"}
     flat = " ".join(out.split())  # argparse wraps the help lines
     for name, (_, line) in cli.DELEGATED.items():
         assert line.startswith(listed[name]) and f"{name} {line}" in flat

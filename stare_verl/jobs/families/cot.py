@@ -261,9 +261,9 @@ SHORTCOT = JobFamily(
     sft_defaults={"steps": 1000, "max_response_tokens": 48},
     min_sft_accuracy=0.4,
     gpu_recipe="shortcot_qwen2.5-math-7b",
-    # the 3-seed STARE-effect comparison of the README: the entropy of GRPO-ds and STARE separate only after ~50
-    # steps; 100-step runs take 7-9.6 minutes each on 2 cores, so two seeds per method fit the comparison's 40
-    # minutes (33 measured) and three take 47
+    # the STARE-effect comparison (docs/results/shortcot-stare-vs-grpo.md): the entropy of GRPO-ds and STARE
+    # separate only after ~50 steps; 100-step runs take 7-9.6 minutes each on 2 cores, so two seeds per method fit
+    # the comparison's 40 minutes (33 measured) and three take 47
     compare_steps=100,
     compare_seeds=(0, 1),
     pretrained=SHORTCOT_PRETRAINED,

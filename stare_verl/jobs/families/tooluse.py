@@ -64,7 +64,7 @@ CODE_STYLES: tuple[str, ...] = (
 1: ``print(<expression>)`` only). They print the same line, so the reward cannot tell them apart: a policy's
 choice among them is free, like the order of the terms in the CoT families' demonstrations. They differ after the
 copied expression: styles that differ before it (``x = <e>`` / ``print(x)``) shift the copy, and the 2-layer cold
-start did not land with them (issue 30: greedy 0.405 after 1300 steps, against 0.635 with these)."""
+start did not land with them (docs/results/tooluse-stare.md)."""
 
 
 @dataclass(frozen=True)
@@ -199,8 +199,8 @@ TOOLUSE = JobFamily(
     task_table=TASKS,
     demonstrations=_demonstrations,
     # 2 layers instead of the calibrated 4: it leaves the copy plateau earlier at half the cost per step
-    # (stare_verl.jobs.demo.sft's docstring, issue 16); numbers two digits a token (100 more tokens) and an lr that
-    # anneals once the copy plateau ends, so every seed lands (issue 30)
+    # (stare_verl.jobs.demo.sft's docstring); numbers two digits a token (100 more tokens) and an lr that anneals
+    # once the copy plateau ends, so every SFT seed reaches the accuracy bar before RL
     sft_defaults={"model": {"num_hidden_layers": 2}, "vocab_size": 484, "digits_per_token": 2, "steps": 1300,
                   "anneal_below_loss": 0.1},
     legacy_sft_key=True,
