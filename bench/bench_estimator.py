@@ -9,7 +9,7 @@ below target) so the reweighting path is timed.
 
 Also the cost of the entropy-dynamics metrics (Cov(log pi, A) and its quadrants, GRPO and effective
 advantage): the estimator as shipped vs the same without the metrics, paired on CPU; target ratio <= 1.10.
-"Without" replaces the covariance sums by zeros and the compiled log-prob pass (stare_verl.kernels, which also
+"Without" replaces the covariance sums by zeros and the compiled log-prob pass (stare_verl.methods.stare.kernels, which also
 gives the rows' high-surprisal counts and sums) by the pass the estimator needs anyway, the one that checks the
 model tokens' log-probs are finite (an einsum row sum, as before the metrics existed).
 """
@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
 
-from stare_verl.estimator import compute_stare_advantage
+from stare_verl.methods.stare import compute_stare_advantage
 
 CPU_SIZES = [(512, 8192), (64, 16384)]
 GPU_SIZES = [(512, 8192), (1024, 16384)]
@@ -93,9 +93,9 @@ def bench_covariance(b: int, t: int) -> None:
     """Paired time of the estimator with and without the covariance metrics (NumPy path, O1 and C2)."""
     from unittest import mock
 
-    import stare_verl.kernels as kernels_mod
-    import stare_verl.stare as stare_mod
-    from stare_verl.core import CovarianceSums, _row_sum
+    import stare_verl.methods.stare.kernels as kernels_mod
+    import stare_verl.methods.stare.reweight as stare_mod
+    from stare_verl.methods.stare.core import CovarianceSums, _row_sum
 
     def no_cov(*args, **kwargs):
         z = np.zeros(5)

@@ -1,7 +1,7 @@
 """verl plugin (entry point group ``verl.plugins``): loaded by ``import verl`` in every process.
 
 Importing this module calls :func:`register`, which registers, by explicit calls: the CPU backend (only with
-``VERL_PLATFORM=cpu``), the entropy-control methods' advantage estimators (``stare``, ``forking``, ``entropy_adv``, ``adaptive_entropy``, ``repo_r``) and the ``stare_*`` trainer modes (with the trainer
+``VERL_PLATFORM=cpu``), the entropy-control methods' advantage estimators (``stare``, ``forking``, ``entropy_adv``, ``adaptive_entropy``, ``repo_r``) and the token-statistics trainer modes (``token_stats_sync``, ``token_stats_colocate_async`` and their older names ``stare_*``; with the trainer
 guard), and the ``${stare_verl.recipe_file:...}`` OmegaConf resolver the recipes name their files with
 (``stare_verl.recipe_files``; verl resolves the config in its driver and its Ray workers). verl swallows plugin import errors at debug level, so failures are also logged here at error level.
 """
@@ -36,7 +36,7 @@ def register() -> None:
 
     try:
         stare_verl.methods.register()  # the methods' advantage estimators: stare, forking, entropy_adv, ...
-        stare_verl.trainer.register()  # trainer modes stare_sync, stare_colocate_async + the guard
+        stare_verl.trainer.register()  # trainer modes token_stats_sync, token_stats_colocate_async + the guard
     except Exception:  # pragma: no cover - surfaced by tests/test_estimator_verl.py
         _logger.exception("stare_verl: registering the STARE estimator/trainer with verl failed")
         raise

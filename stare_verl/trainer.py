@@ -1,4 +1,5 @@
-"""verl V1 trainer modes that feed entropy-control methods: ``stare_sync`` and ``stare_colocate_async``.
+"""verl V1 trainer modes that feed entropy-control methods the token statistics: ``token_stats_sync`` and
+``token_stats_colocate_async`` (:data:`stare_verl.methods.TOKEN_STATS_MODES`).
 
 verl's own ``_compute_advantage`` hands estimators only rewards, mask, uid and config. These modes behave
 exactly like verl's ``sync`` and ``colocate_async`` (they read the same ``trainer.v1.<mode>`` sections and
@@ -8,7 +9,10 @@ coefficient, REPO-R) they also fetch the pre-update policy's ``old_log_probs`` a
 advantages, log the shared ``entropy_control/*`` metrics (:func:`stare_verl.methods.metrics.entropy_dynamics`),
 pass the method's per-step settings to the actor update, and keep its controller state in verl's checkpoints
 (``global_step_N/<method.state_file>``, e.g. ``stare_state.json``). For every other estimator they defer to verl
-unchanged. ``stare_sync`` / ``stare_colocate_async`` are the names (kept from when STARE was the only method).
+unchanged. Their older names ``stare_sync`` / ``stare_colocate_async`` (from when STARE was the only method) are
+registered too, for older recipes (:data:`stare_verl.methods.TRAINER_MODE_ALIASES`). Whether a config can run is
+one rule, :func:`stare_verl.methods.check_runnable`, checked by these modes at start-up and by the guard on verl's
+other trainers.
 
 Registered by :func:`register` (called from ``stare_verl.plugin``). verl is imported only inside functions:
 the two trainer classes subclass verl's, so they are built on first use (:func:`trainer_classes`, also reached
@@ -27,8 +31,12 @@ import os
 
 import numpy as np
 
-from stare_verl.estimator import STARE_TRAINER_MODES, StareInputsMissing
-from stare_verl.methods import EntropyControl, method_for_config
+from stare_verl.methods import (
+    TOKEN_STATS_MODES,
+    TRAINER_MODE_ALIASES,
+    EntropyControl,
+    check_runnable,
+)
 from stare_verl.methods.metrics import entropy_dynamics
 
 logger = logging.getLogger(__name__)
@@ -56,21 +64,8 @@ class StareTrainerMixin:
         pass
 
     def __init__(self, config):
-        algo = config.algorithm
-        # Validate at start-up: a bad algorithm.<method> stops the run before any worker starts.
-        self.entropy_method: EntropyControl | None = method_for_config(algo)
-        if self.entropy_method is not None:
-            from stare_verl.estimator import group_baseline
-
-            group_baseline(algo)  # its boolean keys read now, not at the first step
-            from stare_verl.config import read_bool
-
-            rc = algo.get("rollout_correction", None)
-            if read_bool(rc, "bypass_mode", False, "algorithm.rollout_correction"):
-                raise ValueError(
-                    f"algorithm.adv_estimator={algo.adv_estimator} needs the actor's entropy, which verl does not "
-                    "compute with algorithm.rollout_correction.bypass_mode=true; set it to false"
-                )
+        # Validated at start-up: a bad algorithm.<method> stops the run before any worker starts.
+        self.entropy_method: EntropyControl | None = check_runnable(config, feeds=True)
         super().__init__(config)
 
     @property
@@ -97,7 +92,7 @@ class StareTrainerMixin:
             data.batch["token_level_rewards"], mask, data.non_tensor_batch["uid"], self.config.algorithm, lp, ent,
             metrics,
         )
-        metrics.update(entropy_dynamics(base, eff, mask, lp, ent))
+        metrics.update(entropy_dynamics(base, eff, mask, lp, ent, computed=metrics))
         target = self.entropy_method.target_entropy()
         if target is not None:
             metrics["entropy_control/target_entropy"] = target
@@ -239,32 +234,26 @@ def load_controller_state(controller, folder: str) -> bool:
 def refuse_stare_without_inputs(trainer, config) -> None:
     """The trainer guard (installed on verl's ``PPOTrainer.__init__`` by :func:`register`, through
     ``stare_verl.verl_compat``): an ``algorithm.adv_estimator`` of ours (a method that needs token statistics)
-    with a trainer that cannot feed it (any mode but ``stare_*``) stops at start-up. The estimators refuse such
-    calls too.
+    with a trainer that cannot feed it stops at start-up. Our own modes check :func:`check_runnable` in their
+    ``__init__``; for verl's, whatever ``trainer_mode`` says, the trainer class decides. The estimators refuse
+    such calls too.
 
     Raises:
-        StareInputsMissing: the estimator is one of ours and ``trainer`` is not one of our trainer modes.
+        EntropyInputsMissing: the estimator is one of ours and ``trainer`` is not one of our trainer modes.
     """
-    from stare_verl.methods import ESTIMATORS
-
-    estimator = config.algorithm.get("adv_estimator")
-    if estimator in ESTIMATORS and not isinstance(trainer, StareTrainerMixin):
-        raise StareInputsMissing(
-            f"algorithm.adv_estimator={estimator} with trainer.v1.trainer_mode="
-            f"{config.trainer.v1.get('trainer_mode')}: this trainer does not pass old log-probs and entropy "
-            f"to advantage estimators. Use trainer.v1.trainer_mode={' or '.join(STARE_TRAINER_MODES)}."
-        )
+    if not isinstance(trainer, StareTrainerMixin):
+        check_runnable(config, feeds=False)
 
 
 @functools.cache
 def trainer_classes() -> dict[str, type]:
-    """The STARE trainer modes by name: verl's ``sync`` and ``colocate_async`` trainers with
+    """The token-statistics trainer modes by name: verl's ``sync`` and ``colocate_async`` trainers with
     :class:`StareTrainerMixin` (built once, on first use: their bases are verl classes)."""
     from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     class StareTrainerSync(StareTrainerMixin, PPOTrainerSync):
-        """verl's ``sync`` trainer that feeds our methods' estimators (``trainer.v1.trainer_mode=stare_sync``)."""
+        """verl's ``sync`` trainer that feeds our methods' estimators (``trainer.v1.trainer_mode=token_stats_sync``)."""
 
         VERL_MODE = "sync"
 
@@ -273,13 +262,14 @@ def trainer_classes() -> dict[str, type]:
 
         VERL_MODE = "colocate_async"
 
-    classes = {"stare_sync": StareTrainerSync, "stare_colocate_async": StareTrainerColocateAsync}
+    by_base = {"sync": StareTrainerSync, "colocate_async": StareTrainerColocateAsync}
+    classes = {mode: by_base[base] for mode, base in TOKEN_STATS_MODES.items()}
     for cls in classes.values():  # pickled by reference through this module's __getattr__
         cls.__module__, cls.__qualname__ = __name__, cls.__name__
     return classes
 
 
-_CLASS_NAMES = {"StareTrainerSync": "stare_sync", "StareTrainerColocateAsync": "stare_colocate_async"}
+_CLASS_NAMES = {"StareTrainerSync": "token_stats_sync", "StareTrainerColocateAsync": "token_stats_colocate_async"}
 
 
 def __getattr__(name: str):
@@ -289,8 +279,8 @@ def __getattr__(name: str):
 
 
 def register() -> None:
-    """Register the ``stare_*`` trainer modes in verl's trainer registry and install the trainer guard
-    (idempotent).
+    """Register the token-statistics trainer modes in verl's trainer registry, under their names and their older
+    aliases, and install the trainer guard (idempotent).
 
     Raises:
         stare_verl.verl_compat.VerlVersionError: the installed verl is not the pinned version.
@@ -299,6 +289,9 @@ def register() -> None:
 
     from stare_verl.verl_compat import install_trainer_guard
 
-    for mode, cls in trainer_classes().items():
+    classes = trainer_classes()
+    for mode, cls in classes.items():
         register_trainer(mode)(cls)
+    for old, mode in TRAINER_MODE_ALIASES.items():
+        register_trainer(old)(classes[mode])
     install_trainer_guard(refuse_stare_without_inputs)

@@ -40,7 +40,7 @@ def _recipe_source(arg: str, tmp: str) -> tuple[str, Path | None] | str:
             return path.stem, path.parent
         # the user's own config: on verl's ppo_trainer defaults and every algorithm.stare key at its default (so a
         # plain key=value override works), with the file's keys on top (a copy in a temp folder)
-        from stare_verl.config import StareConfig
+        from stare_verl.methods.stare.config import StareConfig
 
         head = OmegaConf.create({"hydra": {"searchpath": ["pkg://verl.trainer.config"]},
                                  "defaults": ["ppo_trainer", "_self_"],
@@ -91,7 +91,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(cfg))
     summary = f"ok: {args.recipe}: adv_estimator={cfg.algorithm.adv_estimator}, "
     summary += f"trainer_mode={cfg.trainer.v1.trainer_mode}, rollout={cfg.actor_rollout_ref.rollout.name}"
-    from stare_verl.config import StareConfig
+    from stare_verl.methods.stare.config import StareConfig
 
     if isinstance(stare, StareConfig):
         summary += f", stare: variant={stare.variant} P={stare.top_p_ratio} W={stare.reweight_w} "
@@ -99,9 +99,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     elif stare is not None:  # another method's config (forking, entropy_adv, adaptive_entropy)
         summary += ", " + " ".join(f"{k}={v}" for k, v in stare.model_dump().items())
     if stare is not None:
-        from stare_verl.estimator import group_baseline
+        from stare_verl.methods import group_config_of
 
-        norm = group_baseline(cfg.algorithm).norm_adv_by_std_in_grpo
+        norm = group_config_of(cfg.algorithm).norm_adv_by_std_in_grpo
         summary += ", baseline " + ("GRPO (std-normalised)" if norm else "Dr.GRPO (no std normalisation)")
     print(summary)
     return 0

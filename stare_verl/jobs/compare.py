@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
-from stare_verl.jobs.runlog import RunFolder, heldout_curve, step_axis
+from stare_verl.jobs.runlog import RunFolder, heldout_curve, own_metric, shared_metric_key, step_axis
 
 # The defaults of a comparison per family (RL steps per run, seeds per method, output folder) are the family's
 # (stare_verl.jobs.families.JobFamily: compare_steps, compare_seeds, compare_dir; short CoT: 100 steps, seeds 0 1).
@@ -49,7 +49,8 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
     estimate from n > k samples is unbiased); None, or a k the run lacks, reports its largest k.
 
     Entropy is ``actor/entropy`` (nats, verl's token mean over model tokens, the same aggregation for every
-    method); the target is the run's ``entropy_control/target_entropy`` (or ``stare/target_entropy``);
+    method); the target is the run's ``entropy_control/target_entropy`` (in older runs a method's own name for it,
+    :func:`stare_verl.jobs.runlog.shared_metric_key`);
     ``has_target`` says whether the method itself steers toward it (STARE, the adaptive coefficient). Raises
     FileNotFoundError when the run did not finish.
     """
@@ -59,9 +60,10 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
     rows = run.read_metrics()
     summary = run.read_summary()
     ent = [r["actor/entropy"] for r in rows if "actor/entropy" in r]
-    target = next((r[k] for r in rows for k in ("entropy_control/target_entropy", "stare/target_entropy") if k in r),
-                  float("nan"))  # fmt: skip
-    gate = [r["stare/gate_on"] for r in rows if "stare/gate_on" in r]
+    tkey = shared_metric_key(rows, "target_entropy")
+    target = next((r[tkey] for r in rows if tkey in r), float("nan")) if tkey else float("nan")
+    gate_key = own_metric("stare", "gate_on")
+    gate = [r[gate_key] for r in rows if gate_key in r]
     quarter = max(1, len(ent) // 4)
     first, last = ent[:quarter], ent[len(ent) - quarter :]
     after = summary.get("eval_after", {})
@@ -83,8 +85,7 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
     heldout = report.get("heldout_entropy") if isinstance(report, dict) else None
     heldout = heldout if isinstance(heldout, dict) else {}  # a damaged summary reads as not measured
     after_probe = heldout.get("after") if isinstance(heldout.get("after"), dict) else {}
-    cov_key = "entropy_control/cov_logp_adv_eff" if any("entropy_control/cov_logp_adv_eff" in r for r in rows) \
-        else "stare/cov_logp_adv_eff"  # fmt: skip
+    cov_key = shared_metric_key(rows, "cov_logp_adv_eff")
     return {
         "run": run.path.name,
         "method": method,
@@ -109,7 +110,7 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
         "gate_on_share": statistics.fmean(gate) if gate else float("nan"),
         "target_entropy": target,
         "forking_entropy": _mean(rows, "entropy_control/forking_entropy"),
-        "cov_logp_adv_mean": _mean(rows, cov_key),
+        "cov_logp_adv_mean": _mean(rows, cov_key) if cov_key else None,
         "pg_clipfrac": _mean(rows, "actor/pg_clipfrac"),
         "response_length": _mean(rows, "response_length/mean"),
         "seconds_per_step": _median([r.get("timing_s/step") for r in rows]),
@@ -127,17 +128,16 @@ def _baseline_text(g: Any) -> str:
 def baseline_mismatch(methods: list[str], family: str, overrides: list[str]) -> str | None:
     """Why ``methods`` cannot be compared on ``family`` with ``overrides``: each method's run config (its CPU recipe
     composed with the overrides it launches with, ``EntropyControl.compose_overrides``) gives the GRPO group
-    baseline its advantages start from (``stare_verl.estimator.group_baseline``: std normalisation, epsilon,
+    baseline its advantages start from (``stare_verl.methods.group_config_of``: std normalisation, epsilon,
     zero-variance tolerance); a comparison of methods whose baselines differ would measure the baselines, so a
     message naming each method's baseline is returned; None when all are equal. A method whose config does not
     compose is left to the run's own check.
 
     Raises:
-        stare_verl.config.StareConfigError: a boolean key (``norm_adv_by_std_in_grpo``) that holds no boolean.
+        stare_verl.methods.MethodConfigError: a boolean key (``norm_adv_by_std_in_grpo``) that holds no boolean.
     """
-    from stare_verl.estimator import group_baseline
     from stare_verl.jobs.recipes import compose_recipe
-    from stare_verl.methods import parse_method_spec
+    from stare_verl.methods import group_config_of, parse_method_spec
 
     fam = job_family(family)
     baselines = {}
@@ -148,7 +148,7 @@ def baseline_mismatch(methods: list[str], family: str, overrides: list[str]) -> 
             cfg = compose_recipe(f"cpu/{fam.cpu_recipe}_{spec.recipe}", launch, resolve=False)
         except Exception:  # noqa: BLE001 - a bad override is the run's own check's to report
             continue
-        baselines[m] = group_baseline(cfg.algorithm)
+        baselines[m] = group_config_of(cfg.algorithm)
     if len(set(baselines.values())) <= 1:
         return None
     each = "; ".join(f"{m}: {_baseline_text(g)}" for m, g in baselines.items())

@@ -23,21 +23,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stare_verl.jobs.runlog import HELDOUT_CURVE_LABEL, RunFolder, heldout_curve, read_verl_jsonl, step_axis
+from stare_verl.jobs.runlog import (
+    HELDOUT_CURVE_LABEL,
+    RunFolder,
+    heldout_curve,
+    own_metric,
+    read_verl_jsonl,
+    shared_metric_key,
+    step_axis,
+)
 
 DASHBOARD_NAME = "dashboard.png"
 
-# Metric names, first found wins: every method logs entropy_control/*, STARE (and the twin of the methods that act
-# through verl's config) also stare/*.
+# Metric names. The shared quantities every method logs (entropy_control/*, older runs under a method's own prefix)
+# are looked up by their key in the registry (stare_verl.methods.metric_names), first found wins.
 ENTROPY = "actor/entropy"
-MODEL_ENTROPY = ("entropy_control/batch_entropy", "stare/batch_entropy")
-TARGET = ("entropy_control/target_entropy", "stare/target_entropy")
-GATE = "stare/gate_on"
+MODEL_ENTROPY = "batch_entropy"
+TARGET = "target_entropy"
 SCORE = "critic/score/mean"
 ACC = "reward/acc/mean"
 LENGTH, LENGTH_MAX = "response_length/mean", "response_length/max"
-COV = ("entropy_control/cov_logp_adv", "stare/cov_logp_adv")
-COV_EFF = ("entropy_control/cov_logp_adv_eff", "stare/cov_logp_adv_eff")
+COV = "cov_logp_adv"
+COV_EFF = "cov_logp_adv_eff"
 # The tool-use reward's per-episode statistics (envs.tool_use.task.TOOL_STAT_KEYS) as the trainer logs them
 # (stare_verl.trainer.reward_extra_metric: reward/<key>/mean), with their legend labels.
 TOOL_METRICS = (
@@ -216,8 +223,10 @@ def load_run(path: str | Path) -> RunData:
 
 
 # --------------------------------------------------------------------------------------------------- titles
-def _first_key(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> str | None:
-    return next((k for k in keys if any(k in r for r in rows)), None)
+def _names(key: str) -> tuple[str, ...]:
+    from stare_verl.methods import metric_names
+
+    return metric_names(key)
 
 
 def _series(rows: list[dict[str, Any]], key: str | None) -> tuple[list[int], list[float]]:
@@ -250,8 +259,9 @@ def run_title(
     ``family``; a run without one says what the metrics tell: "method not recorded" and ``name``), the steps; then
     the key settings: the method's settings (``settings``, e.g. its ``algorithm.<method>`` section; unset ones
     left out, and when a known method has more than :data:`FEW_SETTINGS`, those at its defaults), the target entropy the metrics logged (nats) and,
-    when no settings are given, for STARE or an unknown method, the weights W / M the metrics logged
-    (``stare/w`` / ``stare/m``; a range when they moved). Pure: reads nothing."""
+    when no settings are given, what the method's own metrics tell of its settings (``title_metrics``: STARE's
+    weights W / M from ``stare/w`` / ``stare/m``, a range when they moved; every method's for an unknown one).
+    Pure: reads nothing."""
     summary = summary or {}
     spec = summary.get("method")
     method = None
@@ -281,14 +291,19 @@ def run_title(
                                 "others at defaults" if shown else "settings at defaults"]))  # fmt: skip
     elif given:
         parts.append(", ".join(f"{k}={_fmt(v)}" for k, v in given.items()))
-    _, target = _series(rows, _first_key(rows, TARGET))
+    _, target = _series(rows, shared_metric_key(rows, TARGET))
     if target:
         parts.append(f"target H {_span(target)} nats")
-    if not settings and (method is None or method.name == "stare"):  # what the metrics tell of STARE's weights
-        _, w = _series(rows, "stare/w")
-        _, m = _series(rows, "stare/m")
-        if w or m:
-            parts.append(", ".join(x for x in (w and f"W {_span(w)}", m and f"M {_span(m)}") if x))
+    if not settings:  # what the metrics tell of the method's settings
+        from stare_verl.methods import METHODS
+
+        told = []
+        for cls in [type(method)] if method is not None else METHODS.values():
+            for label, key in cls.title_metrics.items():
+                _, v = _series(rows, f"{cls.metric_prefix}{key}")
+                told += [f"{label} {_span(v)}"] if v else []
+        if told:
+            parts.append(", ".join(told))
     return ", ".join(head) + ("\n" + "; ".join(parts) if parts else "")
 
 
@@ -302,7 +317,7 @@ def _not_logged(ax, title: str, keys: str) -> None:
 
 def _entropy_panel(ax, rows: list[dict[str, Any]], summary: dict[str, Any] | None = None) -> bool:
     steps, ent = _series(rows, ENTROPY)
-    model_key = _first_key(rows, MODEL_ENTROPY)
+    model_key = shared_metric_key(rows, MODEL_ENTROPY)
     s2, model_ent = _series(rows, model_key)
     if not steps and not s2:
         _not_logged(ax, PANEL_ENTROPY, ENTROPY)
@@ -315,12 +330,12 @@ def _entropy_panel(ax, rows: list[dict[str, Any]], summary: dict[str, Any] | Non
     hs, hv = heldout_curve(report.get("heldout_entropy") if isinstance(report, dict) else None)
     if hs:
         ax.plot(hs, hv, marker="s", color="black", linewidth=1.8, label=HELDOUT_CURVE_LABEL)
-    ts, target = _series(rows, _first_key(rows, TARGET))
+    ts, target = _series(rows, shared_metric_key(rows, TARGET))
     if target and min(target) == max(target):
         ax.axhline(target[0], color="red", linewidth=1, label=f"target {target[0]:g}")
     elif target:
         ax.plot(ts, target, color="red", linewidth=1, drawstyle="steps-mid", label="target")
-    gs, gate = _series(rows, GATE)
+    gs, gate = _series(rows, own_metric("stare", "gate_on"))
     for s, g in zip(gs, gate, strict=True):
         if g > 0.5:
             ax.axvspan(s - 0.5, s + 0.5, color="orange", alpha=0.15, linewidth=0)
@@ -395,10 +410,10 @@ def _tool_panel(ax, rows: list[dict[str, Any]]) -> None:
 
 
 def _cov_panel(ax, rows: list[dict[str, Any]]) -> bool:
-    steps, cov = _series(rows, _first_key(rows, COV))
-    s2, eff = _series(rows, _first_key(rows, COV_EFF))
+    steps, cov = _series(rows, shared_metric_key(rows, COV))
+    s2, eff = _series(rows, shared_metric_key(rows, COV_EFF))
     if not steps and not s2:
-        _not_logged(ax, PANEL_COV, "entropy_control/cov_logp_adv, stare/cov_logp_adv")
+        _not_logged(ax, PANEL_COV, ", ".join(_names(COV)))
         return False
     if steps:
         ax.plot(steps, cov, color="gray", marker=".", label="before (baseline advantages)")

@@ -14,7 +14,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from stare_verl.config import parse_stare_config
 from stare_verl.recipe_files import recipes_dir, register_resolver
 
 __all__ = ["compose_recipe", "recipe_names", "recipes_dir", "validate_recipe"]
@@ -65,7 +64,8 @@ def validate_recipe(cfg: DictConfig) -> Any:
 
     Returns:
         The parsed config of the entropy-control method the estimator selects (``StareConfig`` for ``stare``),
-        or None when the estimator is none of ours.
+        or None when the estimator is none of ours. Whether the trainer can run it is
+        :func:`stare_verl.methods.check_runnable`.
 
     Raises:
         Exception: whatever verl or our validation raises for a config that would fail at launch.
@@ -86,16 +86,14 @@ def validate_recipe(cfg: DictConfig) -> Any:
             print(line)
     omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout, dataclass_type=RolloutConfig)
     algo: dict[str, Any] = OmegaConf.to_container(cfg.algorithm, resolve=True)  # type: ignore[assignment]
-    from stare_verl.config import config_bool, read_bool
-    from stare_verl.estimator import group_baseline
-    from stare_verl.methods import ESTIMATORS, METHODS, method_for_config
+    from stare_verl.methods import ESTIMATORS, METHODS, check_runnable
+    from stare_verl.methods.settings import config_bool, read_bool
 
     estimator = cfg.algorithm.adv_estimator
-    # the boolean keys every method reads, read once by the project's reader (0 and "false" are false, "maybe",
-    # 2 and null are errors naming the key), before verl's dataclass would read them its own way
-    if estimator in ESTIMATORS:
-        group_baseline(cfg.algorithm)
-    elif "norm_adv_by_std_in_grpo" in algo:
+    # the trainer mode, the entropy and the boolean keys every method reads (read by the project's reader: 0 and
+    # "false" are false, "maybe", 2 and null are errors naming the key), before verl's dataclass reads them its way
+    method = check_runnable(cfg)
+    if estimator not in ESTIMATORS and "norm_adv_by_std_in_grpo" in algo:
         norm = algo["norm_adv_by_std_in_grpo"]
         config_bool(norm, "algorithm.norm_adv_by_std_in_grpo")
         if not isinstance(norm, bool):
@@ -121,21 +119,4 @@ def validate_recipe(cfg: DictConfig) -> Any:
         raise FileNotFoundError(
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {mt.tool_config_path}"
         )
-    if estimator in ESTIMATORS:
-        from stare_verl.estimator import STARE_TRAINER_MODES, StareInputsMissing
-
-        mode = cfg.trainer.v1.trainer_mode
-        if not cfg.trainer.use_v1 or mode not in STARE_TRAINER_MODES:
-            raise StareInputsMissing(
-                f"algorithm.adv_estimator={estimator} needs trainer.use_v1=true and trainer.v1.trainer_mode in "
-                f"{STARE_TRAINER_MODES} (got use_v1={cfg.trainer.use_v1}, trainer_mode={mode})"
-            )
-        rc = cfg.algorithm.get("rollout_correction") or {}
-        if read_bool(rc, "bypass_mode", False, "algorithm.rollout_correction"):
-            raise ValueError(
-                f"algorithm.adv_estimator={estimator} needs the actor's entropy: "
-                "algorithm.rollout_correction.bypass_mode must be false"
-            )
-        method = method_for_config(cfg.algorithm)
-        return parse_stare_config(cfg.algorithm) if estimator == "stare" else method.config
-    return None
+    return None if method is None else method.config

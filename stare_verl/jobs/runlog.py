@@ -12,6 +12,7 @@ last", has its own name: :meth:`RunFolder.newest`.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -224,19 +225,14 @@ class RunFolder:
                 best, best_key = run, key
         return best
 
-# Metric keys kept in metrics.jsonl (prefix match), in verl's and our naming.
+# Metric keys kept in metrics.jsonl (prefix match), in verl's naming; the entropy-control methods' prefixes (the
+# shared entropy_control/ and each method's own) come from the registry, :func:`kept_prefixes`.
 KEPT_PREFIXES = (
     "critic/score/",
     "critic/rewards/",
     "actor/entropy",
     "actor/pg_clipfrac",
     "actor/ppo_kl",
-    "stare/",
-    "entropy_control/",  # every entropy-control method's shared metrics, then each method's own
-    "forking/",
-    "entropy_adv/",
-    "adaptive_entropy/",
-    "repo_r/",
     "actor/entropy_loss",
     "response_length/",
     "num_turns/",
@@ -274,15 +270,41 @@ def read_verl_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return [{"step": s, **rows[s]} for s in sorted(rows)]
 
 
+@functools.cache
+def kept_prefixes() -> tuple[str, ...]:
+    """:data:`KEPT_PREFIXES` and the prefixes of the entropy-control methods' metrics
+    (:func:`stare_verl.methods.metric_prefixes`; imported on first use: the registry brings torch)."""
+    from stare_verl.methods import metric_prefixes
+
+    return (*KEPT_PREFIXES, *metric_prefixes())
+
+
+def shared_metric_key(rows: list[dict[str, Any]], key: str) -> str | None:
+    """The name a shared quantity ``key`` (``batch_entropy``, ``target_entropy``, ``cov_logp_adv``, ...) has in
+    ``rows``: ``entropy_control/<key>``, or in older runs a method's own name for it
+    (:func:`stare_verl.methods.metric_names`); None when no row holds it."""
+    from stare_verl.methods import metric_names
+
+    return next((name for name in metric_names(key) if any(name in r for r in rows)), None)
+
+
+def own_metric(method: str, key: str) -> str:
+    """The name of the method called ``method``'s own metric ``key`` (its declared prefix, ``EntropyControl.metric_prefix``)."""
+    from stare_verl.methods import get_method
+
+    return f"{get_method(method).metric_prefix}{key}"
+
+
 def select_metrics(row: dict[str, Any]) -> dict[str, Any]:
-    """Keep the step and the finite scalar metrics worth plotting/comparing (see ``KEPT_PREFIXES``)."""
+    """Keep the step and the finite scalar metrics worth plotting/comparing (see :func:`kept_prefixes`)."""
+    prefixes = kept_prefixes()
     out: dict[str, Any] = {"step": row["step"]}
     for key, value in row.items():
         if key == "step" or not isinstance(value, (int, float)) or isinstance(value, bool):
             continue
         if not math.isfinite(float(value)):
             continue
-        if key.startswith(KEPT_PREFIXES) or any(s in key for s in KEPT_SUBSTRINGS):
+        if key.startswith(prefixes) or any(s in key for s in KEPT_SUBSTRINGS):
             out[key] = value
     return out
 
@@ -364,18 +386,20 @@ def plot_run(
     if steps:
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.plot(steps, ent, marker=".", label="actor/entropy (nats)")
-        s2, model_ent = _series(rows, "stare/batch_entropy")
+        ent_key = shared_metric_key(rows, "batch_entropy")
+        s2, model_ent = _series(rows, ent_key) if ent_key else ([], [])
         if s2:
-            ax.plot(s2, model_ent, linestyle="--", label="stare/batch_entropy (model tokens)")
+            ax.plot(s2, model_ent, linestyle="--", label=f"{ent_key} (model tokens)")
         hs, hv = heldout_curve(heldout)
         if hs:
             ax.plot(hs, hv, marker="s", color="black", linewidth=1.8, label=HELDOUT_CURVE_LABEL)
         if target_entropy is None:
-            _, tgt = _series(rows, "stare/target_entropy")
+            tgt_key = shared_metric_key(rows, "target_entropy")
+            _, tgt = _series(rows, tgt_key) if tgt_key else ([], [])
             target_entropy = tgt[-1] if tgt else None
         if target_entropy is not None:
             ax.axhline(target_entropy, color="red", linewidth=1, label=f"target {target_entropy:g}")
-        gs, gate = _series(rows, "stare/gate_on")
+        gs, gate = _series(rows, own_metric("stare", "gate_on"))
         for s, g in zip(gs, gate, strict=True):
             if g > 0.5:
                 ax.axvspan(s - 0.5, s + 0.5, color="orange", alpha=0.15, linewidth=0)
@@ -429,14 +453,16 @@ QUADRANT_LABELS = {
 
 
 def plot_entropy_dynamics(rows: list[dict[str, Any]], out_dir: Path, title: str | None = None) -> list[Path]:
-    """Write entropy_dynamics.png: per step, Cov(log pi, A) over model tokens before (``stare/cov_logp_adv``)
-    and after reweighting (``stare/cov_logp_adv_eff``), and the token classes' contributions to the
-    reweighted covariance (``stare/cov_quadrant_eff/*``). First-order theory (Cui et al. 2025, arXiv
-    2505.22617) gives dH ~ -eta * Cov(log pi, A): a positive covariance drives entropy down. ``title``: the run's,
-    under the plot's own (as :func:`plot_run`).
+    """Write entropy_dynamics.png: per step, Cov(log pi, A) over model tokens before
+    (``entropy_control/cov_logp_adv``; older runs ``stare/...``) and after the method
+    (``entropy_control/cov_logp_adv_eff``), and the token classes' contributions to the covariance after it
+    (``entropy_control/cov_quadrant_eff/*``). First-order theory (Cui et al. 2025, arXiv 2505.22617) gives
+    dH ~ -eta * Cov(log pi, A): a positive covariance drives entropy down. ``title``: the run's, under the plot's
+    own (as :func:`plot_run`).
 
     Returns ``[path]``, or ``[]`` when the rows carry no covariance metric (runs from before they existed)."""
-    steps, cov = _series(rows, "stare/cov_logp_adv")
+    cov_key = shared_metric_key(rows, "cov_logp_adv")
+    steps, cov = _series(rows, cov_key) if cov_key else ([], [])
     if not steps:
         return []
     import matplotlib
@@ -446,15 +472,17 @@ def plot_entropy_dynamics(rows: list[dict[str, Any]], out_dir: Path, title: str 
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     ax1.plot(steps, cov, color="gray", label="Cov(log pi, A), GRPO advantage")
-    s_eff, cov_eff = _series(rows, "stare/cov_logp_adv_eff")
+    eff_key = shared_metric_key(rows, "cov_logp_adv_eff")
+    s_eff, cov_eff = _series(rows, eff_key) if eff_key else ([], [])
     if s_eff:
-        ax1.plot(s_eff, cov_eff, color="tab:blue", linestyle="--", label="Cov(log pi, A_eff), after STARE")
+        ax1.plot(s_eff, cov_eff, color="tab:blue", linestyle="--", label="Cov(log pi, A_eff), after the method")
     ax1.axhline(0.0, color="black", linewidth=0.6)
     ax1.set_ylabel("covariance (nats)")
     _titled(ax1, "Entropy dynamics (dH ~ -eta * Cov): > 0 lowers entropy", title)
     ax1.legend(fontsize=8)
     for q, label in QUADRANT_LABELS.items():
-        sq, vals = _series(rows, f"stare/cov_quadrant_eff/{q}")
+        q_key = shared_metric_key(rows, f"cov_quadrant_eff/{q}")
+        sq, vals = _series(rows, q_key) if q_key else ([], [])
         if sq:
             ax2.plot(sq, vals, label=label)
     ax2.axhline(0.0, color="black", linewidth=0.6)
@@ -540,7 +568,8 @@ def entropy_report(
 
     ``rows``: the run's metrics rows (``metrics.jsonl``). ``before`` / ``after``: the held-out evaluations
     (``{"T=0": {"accuracy": ...}, "T=1": {...}}``), optional.
-    Entropy is the gate's, ``stare/batch_entropy`` (token mean over model tokens; ``actor/entropy`` when a run did
+    Entropy is the gate's, ``entropy_control/batch_entropy`` (``stare/batch_entropy`` in older runs; token mean
+    over model tokens; ``actor/entropy`` when a run did
     not log it), averaged over the first and the last quarter of the steps (a quarter is ``max(1, n // 4)`` steps,
     as ``make compare`` counts). ``gate_on_share``: steps with ``stare/gate_on`` over steps that logged it. L+ / L-:
     over the steps with the gate on, the mean weight applied (``stare/w`` / ``stare/m``; None for a set that
@@ -557,12 +586,14 @@ def entropy_report(
     reweighted but did not hold the entropy. ``message``: one plain sentence of that. Pure: reads nothing.
     """
     rows = _clean_rows(rows)
-    key = "stare/batch_entropy" if any("stare/batch_entropy" in r for r in rows) else "actor/entropy"
+    key = shared_metric_key(rows, "batch_entropy") or "actor/entropy"
     ent_rows = [r for r in rows if key in r]
     ent = [float(r[key]) for r in ent_rows]
-    target = next((float(r["stare/target_entropy"]) for r in rows if "stare/target_entropy" in r), None)
-    gate_rows = [r for r in rows if "stare/gate_on" in r]
-    gated = [r for r in gate_rows if float(r["stare/gate_on"]) > 0.5]
+    tkey = shared_metric_key(rows, "target_entropy")
+    target = next((float(r[tkey]) for r in rows if tkey in r), None) if tkey else None
+    st = functools.partial(own_metric, "stare")  # STARE's own metrics: its gate, weights and token sets
+    gate_rows = [r for r in rows if st("gate_on") in r]
+    gated = [r for r in gate_rows if float(r[st("gate_on")]) > 0.5]
     quarter = max(1, len(ent) // 4)
     first, last = ent[:quarter], ent[len(ent) - quarter:]
     last_steps = {r["step"] for r in ent_rows[len(ent_rows) - quarter:]}
@@ -571,7 +602,7 @@ def entropy_report(
     def weight(wkey: str, fkey: str) -> float | None:
         return _mean([float(r[wkey]) for r in gated if wkey in r and float(r.get(fkey, 0.0)) > 0])
 
-    ws = [float(r[k]) for r in rows for k in ("stare/w", "stare/m") if k in r]
+    ws = [float(r[k]) for r in rows for k in (st("w"), st("m")) if k in r]
     report: dict[str, Any] = {
         "entropy_key": key,
         "target_entropy": target,
@@ -584,16 +615,16 @@ def entropy_report(
         "gate_steps": len(gate_rows),
         "gate_on_share": len(gated) / len(gate_rows) if gate_rows else None,
         "reweighting": any(abs(w - 1.0) > 1e-9 for w in ws),
-        "l_plus_weight": weight("stare/w", "stare/frac_l_plus"),
-        "l_plus_token_share": _mean([float(r.get("stare/frac_l_plus", 0.0)) for r in gated]),
-        "l_minus_weight": weight("stare/m", "stare/frac_l_minus"),
-        "l_minus_token_share": _mean([float(r.get("stare/frac_l_minus", 0.0)) for r in gated]),
-        "mean_token_weight": _mean([float(r["stare/mean_weight"]) for r in rows if "stare/mean_weight" in r]),
+        "l_plus_weight": weight(st("w"), st("frac_l_plus")),
+        "l_plus_token_share": _mean([float(r.get(st("frac_l_plus"), 0.0)) for r in gated]),
+        "l_minus_weight": weight(st("m"), st("frac_l_minus")),
+        "l_minus_token_share": _mean([float(r.get(st("frac_l_minus"), 0.0)) for r in gated]),
+        "mean_token_weight": _mean([float(r[st("mean_weight")]) for r in rows if st("mean_weight") in r]),
         # of the L+ / L- tokens (gated steps), the share whose surprisal exceeds their own state's entropy
-        "l_plus_above_entropy": _mean([float(r["stare/l_plus_above_entropy"]) for r in gated
-                                       if float(r.get("stare/l_plus_above_entropy", -1.0)) >= 0]),  # fmt: skip
-        "l_minus_above_entropy": _mean([float(r["stare/l_minus_above_entropy"]) for r in gated
-                                        if float(r.get("stare/l_minus_above_entropy", -1.0)) >= 0]),  # fmt: skip
+        "l_plus_above_entropy": _mean([float(r[st("l_plus_above_entropy")]) for r in gated
+                                       if float(r.get(st("l_plus_above_entropy"), -1.0)) >= 0]),  # fmt: skip
+        "l_minus_above_entropy": _mean([float(r[st("l_minus_above_entropy")]) for r in gated
+                                        if float(r.get(st("l_minus_above_entropy"), -1.0)) >= 0]),  # fmt: skip
         "acc_before": {"greedy": _accuracy(before, "T=0"), "T=1": _accuracy(before, "T=1")},
         "acc_after": {"greedy": _accuracy(after, "T=0"), "T=1": _accuracy(after, "T=1")},
         "heldout_entropy": _heldout_entropy(heldout),

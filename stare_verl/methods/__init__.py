@@ -11,11 +11,22 @@ import functools
 from typing import Any
 
 from stare_verl.methods.adaptive_entropy import AdaptiveEntropy
-from stare_verl.methods.base import EntropyControl, EntropyInputsMissing, MethodConfigError
+from stare_verl.methods.base import (
+    SHARED_METRICS,
+    TOKEN_STATS_MODES,
+    TRAINER_MODE_ALIASES,
+    EntropyControl,
+    EntropyInputsMissing,
+    MethodConfigError,
+    feeds_token_stats,
+    inputs_missing,
+    read_bool,
+)
 from stare_verl.methods.clip_cov import ClipCov
 from stare_verl.methods.entropy_adv import EntropyAdv
 from stare_verl.methods.entropy_bonus import EntropyBonus
 from stare_verl.methods.forking import Forking
+from stare_verl.methods.group_baseline import GroupConfig
 from stare_verl.methods.grpo import Grpo
 from stare_verl.methods.kl_cov import KlCov
 from stare_verl.methods.repo_r import RepoR
@@ -30,8 +41,10 @@ METHODS: dict[str, type[EntropyControl]] = {
 ESTIMATORS: dict[str, type[EntropyControl]] = {cls.estimator: cls for cls in METHODS.values() if cls.estimator}
 """The methods that act in the trainer, by the ``algorithm.adv_estimator`` each registers in verl."""
 
-__all__ = ["ESTIMATORS", "METHODS", "EntropyControl", "EntropyInputsMissing", "MethodConfigError", "estimator_fn", "get_method",
-           "method_for_config", "parse_method_spec", "register"]  # fmt: skip
+__all__ = ["ESTIMATORS", "METHODS", "SHARED_METRICS", "TOKEN_STATS_MODES", "TRAINER_MODE_ALIASES", "EntropyControl",
+           "EntropyInputsMissing", "MethodConfigError", "check_runnable", "estimator_fn", "get_method",
+           "group_config_of", "inputs_missing", "method_for_config", "metric_names", "metric_prefixes",
+           "parse_method_spec", "register"]  # fmt: skip
 
 
 def get_method(name: str) -> type[EntropyControl]:
@@ -70,19 +83,83 @@ def method_for_config(algorithm_config: Any) -> EntropyControl | None:
     Raises:
         MethodConfigError: the method's ``algorithm.<name>`` section is invalid.
     """
-    get = algorithm_config.get if hasattr(algorithm_config, "get") else lambda k, d=None: getattr(algorithm_config, k, d)
-    cls = ESTIMATORS.get(get("adv_estimator", None))
+    cls = ESTIMATORS.get(_algo_get(algorithm_config, "adv_estimator"))
     return None if cls is None else cls.from_algorithm(algorithm_config)
 
 
-def _needs_trainer_error(cls: type[EntropyControl]) -> EntropyInputsMissing:
-    from stare_verl.estimator import STARE_TRAINER_MODES
+def _algo_get(section: Any, key: str, default: Any = None) -> Any:
+    if section is None:
+        return default
+    return section.get(key, default) if hasattr(section, "get") else getattr(section, key, default)
 
-    return EntropyInputsMissing(
-        f"algorithm.adv_estimator={cls.estimator} needs the old log-probs and entropy of each token, which this "
-        f"trainer does not pass to advantage estimators. Use trainer.v1.trainer_mode={' or '.join(STARE_TRAINER_MODES)}"
-        " from stare_verl, with trainer.use_v1=true."
-    )
+
+def group_config_of(algorithm_config: Any) -> GroupConfig:
+    """The GRPO group baseline a run of verl's ``algorithm`` section computes its advantages from: the settings
+    of the method its ``adv_estimator`` selects (:meth:`EntropyControl.group_config`; STARE's ``algorithm.stare``
+    for STARE and the methods run as its GRPO-ds twin), :meth:`GroupConfig.from_algorithm` for verl's own
+    estimators. Two runs are comparable only when these are equal.
+
+    Raises:
+        MethodConfigError: an invalid method section or a boolean key that holds no boolean.
+    """
+    cls = ESTIMATORS.get(_algo_get(algorithm_config, "adv_estimator"))
+    return cls.group_config(algorithm_config) if cls is not None else GroupConfig.from_algorithm(algorithm_config)
+
+
+def check_runnable(config: Any, feeds: bool | None = None) -> EntropyControl | None:
+    """The one rule for whether verl's full config can run the method it selects, checked before any worker
+    starts (by the trainer modes, the guard on verl's other trainers and ``stare-verl check``).
+
+    A method of ours (:data:`ESTIMATORS`) needs the token statistics: ``trainer.use_v1=true`` and a trainer mode
+    of :data:`TOKEN_STATS_MODES` (or an older alias, :data:`TRAINER_MODE_ALIASES`), and the actor's entropy,
+    which verl does not compute with ``algorithm.rollout_correction.bypass_mode=true``. Its section and the group
+    baseline's boolean keys are read now, not at the first step.
+
+    Args:
+        config: verl's whole config (``algorithm``, ``trainer``), a DictConfig or nested mappings.
+        feeds: whether the trainer that will run it hands estimators the token statistics, when the caller
+            knows (a trainer checking itself); None: read from ``trainer.use_v1`` / ``trainer.v1.trainer_mode``.
+
+    Returns:
+        the method (validated), or None when the estimator is none of ours (verl's own run, nothing checked).
+
+    Raises:
+        EntropyInputsMissing: the trainer does not feed the method's token statistics.
+        ValueError: ``bypass_mode`` is true (named in the message).
+        MethodConfigError: the method's section or a boolean key is invalid.
+    """
+    algo = _algo_get(config, "algorithm")
+    estimator = _algo_get(algo, "adv_estimator")
+    if estimator not in ESTIMATORS:
+        return None
+    trainer = _algo_get(config, "trainer")
+    mode = _algo_get(_algo_get(trainer, "v1"), "trainer_mode")
+    if feeds is None:
+        feeds = read_bool(trainer, "use_v1", False, "trainer") and feeds_token_stats(mode)
+    if not feeds:
+        raise inputs_missing(estimator, mode)
+    if read_bool(_algo_get(algo, "rollout_correction"), "bypass_mode", False, "algorithm.rollout_correction"):
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator} needs the actor's entropy, which verl does not compute with "
+            "algorithm.rollout_correction.bypass_mode=true; set it to false"
+        )
+    group_config_of(algo)
+    return method_for_config(algo)
+
+
+def metric_prefixes() -> tuple[str, ...]:
+    """The prefixes of every metric the methods log: the shared ``entropy_control/`` first, then each method's
+    own (``stare/``, ``forking/``, ...), in :data:`METHODS` order."""
+    own = dict.fromkeys(cls.metric_prefix for cls in METHODS.values() if cls.metric_prefix)
+    return (SHARED_METRICS, *own)
+
+
+def metric_names(key: str) -> tuple[str, ...]:
+    """The names a shared quantity ``key`` (``batch_entropy``, ``cov_logp_adv_eff``, ...) is found under in a
+    run's metrics, first found wins: ``entropy_control/<key>``, then the names older runs of a method logged it
+    under (``stare/<key>``, :attr:`EntropyControl.shared_metrics_were_own`)."""
+    old = [cls.metric_prefix + key for cls in METHODS.values() if cls.shared_metrics_were_own and cls.metric_prefix]
+    return (SHARED_METRICS + key, *old)
 
 
 @functools.cache
@@ -94,15 +171,14 @@ def estimator_fn(cls: type[EntropyControl]):
     Raises (when called):
         EntropyInputsMissing: without ``old_log_probs`` / ``entropys`` (a trainer mode that cannot feed it).
     """
-    if cls.estimator == "stare":
-        from stare_verl.estimator import compute_stare_advantage
-
-        return compute_stare_advantage
+    own = cls.verl_estimator()
+    if own is not None:
+        return own
 
     def compute(token_level_rewards, response_mask, index=None, config=None, old_log_probs=None, entropys=None,
                 method=None, metrics=None, **kwargs):  # fmt: skip
         if old_log_probs is None or entropys is None:
-            raise _needs_trainer_error(cls)
+            raise inputs_missing(cls.estimator)
         method = method or cls.from_algorithm(config)
         step: dict = {}
         _, eff = method.advantage(token_level_rewards, response_mask, index, config, old_log_probs, entropys, step)

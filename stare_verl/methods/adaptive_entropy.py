@@ -65,6 +65,7 @@ class AdaptiveEntropy(EntropyControl):
     estimator: ClassVar[str] = "adaptive_entropy"
     target_key: ClassVar[str] = "target_entropy"
     state_file: ClassVar[str] = "adaptive_entropy_state.json"
+    metric_prefix: ClassVar[str] = "adaptive_entropy/"
     STATE_VERSION: ClassVar[int] = 1
 
     def __init__(self, config: AdaptiveEntropyConfig):

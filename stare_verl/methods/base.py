@@ -12,56 +12,66 @@ entropy advantage, REPO-R; ``../docs/entropy-methods.md`` has the formulas) is o
   (:meth:`EntropyControl.actor_extra`), its controller state (checkpointed with verl's) and its metrics.
 
 Methods whose whole effect is verl configuration (``estimator = None``) run in the trainer as the GRPO-ds twin
-(the ``stare`` estimator with W = M = 1), so every method logs the same ``stare/*`` and ``entropy_control/*``
-metrics. The registry (:data:`METHODS`) is the only place a method is looked up by name.
+(the ``stare`` estimator with W = M = 1), so every method logs the same ``entropy_control/*`` metrics (and the
+twin STARE's ``stare/*``). The registry (:data:`METHODS`) is the only place a method is looked up by name.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ValidationError
 
-
-class MethodConfigError(ValueError):
-    """An entropy-control method's config is invalid; the message names the key and what is allowed."""
+from stare_verl.methods.group_baseline import GroupConfig, grpo_base
+from stare_verl.methods.settings import (  # noqa: F401 - the methods' settings helpers, named here too
+    ConfigBoolError,
+    MethodConfigError,
+    config_bool,
+    format_validation_error,
+    plain_mapping,
+    read_bool,
+)
 
 
 class EntropyInputsMissing(RuntimeError):
     """A method that needs token statistics was called by a trainer that does not pass them."""
 
 
-def plain_mapping(obj: Any, where: str) -> dict[str, Any]:
-    """OmegaConf DictConfig / Mapping / None -> plain dict.
+TOKEN_STATS_MODES: dict[str, str] = {"token_stats_sync": "sync", "token_stats_colocate_async": "colocate_async"}
+"""The trainer modes that hand a method the token statistics it needs (old log-probs and entropy of the pre-update
+policy), by name, with the verl V1 mode each reproduces (``stare_verl.trainer``)."""
 
-    Raises:
-        MethodConfigError: ``obj`` is neither (``where`` names the config key).
-    """
-    if obj is None:
-        return {}
-    if type(obj).__name__ in ("DictConfig", "ListConfig"):
-        from omegaconf import OmegaConf
-
-        obj = OmegaConf.to_container(obj, resolve=True)
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    raise MethodConfigError(f"{where} must be a mapping, got {type(obj).__name__}")
+TRAINER_MODE_ALIASES: dict[str, str] = {
+    "stare_sync": "token_stats_sync",
+    "stare_colocate_async": "token_stats_colocate_async",
+}
+"""Older names of :data:`TOKEN_STATS_MODES` (from when STARE was the only method), registered too so that older
+recipes keep running."""
 
 
-def format_validation_error(err: ValidationError, where: str, model: type[BaseModel]) -> str:
-    """One line per problem, each naming ``<where>.<key>``; an unknown key lists the allowed ones."""
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(config)"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{where}.{key}: unknown key; allowed keys: {', '.join(model.model_fields)}")
-        else:
-            lines.append(f"{where}.{key}: {e['msg']} (got {e.get('input')!r})")
-    return f"invalid {where} config:\n  " + "\n  ".join(lines)
+def feeds_token_stats(trainer_mode: Any) -> bool:
+    """Whether ``trainer.v1.trainer_mode`` names a mode of :data:`TOKEN_STATS_MODES` (or an older alias)."""
+    return trainer_mode in TOKEN_STATS_MODES or trainer_mode in TRAINER_MODE_ALIASES
+
+
+def inputs_missing(estimator: str, trainer_mode: Any = None) -> EntropyInputsMissing:
+    """The error for ``algorithm.adv_estimator=<estimator>`` run where the token statistics do not reach it
+    (``trainer_mode``: the mode configured, when known)."""
+    got = f" with trainer.v1.trainer_mode={trainer_mode}" if trainer_mode is not None else ""
+    return EntropyInputsMissing(
+        f"algorithm.adv_estimator={estimator}{got}: the method needs the old log-probs and entropy of each token, "
+        "which this trainer does not pass to advantage estimators. Use trainer.use_v1=true and "
+        f"trainer.v1.trainer_mode={' or '.join(TOKEN_STATS_MODES)} (stare_verl)."
+    )
+
+
+SHARED_METRICS = "entropy_control/"
+"""The prefix of the quantities every method logs, each computed once per step: batch entropy, target entropy,
+Cov(log pi, A) before / after the method and its quadrant shares (``stare_verl.methods.metrics``), the group
+baseline's counts (``stare_verl.methods.group_baseline``)."""
 
 
 def _algo_get(algorithm_config: Any, key: str, default: Any = None) -> Any:
@@ -93,6 +103,13 @@ class EntropyControl:
         recipe: the CPU tiny recipe it starts from, ``recipes/cpu/<family>_tiny_<recipe>.yaml``.
         target_key: the config field holding a target entropy (nats), or None when the method has no target.
         state_file: the file its controller state is kept in inside verl's ``global_step_N`` folders, or None.
+        metric_prefix: the prefix of the metrics the method logs of its own (``forking/``), or None. What every
+            method logs (batch entropy, target, Cov(log pi, A) and its quadrants) is ``entropy_control/*``
+            (:data:`SHARED_METRICS`).
+        shared_metrics_were_own: older runs of the method logged the shared quantities under ``metric_prefix``
+            (``stare/batch_entropy``): readers of old run folders fall back to those names.
+        title_metrics: of its own metrics, those a run's plot title shows when the run's settings were not
+            recorded (label -> key under ``metric_prefix``, e.g. STARE's ``{"W": "w", "M": "m"}``).
 
     Args:
         config: a validated ``Config``.
@@ -105,6 +122,9 @@ class EntropyControl:
     recipe: ClassVar[str] = "grpo"
     target_key: ClassVar[str | None] = None
     state_file: ClassVar[str | None] = None
+    metric_prefix: ClassVar[str | None] = None
+    shared_metrics_were_own: ClassVar[bool] = False
+    title_metrics: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: BaseModel):
         self.config = config
@@ -127,6 +147,23 @@ class EntropyControl:
     def from_algorithm(cls, algorithm_config: Any) -> EntropyControl:
         """The method built from verl's ``algorithm`` section (its ``algorithm.<name>`` entry)."""
         return cls(cls.parse(_algo_get(algorithm_config, cls.name)))
+
+    @classmethod
+    def group_config(cls, algorithm_config: Any) -> GroupConfig:
+        """The settings of the GRPO group baseline this method's advantages start from, read from verl's
+        ``algorithm`` section (:meth:`GroupConfig.from_algorithm`; a method with settings of its own for it
+        overrides this).
+
+        Raises:
+            MethodConfigError: a boolean key that holds no boolean, or an invalid section of the method.
+        """
+        return GroupConfig.from_algorithm(algorithm_config)
+
+    @classmethod
+    def verl_estimator(cls) -> Any:
+        """The function registered in verl under :attr:`estimator`, when the method brings one with its own
+        signature (None: :func:`stare_verl.methods.estimator_fn` builds the common one around :meth:`advantage`)."""
+        return None
 
     def launch_overrides(self) -> list[str]:
         """Hydra overrides that select this method with its config on its ``recipe`` (``++`` adds or replaces)."""
@@ -162,10 +199,8 @@ class EntropyControl:
         metrics: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(base, effective)`` advantages, both ``[B, T]`` float, 0 where ``response_mask`` is 0: the GRPO base
-        (:func:`stare_verl.estimator.grpo_base`) and what the actor's update receives after the method's change
-        (:meth:`reshape`). ``metrics`` is updated in place."""
-        from stare_verl.estimator import grpo_base
-
+        (:func:`stare_verl.methods.group_baseline.grpo_base`) and what the actor's update receives after the method's
+        change (:meth:`reshape`). ``metrics`` is updated in place."""
         base = grpo_base(token_level_rewards, response_mask, index, algorithm_config, metrics)
         return base, self.reshape(base, response_mask, old_log_probs, entropys, metrics)
 

@@ -53,6 +53,7 @@ class EntropyAdv(EntropyControl):
     summary: ClassVar[str] = "entropy advantage: A + min(alpha * H, |A| / kappa) per token"
     Config: ClassVar[type] = EntropyAdvConfig
     estimator: ClassVar[str] = "entropy_adv"
+    metric_prefix: ClassVar[str] = "entropy_adv/"
 
     def reshape(self, advantages, response_mask, old_log_probs, entropys, metrics):
         out = entropy_advantages(advantages, response_mask, entropys, self.config.alpha, self.config.kappa)

@@ -54,6 +54,7 @@ class Forking(EntropyControl):
     summary: ClassVar[str] = "80/20 forking tokens: policy gradient on the top-rho entropy tokens only"
     Config: ClassVar[type] = ForkingConfig
     estimator: ClassVar[str] = "forking"
+    metric_prefix: ClassVar[str] = "forking/"
 
     def reshape(self, advantages, response_mask, old_log_probs, entropys, metrics):
         out, selected = forking_advantages(advantages, response_mask, entropys, self.config.rho)

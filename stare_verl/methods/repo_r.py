@@ -111,6 +111,7 @@ class RepoR(EntropyControl):
     estimator: ClassVar[str] = "repo_r"
     target_key: ClassVar[str] = "target_entropy"
     state_file: ClassVar[str] = "repo_r_state.json"
+    metric_prefix: ClassVar[str] = "repo_r/"
     STATE_VERSION: ClassVar[int] = 1
 
     def __init__(self, config: RepoRConfig):

@@ -168,7 +168,7 @@ def _estimator_inputs(device: str, seed: int = 0, b: int = 64, t: int = 256):
 def test_estimator_on_cuda_equals_cpu(variant, scope):
     from omegaconf import OmegaConf
 
-    from stare_verl.estimator import compute_stare_advantage
+    from stare_verl.methods.stare import compute_stare_advantage
 
     stare = {"variant": variant, "target_entropy": 50.0, "scope": scope}
     if scope == "chunk":

@@ -345,7 +345,7 @@ def test_token_in_token_out_and_mask(run, name):
 def test_batch_through_stare_estimator_tool_tokens_get_nothing(run):
     from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
 
-    from stare_verl.estimator import compute_stare_advantage
+    from stare_verl.methods.stare import compute_stare_advantage
 
     out = run.out
     mask = out.batch["response_mask"]

@@ -227,7 +227,7 @@ def test_cpu_recipes_compose_validate_and_differ_only_in_reweighting(family, mon
     cpu = recipes_dir() / "cpu"
     cfg = compose_recipe(f"{family}_tiny_stare", fill, cpu)
     stare = validate_recipe(cfg)
-    assert stare.reweight_w > 1.0 and cfg.trainer.v1.trainer_mode == "stare_sync"
+    assert stare.reweight_w > 1.0 and cfg.trainer.v1.trainer_mode == "token_stats_sync"
     assert cfg.actor_rollout_ref.rollout.name == "hf" and not cfg.actor_rollout_ref.rollout.multi_turn.enable
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
     assert cfg.reward.custom_reward_function.path == "pkg://envs.reward"

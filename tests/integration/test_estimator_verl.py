@@ -16,9 +16,10 @@ from verl.trainer.ppo.core_algos import (
 )
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from stare_verl.config import StareConfigError, parse_stare_config
-from stare_verl.controller import StareController
-from stare_verl.estimator import StareInputsMissing, compute_stare_advantage
+from stare_verl.methods import EntropyInputsMissing
+from stare_verl.methods.stare import compute_stare_advantage
+from stare_verl.methods.stare.config import StareConfigError, parse_stare_config
+from stare_verl.methods.stare.controller import StareController
 
 
 def _data(b=16, t=24, group=4, seed=0):
@@ -44,20 +45,24 @@ def test_plugin_registers_in_fresh_interpreter():
         "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
         "from verl.trainer.ppo.v1 import get_trainer_cls, PPOTrainer\n"
         "fn = get_adv_estimator_fn('stare')\n"
-        "print(json.dumps([fn.__module__, get_trainer_cls('stare_sync').__name__,"
-        " get_trainer_cls('stare_colocate_async').__name__, PPOTrainer.__init__._stare_guard]))\n"
+        "print(json.dumps([fn.__module__, get_trainer_cls('token_stats_sync').__name__,"
+        " get_trainer_cls('token_stats_colocate_async').__name__, PPOTrainer.__init__._stare_guard,"
+        " get_trainer_cls('stare_sync') is get_trainer_cls('token_stats_sync'),"
+        " get_trainer_cls('stare_colocate_async') is get_trainer_cls('token_stats_colocate_async')]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [
-        "stare_verl.estimator",
+        "stare_verl.methods.stare.method",
         "StareTrainerSync",
         "StareTrainerColocateAsync",
+        True,
+        True,
         True,
     ]
 
 
-@pytest.mark.parametrize("first", ["stare_verl.estimator", "stare_verl.trainer", "stare_verl.stare"])
+@pytest.mark.parametrize("first", ["stare_verl.methods.stare", "stare_verl.trainer", "stare_verl.methods.stare.reweight"])
 def test_any_import_order_registers_everything(first):
     code = (
         f"import {first}\n"
@@ -106,7 +111,7 @@ def test_verl_compute_advantage_refuses_without_inputs():
         tensors={"token_level_rewards": rewards, "response_mask": mask, "old_log_probs": logp, "entropy": ent},
         non_tensors={"uid": uid},
     )
-    with pytest.raises(StareInputsMissing, match="trainer_mode=stare_sync"):
+    with pytest.raises(EntropyInputsMissing, match="trainer_mode=token_stats_sync"):
         compute_advantage(data, adv_estimator="stare", config=_algo())
     assert get_adv_estimator_fn("stare") is compute_stare_advantage
 
@@ -221,7 +226,7 @@ def test_nonfinite_rewards_get_zero_advantage_and_leave_their_group_stats():
         bad_rewards, mask, uid, _algo(reweight_w=1.0, reweight_m=1.0), old_log_probs=logp, entropys=ent,
         metrics=metrics,
     )
-    assert torch.isfinite(adv).all() and metrics["stare/nonfinite_rewards"] == 6.0
+    assert torch.isfinite(adv).all() and metrics["entropy_control/nonfinite_rewards"] == 6.0
     assert (adv[[1, 6, 8, 9, 10, 11]] == 0).all()
     # the finite responses of a group with a broken one: GRPO over the finite ones only
     keep = [0, 2, 3]
@@ -232,7 +237,7 @@ def test_nonfinite_rewards_get_zero_advantage_and_leave_their_group_stats():
     torch.testing.assert_close(adv[12:], full[12:])
     metrics = {}
     compute_stare_advantage(rewards, mask, uid, _algo(), old_log_probs=logp, entropys=ent, metrics=metrics)
-    assert metrics["stare/nonfinite_rewards"] == 0.0
+    assert metrics["entropy_control/nonfinite_rewards"] == 0.0
 
 
 def test_a_group_cut_to_one_finite_reward_gets_no_advantage():
@@ -250,7 +255,7 @@ def test_a_group_cut_to_one_finite_reward_gets_no_advantage():
         rewards, mask, uid, _algo(reweight_w=1.0, reweight_m=1.0), old_log_probs=logp, entropys=ent,
         metrics=metrics,
     )
-    assert (adv[:6] == 0).all() and metrics["stare/nonfinite_rewards"] == 3.0
+    assert (adv[:6] == 0).all() and metrics["entropy_control/nonfinite_rewards"] == 3.0
     # group 3 is untouched (two equal rewards: zero variance, 0 as well); a real singleton group keeps A = r
     single_uid = np.array(["a", "b"], dtype=object)
     r2 = torch.zeros(2, mask.shape[1])

@@ -58,7 +58,7 @@ def test_gpu_recipe_composes_and_validates(name, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     cfg = compose_recipe(name)
     stare = validate_recipe(cfg)
-    assert cfg.trainer.v1.trainer_mode == "stare_sync"
+    assert cfg.trainer.v1.trainer_mode == "token_stats_sync"
     assert cfg.actor_rollout_ref.rollout.name == "sglang"
     reward_module = "pkg://envs.tool_use.task" if name.startswith("tooluse") else "pkg://envs.reward"
     assert cfg.reward.custom_reward_function.path == reward_module
@@ -106,7 +106,7 @@ def test_cli_check_reports_ok_and_errors(capsys, monkeypatch, tmp_path):
     # an error is not preceded by verl's "All configuration checks passed" line
     assert main(["check", "shortcot_qwen2.5-32b_stare", "trainer.v1.trainer_mode=sync"]) == 1
     out, err = capsys.readouterr()
-    assert "checks passed" not in out and "stare_sync" in err
+    assert "checks passed" not in out and "token_stats_sync" in err
     # recipes in a sub-folder, e.g. the CPU ones
     assert main(["check", "cpu/longcot_tiny_grpo", "actor_rollout_ref.model.path=m"]) == 0
     out = capsys.readouterr().out
@@ -165,9 +165,9 @@ def test_every_stare_recipe_writes_every_key_so_plain_overrides_work(capsys, mon
     """Issue 32 item 3: every recipe with an ``algorithm.stare`` section has every key of StareConfig, at the
     model's default where the recipe does not choose one, so the README's ``algorithm.stare.KEY=value`` runs as
     written on CPU and GPU recipes alike."""
-    from stare_verl.config import StareConfig
     from stare_verl.jobs.cli import main
     from stare_verl.jobs.recipes import recipe_names, recipes_dir
+    from stare_verl.methods.stare.config import StareConfig
 
     defaults = StareConfig().model_dump()
     chosen = {"variant", "top_p_ratio", "reweight_w", "reweight_m", "target_entropy"}  # per family / recipe

@@ -7,10 +7,10 @@ import pytest
 from hydra import compose, initialize_config_module
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-from stare_verl.config import StareConfig, StareConfigError
 from stare_verl.methods.adaptive_entropy import AdaptiveEntropy, AdaptiveEntropyConfig
 from stare_verl.methods.repo_r import RepoR, RepoRConfig
 from stare_verl.methods.stare import Stare
+from stare_verl.methods.stare.config import StareConfig, StareConfigError
 from stare_verl.trainer import STATE_FILE, StareTrainerColocateAsync, StareTrainerSync
 
 
@@ -23,7 +23,7 @@ def test_bad_stare_config_stops_at_startup():
     cfg = _compose(
         "algorithm.adv_estimator=stare",
         "+algorithm.stare.reweight_w=-1",
-        "trainer.v1.trainer_mode=stare_sync",
+        "trainer.v1.trainer_mode=token_stats_sync",
     )
     with pytest.raises(StareConfigError, match="reweight_w"):
         StareTrainerSync(cfg)
@@ -39,16 +39,16 @@ def test_bypass_mode_is_refused_at_startup():
 def test_verl_trainer_with_stare_stops_at_startup(mode):
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    from stare_verl.estimator import StareInputsMissing
+    from stare_verl.methods import EntropyInputsMissing
 
     cfg = _compose("algorithm.adv_estimator=stare", f"trainer.v1.trainer_mode={mode}")
-    with pytest.raises(StareInputsMissing, match="trainer_mode=stare_sync"):
+    with pytest.raises(EntropyInputsMissing, match="trainer_mode=token_stats_sync"):
         get_trainer_cls(mode)(cfg)
 
 
 def test_modes_read_as_verl_modes():
     t = object.__new__(StareTrainerSync)
-    t.trainer_mode = "stare_sync"  # what verl's __init__ assigns
+    t.trainer_mode = "token_stats_sync"  # what verl's __init__ assigns
     assert t.trainer_mode == "sync"
     assert object.__new__(StareTrainerColocateAsync).trainer_mode == "colocate_async"
 

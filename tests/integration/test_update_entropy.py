@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
 
 from envs.tiny_hf import TinyModelConfig, build_model
-from stare_verl.estimator import compute_stare_advantage
+from stare_verl.methods.stare import compute_stare_advantage
 
 VOCAB, PROMPT, T, B, GROUP = 48, 4, 10, 8, 4
 LR = 0.05

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_policy_loss  # noqa: E402
 
 import stare_verl.plugin  # noqa: F401  (CPU backend and STARE first: verl/__init__ loads this module before plugins)
-from stare_verl.config import StareConfig  # noqa: E402
+from stare_verl.methods.stare.config import StareConfig  # noqa: E402
 
 DIR_ENV, PLAN_ENV = "STARE_PROBE_DIR", "STARE_PROBE_PLAN"
 LOSS_NAME, TRAINER_MODE = "stare_probe", "stare_probe_sync"

@@ -1,4 +1,4 @@
-"""The torch path of STARE's selection (``stare_verl.core_torch``) equals the NumPy path (``stare_verl.core``)
+"""The torch path of STARE's selection (``stare_verl.methods.stare.core_torch``) equals the NumPy path (``stare_verl.methods.stare.core``)
 bit for bit, ties at the threshold included, on CPU tensors here and on CUDA tensors where a GPU exists."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from stare_verl import core, core_torch
+from stare_verl.methods.stare import core, core_torch
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -101,9 +101,9 @@ def test_sets_and_reweight_match(device, chunk, grid):
 def test_stare_reweight_paths_agree(device, variant, scope):
     """stare_reweight through torch (on ``device``) equals the NumPy path: advantages bit for bit, metrics equal
     up to summation order and precision, on ragged batches with ties at the thresholds."""
-    from stare_verl.config import StareConfig
-    from stare_verl.controller import StareController
-    from stare_verl.stare import stare_reweight
+    from stare_verl.methods.stare.config import StareConfig
+    from stare_verl.methods.stare.controller import StareController
+    from stare_verl.methods.stare.reweight import stare_reweight
 
     cfg = StareConfig(variant=variant, top_p_ratio=0.15, target_entropy=5.0, scope=scope,
                       chunk_size=7 if scope == "chunk" else None)  # fmt: skip

@@ -6,11 +6,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from stare_verl.config import StareConfig
-from stare_verl.controller import StareController
-from stare_verl.core import QUADRANTS
-from stare_verl.estimator import compute_stare_advantage
-from stare_verl.stare import stare_reweight
+from stare_verl.methods.metrics import QUADRANTS
+from stare_verl.methods.stare import compute_stare_advantage
+from stare_verl.methods.stare.config import StareConfig
+from stare_verl.methods.stare.controller import StareController
+from stare_verl.methods.stare.reweight import stare_reweight
 
 
 def _batch(b=12, t=20, seed=0, nonfinite=False, ent_scale=1.0):
@@ -63,19 +63,19 @@ def test_covariance_and_quadrants_match_brute_force(cfg, nonfinite, ent_scale):
     out, m = stare_reweight(adv, mask, lp, ent, StareController(cfg))
     if ent_scale > 1:  # the case is what it says: some reweighted token has surprisal <= H_batch
         changed = (out != adv) & (mask > 0)
-        assert bool((-lp[changed] <= m["stare/batch_entropy"]).any())
+        assert bool((-lp[changed] <= m["entropy_control/batch_entropy"]).any())
     assert m["stare/gate_on"] == 1.0 and m["stare/frac_l_plus"] > 0
     for suffix, a in (("", adv), ("_eff", out)):
         cov, parts = _brute(a, mask, lp, ent)
-        assert m[f"stare/cov_logp_adv{suffix}"] == pytest.approx(cov, rel=1e-5, abs=1e-9)
+        assert m[f"entropy_control/cov_logp_adv{suffix}"] == pytest.approx(cov, rel=1e-5, abs=1e-9)
         for q in QUADRANTS:
-            assert m[f"stare/cov_quadrant{suffix}/{q}"] == pytest.approx(parts[q], rel=1e-5, abs=1e-9), q
-        total = m[f"stare/cov_logp_adv{suffix}"]
-        assert sum(m[f"stare/cov_quadrant{suffix}/{q}"] for q in QUADRANTS) == pytest.approx(total, rel=1e-12)
+            assert m[f"entropy_control/cov_quadrant{suffix}/{q}"] == pytest.approx(parts[q], rel=1e-5, abs=1e-9), q
+        total = m[f"entropy_control/cov_logp_adv{suffix}"]
+        assert sum(m[f"entropy_control/cov_quadrant{suffix}/{q}"] for q in QUADRANTS) == pytest.approx(total, rel=1e-12)
     # (float32 row sums on the fast path: ~1e-7 relative)
     # reweighting L+ (high-surprisal, A > 0) by W > 1 lowers the covariance: entropy pushed up
-    assert m["stare/cov_logp_adv_eff"] < m["stare/cov_logp_adv"]
-    assert m["stare/cov_quadrant_eff/pos_high"] < m["stare/cov_quadrant/pos_high"]
+    assert m["entropy_control/cov_logp_adv_eff"] < m["entropy_control/cov_logp_adv"]
+    assert m["entropy_control/cov_quadrant_eff/pos_high"] < m["entropy_control/cov_quadrant/pos_high"]
 
 
 @pytest.mark.parametrize(
@@ -87,9 +87,9 @@ def test_eff_equals_base_when_nothing_is_reweighted(cfg):
     adv, mask, lp, ent = _batch(seed=3)
     out, m = stare_reweight(adv, mask, lp, ent, StareController(cfg))
     assert torch.equal(out, adv)
-    assert m["stare/cov_logp_adv"] != 0.0
-    for key in ["stare/cov_logp_adv"] + [f"stare/cov_quadrant/{q}" for q in QUADRANTS]:
-        assert m[key.replace("stare/cov_logp_adv", "stare/cov_logp_adv_eff").replace("cov_quadrant/", "cov_quadrant_eff/")] == m[key]
+    assert m["entropy_control/cov_logp_adv"] != 0.0
+    for key in ["entropy_control/cov_logp_adv"] + [f"entropy_control/cov_quadrant/{q}" for q in QUADRANTS]:
+        assert m[key.replace("entropy_control/cov_logp_adv", "entropy_control/cov_logp_adv_eff").replace("cov_quadrant/", "cov_quadrant_eff/")] == m[key]
 
 
 def test_rewarding_confident_tokens_gives_positive_covariance():
@@ -103,16 +103,16 @@ def test_rewarding_confident_tokens_gives_positive_covariance():
     lp = torch.where(row[:, None] > 0, -0.05, -2.5) - 0.01 * torch.rand(b, t, generator=g)
     ent = torch.full((b, t), 0.5)
     _, m = stare_reweight(adv, mask, lp, ent, StareController(StareConfig(target_entropy=0.0)))
-    assert m["stare/cov_logp_adv"] > 1.0
-    assert m["stare/cov_quadrant/pos_low"] > 0 and m["stare/cov_quadrant/neg_high"] > 0
-    assert m["stare/cov_quadrant/pos_high"] == 0.0 and m["stare/cov_quadrant/neg_low"] == 0.0
+    assert m["entropy_control/cov_logp_adv"] > 1.0
+    assert m["entropy_control/cov_quadrant/pos_low"] > 0 and m["entropy_control/cov_quadrant/neg_high"] > 0
+    assert m["entropy_control/cov_quadrant/pos_high"] == 0.0 and m["entropy_control/cov_quadrant/neg_low"] == 0.0
 
 
 def test_no_valid_token_gives_zeros():
     adv, mask, lp, ent = _batch()
     _, m = stare_reweight(adv * 0, mask * 0, lp, ent, StareController(StareConfig()))
-    assert m["stare/cov_logp_adv"] == 0.0 and m["stare/cov_logp_adv_eff"] == 0.0
-    assert all(m[f"stare/cov_quadrant/{q}"] == 0.0 for q in QUADRANTS)
+    assert m["entropy_control/cov_logp_adv"] == 0.0 and m["entropy_control/cov_logp_adv_eff"] == 0.0
+    assert all(m[f"entropy_control/cov_quadrant/{q}"] == 0.0 for q in QUADRANTS)
 
 
 def test_grpo_twin_reports_the_metrics():
@@ -129,8 +129,8 @@ def test_grpo_twin_reports_the_metrics():
     adv, _ = compute_stare_advantage(rewards, mask, uid, algo, old_log_probs=lp, entropys=ent, metrics=metrics)
     cov, _ = _brute(adv, mask, lp, ent)
     assert metrics["stare/gate_on"] == 1.0
-    assert metrics["stare/cov_logp_adv"] == pytest.approx(cov, rel=1e-5) and cov != 0
-    assert metrics["stare/cov_logp_adv_eff"] == metrics["stare/cov_logp_adv"]
+    assert metrics["entropy_control/cov_logp_adv"] == pytest.approx(cov, rel=1e-5) and cov != 0
+    assert metrics["entropy_control/cov_logp_adv_eff"] == metrics["entropy_control/cov_logp_adv"]
 
 
 def test_a_token_at_exactly_minus_h_is_split_alike_on_both_paths():
@@ -145,7 +145,7 @@ def test_a_token_at_exactly_minus_h_is_split_alike_on_both_paths():
     cfg = StareConfig(target_entropy=10.0, reweight_w=2.0, variant="C2", reweight_m=0.5, top_p_ratio=1.0)
     _, m_np = stare_reweight(adv, mask, lp, ent, StareController(cfg), impl="numpy")
     _, m_t = stare_reweight(adv, mask, lp, ent, StareController(cfg), impl="torch")
-    keys = [k for k in m_np if k.startswith("stare/cov_")]
+    keys = [k for k in m_np if k.startswith("entropy_control/cov_")]
     assert len(keys) == 12
     for k in keys:
         assert m_np[k] == pytest.approx(m_t[k], rel=1e-6, abs=1e-9), k

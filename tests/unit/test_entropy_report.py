@@ -126,3 +126,16 @@ def test_damaged_rows_read_as_missing_values_not_errors():
     assert format_entropy_report(rep)[-1] == rep["message"]
     nan_only = entropy_report([{"step": 1, "stare/batch_entropy": float("nan"), "stare/target_entropy": 0.02}])
     assert nan_only["verdict"] is None and nan_only["message"] == "no entropy or target logged"
+
+
+def test_new_runs_log_the_shared_quantities_under_entropy_control_and_read_alike():
+    """A run that logs batch entropy and target as ``entropy_control/*`` (STARE's own gate and weights stay
+    ``stare/*``) gives the report of an older run that logged them as ``stare/*``."""
+    old = _rows(GRPO_ENT, GRPO_GATE, GRPO_FRAC, 1.0, 0.03, m=1.0)
+    new = [{("entropy_control/" + k.split("/", 1)[1] if k in ("stare/batch_entropy", "stare/target_entropy") else k): v
+            for k, v in r.items()} for r in old]  # fmt: skip
+    rep_old, rep_new = entropy_report(old, BEFORE, GRPO_AFTER), entropy_report(new, BEFORE, GRPO_AFTER)
+    assert rep_old["entropy_key"] == "stare/batch_entropy" and rep_new["entropy_key"] == "entropy_control/batch_entropy"
+    assert rep_new["target_entropy"] == 0.03 and rep_new["gate_on_steps"] == sum(GRPO_GATE)
+    assert {k: v for k, v in rep_new.items() if k != "entropy_key"} == {
+        k: v for k, v in rep_old.items() if k != "entropy_key"}

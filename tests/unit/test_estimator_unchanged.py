@@ -10,9 +10,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import stare_verl.core as core
-import stare_verl.estimator as estimator
-from stare_verl.estimator import compute_stare_advantage
+import stare_verl.methods.group_baseline as group_baseline
+import stare_verl.methods.stare.core as core
+import stare_verl.methods.stare.method as stare_method
+from stare_verl.methods.stare import compute_stare_advantage
 
 
 # --- the replaced implementation ----------------------------------------------------------------------------------
@@ -51,7 +52,7 @@ def _old_group_advantage(token_level_rewards, response_mask, index, cfg):
     bad = ~torch.isfinite(scores)
     n_bad = int(bad.sum())
     kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": cfg.norm_adv_by_std_in_grpo is not False}
-    codes, n_groups = estimator.verl_group_codes(index)
+    codes, n_groups = group_baseline.verl_group_codes(index)
     if n_bad == 0:
         adv, _ = compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, **kw)
     else:
@@ -69,7 +70,7 @@ def _old_group_advantage(token_level_rewards, response_mask, index, cfg):
         cut_rows = cut[codes] & finite
         if cut_rows.any():
             adv[torch.from_numpy(cut_rows).to(adv.device)] = 0.0
-    zero_var = core.zero_variance_groups(scores_np, codes, n_groups, ~bad.cpu().numpy(), cfg.zero_variance_tol)
+    zero_var = group_baseline.zero_variance_groups(scores_np, codes, n_groups, ~bad.cpu().numpy(), cfg.zero_variance_tol)
     rows = zero_var[codes]
     if rows.any():
         adv[torch.from_numpy(rows).to(adv.device)] = 0.0
@@ -79,7 +80,7 @@ def _old_group_advantage(token_level_rewards, response_mask, index, cfg):
 def _old_run(monkeypatch, *args, **kwargs):
     with monkeypatch.context() as m:
         m.setattr(core, "select_top_surprisal", _old_select_top_surprisal)
-        m.setattr(estimator, "_group_advantage", _old_group_advantage)
+        m.setattr(stare_method, "group_advantage", _old_group_advantage)
         return _run(*args, **kwargs)
 
 

@@ -1,9 +1,9 @@
-"""The compiled per-row pass of the covariance metrics against a NumPy reference (stare_verl.kernels)."""
+"""The compiled per-row pass of the covariance metrics against a NumPy reference (stare_verl.methods.stare.kernels)."""
 
 import numpy as np
 import pytest
 
-from stare_verl.kernels import log_prob_row_stats
+from stare_verl.methods.stare.kernels import log_prob_row_stats
 
 
 def _reference(lp, mask, threshold):

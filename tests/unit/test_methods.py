@@ -229,7 +229,7 @@ def test_registered_estimators_refuse_a_trainer_without_token_statistics(name):
     fn = get_adv_estimator_fn(name)
     rewards = torch.zeros_like(MASK)
     rewards[0, 3] = 1.0
-    with pytest.raises(EntropyInputsMissing, match="stare_sync"):
+    with pytest.raises(EntropyInputsMissing, match="token_stats_sync"):
         fn(token_level_rewards=rewards, response_mask=MASK, index=np.array(["a", "a", "b"]), config={"adv_estimator": name})
     adv, ret = fn(token_level_rewards=rewards, response_mask=MASK, index=np.array(["a", "a", "b"]),
                   config={"adv_estimator": name}, old_log_probs=LP, entropys=ENT)  # fmt: skip
@@ -261,13 +261,13 @@ def _group_adv(norm: bool) -> torch.Tensor:
 def test_every_method_reads_norm_adv_by_std_in_grpo_alike(name, raw, norm):
     """``algorithm.norm_adv_by_std_in_grpo=0`` (or "false") is Dr.GRPO for every method's baseline, as for STARE and
     verl (the group baseline of forking, entropy_adv and adaptive_entropy once read it as std-normalised)."""
-    from stare_verl.estimator import group_baseline
+    from stare_verl.methods import group_config_of
 
     cls = METHODS[name]
     algo = {"adv_estimator": cls.estimator or "stare", "stare": {}}
     if raw != "absent":
         algo["norm_adv_by_std_in_grpo"] = raw
-    assert group_baseline(algo).norm_adv_by_std_in_grpo is norm
+    assert group_config_of(algo).norm_adv_by_std_in_grpo is norm
     method = cls.from_algorithm(algo)
     rewards = torch.zeros(6, 3)
     rewards[:, -1] = _R
@@ -278,12 +278,11 @@ def test_every_method_reads_norm_adv_by_std_in_grpo_alike(name, raw, norm):
 @pytest.mark.parametrize("name", ["stare", "grpo", "forking", "entropy_adv", "adaptive_entropy"])
 @pytest.mark.parametrize("raw", ["maybe", 2, -1, 0.5, None, [], "", "truee"])
 def test_a_norm_flag_that_is_no_boolean_is_a_config_error_naming_the_key(name, raw):
-    from stare_verl.config import StareConfigError
-    from stare_verl.estimator import group_baseline
+    from stare_verl.methods import MethodConfigError, group_config_of
 
     algo = {"adv_estimator": METHODS[name].estimator or "stare", "norm_adv_by_std_in_grpo": raw, "stare": {}}
-    with pytest.raises(StareConfigError, match=r"algorithm\.norm_adv_by_std_in_grpo must be a boolean") as err:
-        group_baseline(algo)
+    with pytest.raises(MethodConfigError, match=r"algorithm\.norm_adv_by_std_in_grpo must be a boolean") as err:
+        group_config_of(algo)
     assert repr(raw) in str(err.value)
 
 
@@ -292,7 +291,7 @@ def test_a_norm_flag_that_is_no_boolean_is_a_config_error_naming_the_key(name, r
 def test_stare_boolean_keys_take_the_same_reading(raw, expected):
     """``algorithm.stare.adaptive`` and ``algorithm.stare.norm_adv_by_std_in_grpo`` (null there: follow the
     algorithm's key) read as ``config_bool`` reads them; a method setting (``stare:adaptive=false``) too."""
-    from stare_verl.config import StareConfig, StareConfigError, parse_stare_config
+    from stare_verl.methods.stare.config import StareConfig, StareConfigError, parse_stare_config
 
     kw = {"reweight_w": 1.2, "reweight_m": 0.9}
     if expected is None:
@@ -310,7 +309,7 @@ def test_stare_boolean_keys_take_the_same_reading(raw, expected):
 
 @pytest.mark.parametrize(("raw", "expected"), [(None, False), ("false", False), (0, False), ("true", True), (1, True)])
 def test_bypass_mode_is_read_by_the_same_reader(raw, expected):
-    from stare_verl.config import ConfigBoolError, read_bool
+    from stare_verl.methods.settings import ConfigBoolError, read_bool
 
     rc = {} if raw is None else {"bypass_mode": raw}
     assert read_bool(rc, "bypass_mode", False, "algorithm.rollout_correction") is expected
@@ -336,3 +335,61 @@ def test_stare_verl_check_reads_the_key_with_the_same_reader(estimator, raw, ok,
         assert "algorithm.norm_adv_by_std_in_grpo" in err
     else:  # 0 and "false": Dr.GRPO for forking as for STARE
         assert out.startswith("ok: ") and "baseline Dr.GRPO" in out
+
+
+def _run_config(mode, use_v1=True, bypass=False, estimator="stare"):
+    return {"algorithm": {"adv_estimator": estimator, "stare": {}, "rollout_correction": {"bypass_mode": bypass}},
+            "trainer": {"use_v1": use_v1, "v1": {"trainer_mode": mode}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["token_stats_sync", "token_stats_colocate_async", "stare_sync", "stare_colocate_async"])
+def test_check_runnable_accepts_the_token_stats_modes_and_their_old_names(mode):
+    from stare_verl.methods import check_runnable
+
+    assert check_runnable(_run_config(mode)).name == "stare"
+    assert check_runnable(_run_config(mode, estimator="forking")).name == "forking"
+    assert check_runnable(_run_config("sync", estimator="gae")) is None  # verl's own estimator: nothing checked
+
+
+@pytest.mark.parametrize(("mode", "use_v1"), [("sync", True), ("colocate_async", True), ("token_stats_sync", False)])
+def test_check_runnable_refuses_a_trainer_that_cannot_feed_the_method(mode, use_v1):
+    from stare_verl.methods import EntropyInputsMissing, check_runnable
+
+    with pytest.raises(EntropyInputsMissing, match=f"trainer_mode={mode}: .*token_stats_sync or token_stats_colocate"):
+        check_runnable(_run_config(mode, use_v1=use_v1))
+    assert check_runnable(_run_config(mode, use_v1=use_v1), feeds=True).name == "stare"
+    with pytest.raises(ValueError, match="bypass_mode=true"):
+        check_runnable(_run_config("token_stats_sync", bypass="true"))
+
+
+def test_metric_prefixes_and_old_names_come_from_the_methods():
+    from stare_verl.methods import metric_names, metric_prefixes
+
+    assert metric_prefixes() == ("entropy_control/", "stare/", "adaptive_entropy/", "forking/", "entropy_adv/",
+                                 "repo_r/")  # fmt: skip
+    assert metric_names("batch_entropy") == ("entropy_control/batch_entropy", "stare/batch_entropy")
+
+
+def test_entropy_dynamics_splits_the_covariance_and_skips_what_the_method_computed():
+    """The quadrant split of Cov(log pi, A) at the batch entropy, by hand on the fixed batch (10 model tokens);
+    quantities already in the step's metrics (STARE's) are neither recomputed nor returned."""
+    eff = ADV.clone()
+    eff[0, 1] = 2.0
+    m = entropy_dynamics(ADV, eff, MASK, LP, ENT)
+    valid = MASK.bool()
+    lp, a, ent = LP[valid].double(), ADV[valid].double(), ENT[valid].double()
+    h = float(ent.mean())
+    d = (lp - lp.mean()) * (a - a.mean()) / lp.numel()
+    high = -lp > h
+    assert m["entropy_control/batch_entropy"] == pytest.approx(h)
+    assert m["entropy_control/cov_quadrant/pos_high"] == pytest.approx(float(d[(a > 0) & high].sum()))
+    assert m["entropy_control/cov_quadrant/neg_low"] == pytest.approx(float(d[(a < 0) & ~high].sum()))
+    assert m["entropy_control/cov_quadrant/zero_adv"] == pytest.approx(float(d[a == 0].sum()))
+    parts = [m[f"entropy_control/cov_quadrant_eff/{q}"] for q in ("pos_high", "pos_low", "neg_high", "neg_low",
+                                                                  "zero_adv")]  # fmt: skip
+    assert sum(parts) == pytest.approx(m["entropy_control/cov_logp_adv_eff"], rel=1e-12)
+    assert m["entropy_control/cov_logp_adv_eff"] != m["entropy_control/cov_logp_adv"]
+    known = {"entropy_control/batch_entropy": 0.5, "entropy_control/cov_logp_adv": 7.0}
+    again = entropy_dynamics(ADV, eff, MASK, LP, ENT, computed=known)
+    assert not set(known) & set(again) and "entropy_control/cov_quadrant/pos_high" not in again
+    assert again["entropy_control/cov_logp_adv_eff"] == m["entropy_control/cov_logp_adv_eff"]

@@ -1,6 +1,6 @@
 """STARE selection, gate and weights on hand-made batches.
 
-Every test runs through each path of :func:`stare_verl.stare.stare_reweight`: NumPy (CPU tensors), torch on
+Every test runs through each path of :func:`stare_verl.methods.stare.reweight.stare_reweight`: NumPy (CPU tensors), torch on
 CPU tensors, and torch on CUDA tensors (marked ``gpu``, skipped without CUDA).
 """
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from stare_verl.config import StareConfig
-from stare_verl.controller import StareController
-from stare_verl.core import select_top_surprisal, top_count
-from stare_verl.stare import stare_reweight
+from stare_verl.methods.stare.config import StareConfig
+from stare_verl.methods.stare.controller import StareController
+from stare_verl.methods.stare.core import select_top_surprisal, top_count
+from stare_verl.methods.stare.reweight import stare_reweight
 
 
 def _on_cuda(fn):
@@ -72,7 +72,7 @@ def test_case1_o1_gate_and_top10_positive(entropies, gates):
         ent = torch.full_like(logp, h)
         out, met = stare_reweight(adv, mask, logp, ent, ctrl)
         assert met["stare/gate_on"] == float(gate)
-        assert met["stare/batch_entropy"] == pytest.approx(h)
+        assert met["entropy_control/batch_entropy"] == pytest.approx(h)
         omega = _ratio_sets(out, adv).flatten()
         expected = _expected_top(adv, mask, logp, 0.1, +1)
         assert len(expected) == 5  # ceil(0.1 * 50)
@@ -132,7 +132,7 @@ def test_case4_sentinels_at_masked_positions_change_nothing(sentinel):
     ent2[mask == 0] = sentinel
     out, met = stare_reweight(adv, mask, logp2, ent2, StareController(StareConfig(variant="C2")))
     assert torch.equal(out, ref_out)
-    for k in ("stare/surprisal_threshold_plus", "stare/surprisal_threshold_minus", "stare/batch_entropy"):
+    for k in ("stare/surprisal_threshold_plus", "stare/surprisal_threshold_minus", "entropy_control/batch_entropy"):
         assert met[k] == ref_met[k]
     assert met["stare/nonfinite_tokens"] == 0
     assert (out[mask == 0] == 0).all()
@@ -166,8 +166,8 @@ def test_degenerate_batches_are_defined():
     # all rows with an empty mask -> gate off; the batch entropy is undefined (NaN, not a 0.0 that reads as a
     # collapse), every other metric is finite
     out, met = stare_reweight(zeros, torch.zeros(4, 5), torch.zeros(4, 5), torch.zeros(4, 5), ctrl)
-    assert met["stare/gate_on"] == 0.0 and met["stare/model_tokens"] == 0.0
-    assert math.isnan(met.pop("stare/batch_entropy"))
+    assert met["stare/gate_on"] == 0.0 and met["entropy_control/model_tokens"] == 0.0
+    assert math.isnan(met.pop("entropy_control/batch_entropy"))
     assert all(math.isfinite(v) for v in met.values())
     # no A > 0 token at all, C2: L- still chosen, L+ empty
     adv = -torch.ones(2, 5)
@@ -189,8 +189,8 @@ def test_empty_responses_are_defined(b):
     for t in (0, 4) if b == 0 else (0,):
         adv = torch.zeros(b, t)
         out, met = stare_reweight(adv, torch.ones(b, t), torch.zeros(b, t), torch.zeros(b, t), ctrl)
-        assert out.shape == (b, t) and met["stare/gate_on"] == 0.0 and met["stare/model_tokens"] == 0.0
-        assert met["stare/frac_l_plus"] == met["stare/frac_l_minus"] == 0.0 and met["stare/cov_logp_adv"] == 0.0
+        assert out.shape == (b, t) and met["stare/gate_on"] == 0.0 and met["entropy_control/model_tokens"] == 0.0
+        assert met["stare/frac_l_plus"] == met["stare/frac_l_minus"] == 0.0 and met["entropy_control/cov_logp_adv"] == 0.0
     assert ctrl.steps == (2 if b == 0 else 1)
 
 
@@ -202,7 +202,7 @@ def test_no_finite_token_leaves_the_gate_off_and_the_entropy_undefined(bad):
     for lp, ent in ((torch.full_like(logp, bad), torch.zeros_like(logp)), (logp, torch.full_like(logp, bad))):
         out, met = stare_reweight(adv, mask, lp, ent, ctrl)
         assert torch.equal(out, adv) and met["stare/gate_on"] == 0.0
-        assert math.isnan(met["stare/batch_entropy"]) and met["stare/nonfinite_tokens"] == 12.0
+        assert math.isnan(met["entropy_control/batch_entropy"]) and met["stare/nonfinite_tokens"] == 12.0
         assert met["stare/frac_l_plus"] == met["stare/frac_l_minus"] == 0.0
 
 
@@ -218,7 +218,7 @@ def test_nonfinite_tokens_ignored_and_counted():
     assert torch.isfinite(out).all()
     assert out[0, 3] == adv[0, 3] and out[0, 4] == adv[0, 4]
     # the gate's entropy ignores the inf
-    assert met["stare/batch_entropy"] == pytest.approx(0.1)
+    assert met["entropy_control/batch_entropy"] == pytest.approx(0.1)
     # 8 valid positive tokens -> exactly one selected
     assert int((out != adv).sum()) == 1
 

@@ -7,11 +7,11 @@ import torch
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
 
-from stare_verl.config import StareConfig
-from stare_verl.controller import StareController
-from stare_verl.core import group_codes, zero_variance_groups
-from stare_verl.estimator import compute_stare_advantage
-from stare_verl.stare import stare_reweight
+from stare_verl.methods.group_baseline import group_codes, zero_variance_groups
+from stare_verl.methods.stare import compute_stare_advantage
+from stare_verl.methods.stare.config import StareConfig
+from stare_verl.methods.stare.controller import StareController
+from stare_verl.methods.stare.reweight import stare_reweight
 
 T = 6
 
@@ -79,7 +79,7 @@ def test_equal_rewards_give_exactly_zero_and_no_selection(case, norm):
     assert (adv == 0).all() and not torch.signbit(adv).any()
     assert metrics["stare/gate_on"] == 1.0
     assert metrics["stare/frac_l_plus"] == 0.0 and metrics["stare/frac_l_minus"] == 0.0
-    assert metrics["stare/zero_variance_groups"] == 1.0
+    assert metrics["entropy_control/zero_variance_groups"] == 1.0
 
 
 @pytest.mark.parametrize("norm", [True, False], ids=["grpo", "drgrpo"])
@@ -108,7 +108,7 @@ def test_mixed_batch_other_groups_are_verl_bit_for_bit(norm):
     assert (adv[zero] == 0).all() and (ref[zero] != 0).any()
     assert torch.equal(adv[~zero], ref[~zero])
     assert (adv[uid == "u3"] != 0).any()
-    assert metrics["stare/zero_variance_groups"] == pytest.approx(2 / 5)
+    assert metrics["entropy_control/zero_variance_groups"] == pytest.approx(2 / 5)
 
 
 def test_zero_variance_group_would_take_the_whole_l_plus_quota():
@@ -174,9 +174,9 @@ def test_tolerance_is_configurable_and_validated():
         entropys=ent, metrics=metrics,
     )  # fmt: skip
     # exact mode: two float32 values 1 ulp apart are a (meaningless) difference, and its sign picks L+
-    assert metrics["stare/zero_variance_groups"] == 0.0 and (adv != 0).all()
+    assert metrics["entropy_control/zero_variance_groups"] == 0.0 and (adv != 0).all()
     assert metrics["stare/frac_l_plus"] > 0
-    from stare_verl.config import StareConfigError, parse_stare_config
+    from stare_verl.methods.stare.config import StareConfigError, parse_stare_config
 
     with pytest.raises(StareConfigError, match="zero_variance_tol"):
         parse_stare_config(_algo(True, zero_variance_tol=-1e-3))
@@ -227,7 +227,7 @@ def test_numeric_string_pair_gets_verls_advantage():
         metrics=(m := {}),
     )  # fmt: skip
     assert adv[:, -1].tolist() == pytest.approx([0.866, -0.866, 0.866, -0.866], abs=1e-3)
-    assert m["stare/zero_variance_groups"] == 0.0
+    assert m["entropy_control/zero_variance_groups"] == 0.0
 
 
 def test_nonfinite_reward_keeps_the_batchs_groups():
@@ -245,10 +245,10 @@ def test_nonfinite_reward_keeps_the_batchs_groups():
 
 
 def test_verl_group_codes_first_appearance_and_merge_warning(caplog):
-    import stare_verl.estimator as est
+    import stare_verl.methods.group_baseline as est
 
     est._WARNED_MERGE = False
-    with caplog.at_level("WARNING", logger="stare_verl.estimator"):
+    with caplog.at_level("WARNING", logger="stare_verl.methods.group_baseline"):
         codes, n = est.verl_group_codes(np.array(["b", "a", "b", "c"], dtype=object))
         assert codes.tolist() == [0, 1, 0, 2] and n == 3 and not caplog.records
         codes, n = est.verl_group_codes(np.array(["01", "2", "1"], dtype=object))

@@ -1,7 +1,7 @@
 """One STARE step on a batch: gate, token sets, weights and metrics (pure PyTorch).
 
 Source: STARE steps 2-6 (``docs/stare.md``). The GRPO advantage (step 1) comes from the caller
-(verl's estimator, see ``stare_verl.estimator``) so that omega == 1 reproduces it bit for bit.
+(the group baseline, ``stare_verl.methods.group_baseline``) so that omega == 1 reproduces it bit for bit.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import math
 import numpy as np
 import torch
 
-from stare_verl import core_torch
-from stare_verl.controller import StareController
-from stare_verl.core import (
+from stare_verl.methods.stare import core_torch
+from stare_verl.methods.stare.controller import StareController
+from stare_verl.methods.stare.core import (
     class_sums,
     covariance_sums,
     reweight_advantages,
@@ -44,8 +44,8 @@ def stare_reweight(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Apply STARE's surprisal-guided reweighting to GRPO advantages, where the batch lives.
 
-    CPU tensors go through NumPy (:mod:`stare_verl.core`), tensors on an accelerator through torch on that device
-    (:mod:`stare_verl.core_torch`: selection on the device, only scalars copied to the host). Both give the same
+    CPU tensors go through NumPy (:mod:`stare_verl.methods.stare.core`), tensors on an accelerator through torch on
+    that device (:mod:`stare_verl.methods.stare.core_torch`: selection on the device, only scalars copied to the host). Both give the same
     advantages bit for bit, ties at the threshold included, with one exception: the entropy sums (row sums then a
     float64 total here, a float64 sum there) may differ in their last bits (~1e-8 relative), so a batch entropy
     within that distance of the target can open the gate on one path and not the other.
@@ -59,23 +59,24 @@ def stare_reweight(
         controller: gate/schedule state; advanced by one step.
         impl: ``"auto"`` (by device, as above), ``"numpy"`` or ``"torch"`` (either path on any device; tests).
         inplace: the NumPy path may write the reweighted values into ``advantages`` (a CPU float32/float64
-            tensor the caller owns, as :func:`stare_verl.estimator.compute_stare_advantage`'s): saves a
+            tensor the caller owns, as :func:`stare_verl.methods.stare.method.compute_stare_advantage`'s): saves a
             ``[B, T]`` copy. The returned tensor is then ``advantages`` itself when the gate is on.
 
     Returns:
         ``(advantages_eff, metrics)``: ``[B, T]`` tensor ``omega * advantages`` (exactly 0 where the mask is 0),
-        and ``stare/*`` metrics (floats): gate_on, batch_entropy (NaN when no model token has a finite log-prob
-        and entropy: the gate stays off), target_entropy, w, m, frac_l_plus,
+        and metrics (floats). STARE's own, ``stare/*``: gate_on, w, m, frac_l_plus,
         frac_l_minus (share of model tokens reweighted: 0 with the gate off, when L+/L- are not selected),
         mean_weight, surprisal_threshold_plus/minus (nats; -1 when the set is empty or the gate is off),
         l_plus_above_entropy / l_minus_above_entropy (share of the set's tokens whose surprisal exceeds their own
         state's entropy, -1 when empty: only for those is the first-order sign of STARE's premise certain, since
         ``Phi = p_a (s_a - H) + C`` with ``C >= 0``; an L+ token with ``s_a < H`` is a rewarded mode token
-        whose amplification may lower the entropy instead),
-        model_tokens, nonfinite_tokens; and the entropy-dynamics metrics over valid model tokens (see
-        ``core.CovarianceSums.terms``): ``stare/cov_logp_adv`` = Cov(old log-prob, GRPO advantage),
-        ``stare/cov_logp_adv_eff`` = the same with ``advantages_eff`` (equal to the former when nothing is
-        reweighted), and their contributions ``stare/cov_quadrant[_eff]/{pos_high, pos_low, neg_high,
+        whose amplification may lower the entropy instead), nonfinite_tokens. The shared quantities it computes
+        on the way, ``entropy_control/*`` (the names every method logs, so the trainer does not compute them
+        again): batch_entropy (NaN when no model token has a finite log-prob and entropy: the gate stays off),
+        target_entropy, model_tokens, and the entropy-dynamics metrics over valid model tokens (see
+        ``core.CovarianceSums.terms``): ``cov_logp_adv`` = Cov(old log-prob, GRPO advantage),
+        ``cov_logp_adv_eff`` = the same with ``advantages_eff`` (equal to the former when nothing is
+        reweighted), and their contributions ``cov_quadrant[_eff]/{pos_high, pos_low, neg_high,
         neg_low, zero_adv}`` (A > 0 / A < 0 x surprisal above / at-or-below ``batch_entropy``, and A == 0),
         which sum to the covariance. Units: nats x advantage units; dH ~ -eta * Cov (Cui et al. 2025).
 
@@ -147,7 +148,7 @@ def _above_entropy_torch(selected, lp: torch.Tensor, ent: torch.Tensor) -> float
 
 
 def _stare_reweight_torch(advantages, response_mask, old_log_probs, entropys, controller):
-    """:func:`stare_reweight` with every ``[B, T]`` step on the tensors' device (:mod:`stare_verl.core_torch`);
+    """:func:`stare_reweight` with every ``[B, T]`` step on the tensors' device (:mod:`stare_verl.methods.stare.core_torch`);
     only scalars and ``[B]`` / ``[5]`` vectors reach the host."""
     cfg = controller.config
     lp, ent = _widen(old_log_probs.detach()), _widen(entropys.detach())
@@ -193,15 +194,16 @@ def _widen(t: torch.Tensor) -> torch.Tensor:
 
 def _metrics(cfg, decision, masks, l_plus, l_minus, w_eff: float, m_eff: float, cov_base, cov_eff,
              above: tuple[float, float] = (-1.0, -1.0)) -> dict:  # fmt: skip
-    """The ``stare/*`` metrics of one step (see :func:`stare_reweight`), from either path's masks and sets."""
+    """The metrics of one step (see :func:`stare_reweight`), from either path's masks and sets: STARE's own
+    (``stare/*``) and the shared quantities it computes anyway (``entropy_control/*``)."""
     n_plus = l_plus.count if l_plus is not None else 0
     n_minus = l_minus.count if l_minus is not None else 0
     n = max(masks.n_model, 1)
     metrics = {
         "stare/gate_on": float(decision.gate_on),
         # NaN, not 0.0, when no model token has a finite log-prob and entropy: 0.0 would read as a collapse
-        "stare/batch_entropy": decision.batch_entropy if decision.batch_entropy is not None else math.nan,
-        "stare/target_entropy": cfg.target_entropy,
+        "entropy_control/batch_entropy": decision.batch_entropy if decision.batch_entropy is not None else math.nan,
+        "entropy_control/target_entropy": cfg.target_entropy,
         "stare/w": decision.w,
         "stare/m": decision.m,
         "stare/frac_l_plus": n_plus / n,
@@ -211,13 +213,13 @@ def _metrics(cfg, decision, masks, l_plus, l_minus, w_eff: float, m_eff: float, 
         "stare/surprisal_threshold_minus": _threshold(l_minus),
         "stare/l_plus_above_entropy": above[0],
         "stare/l_minus_above_entropy": above[1],
-        "stare/model_tokens": float(masks.n_model),
+        "entropy_control/model_tokens": float(masks.n_model),
         "stare/nonfinite_tokens": float(masks.n_nonfinite),
     }
     for name, sums in (("", cov_base), ("_eff", cov_eff)):
         cov, parts = sums.terms()
-        metrics[f"stare/cov_logp_adv{name}"] = cov
-        metrics.update({f"stare/cov_quadrant{name}/{q}": v for q, v in parts.items()})
+        metrics[f"entropy_control/cov_logp_adv{name}"] = cov
+        metrics.update({f"entropy_control/cov_quadrant{name}/{q}": v for q, v in parts.items()})
     return metrics
 
 

@@ -1,11 +1,8 @@
-"""The ``stare`` advantage estimator, registered in verl's advantage-estimator registry by :func:`register`
-(called from ``stare_verl.plugin``).
+"""GRPO's group baseline, the advantage every entropy-control method starts from (STARE step 1, ``docs/stare.md``):
+verl's ``grpo_vectorized`` with exact zeros for zero-variance groups and without the effect of non-finite rewards.
 
-verl's ``compute_advantage`` passes only rewards, mask, uid and config to registered estimators; STARE also
-needs the pre-update policy's log-probs and entropy. The ``stare_*`` trainer modes (``stare_verl.trainer``)
-call :func:`compute_stare_advantage` directly with them; any other caller (verl's own trainers through the
-registry) gets a clear error instead of silent GRPO. verl is imported only inside the functions, so importing
-this module never runs verl's plugin loader (and with it ``stare_verl.plugin``) half-way through this file.
+verl is imported only inside the functions, so importing this module never runs verl's plugin loader (and with it
+``stare_verl.plugin``) half-way through it.
 """
 
 from __future__ import annotations
@@ -16,24 +13,80 @@ from typing import Any
 import numpy as np
 import torch
 
-from stare_verl.config import ConfigBoolError, StareConfigError, parse_stare_config, read_bool
-from stare_verl.controller import StareController
-from stare_verl.core import ZERO_VARIANCE_TOL, zero_variance_groups
-from stare_verl.stare import stare_reweight
+from stare_verl.methods.settings import ConfigBoolError, MethodConfigError, read_bool
 
-ESTIMATOR_NAME = "stare"
-STARE_TRAINER_MODES = ("stare_sync", "stare_colocate_async")
+ZERO_VARIANCE_TOL = 1e-5
+"""Default ``algorithm.stare.zero_variance_tol``: see :func:`zero_variance_groups`."""
 
 
-class StareInputsMissing(RuntimeError):
-    """The estimator was called without old log-probs / entropy, i.e. from a trainer that cannot feed it."""
+def group_codes(index) -> tuple[np.ndarray, int]:
+    """Map group labels (any hashable) to contiguous codes, by Python equality.
+
+    This is not verl's grouping rule (verl reads ``"1"`` and ``"01"`` as one group, see
+    verl_group_codes, which the baseline uses); it serves callers that own their labels.
+
+    Args:
+        index: ``[B]`` array-like of hashable labels; responses of one prompt share a label.
+
+    Returns:
+        ``(codes, n_groups)``: ``[B]`` int64 codes in ``0..n_groups-1``, numbered by first appearance.
+    """
+    lookup: dict = {}
+    labels = index.tolist() if hasattr(index, "tolist") else list(index)
+    codes = np.array([lookup.setdefault(u, len(lookup)) for u in labels], dtype=np.int64)
+    return codes, len(lookup)
 
 
-def register() -> None:
-    """Register :func:`compute_stare_advantage` as verl's advantage estimator ``stare`` (idempotent)."""
-    from verl.trainer.ppo.core_algos import register_adv_est
+def zero_variance_groups(
+    scores: np.ndarray, codes: np.ndarray, n_groups: int, finite: np.ndarray, tol: float = ZERO_VARIANCE_TOL
+) -> np.ndarray:
+    """Groups whose outcome rewards are all equal, up to floating-point residue: ``[n_groups]`` bool.
 
-    register_adv_est(ESTIMATOR_NAME)(compute_stare_advantage)
+    A group of two or more responses with finite rewards is zero-variance when
+
+        ``max_i r_i - min_i r_i <= tol * max(1, max_i |r_i|)``
+
+    over its finite rewards (absolute on the usual reward scale |r| <= 1, relative beyond). Its GRPO advantage
+    ``(r_i - mean) / (std + eps)`` is 0 in exact arithmetic, but verl's ``grpo_vectorized`` computes the mean
+    as a float32 sum / count, which leaves a residue (8 copies of 0.7 give advantages of +0.056, Dr.GRPO
+    +6e-8) whose sign would put the group's tokens into L+ or L- (STARE step 4 selects by surprisal among
+    A > 0, whatever |A|). The caller sets such groups' advantage to exactly 0 (STARE step 1 as written:
+    no reward difference, no advantage).
+
+    Why a tolerance rather than exact equality: rewards reach verl through Python float64 and a float32
+    tensor, and one reward can be written several ways (``0.1 + 0.2`` vs ``0.3``, a format bonus added before
+    or after a penalty, per-turn rewards summed along the row in float32). Such values differ by a few
+    float32 ulps (1 ulp of 1.0 is 1.2e-7); ``tol = 1e-5`` (about 80 ulps of 1) covers sums and differences of
+    components up to ~10x the result, and is far below any difference a verifier is designed to express.
+    ``tol = 0`` gives exact equality of the float32 rewards.
+
+    Singleton groups (one finite reward) are not zero-variance: verl's convention (mean 0, std 1, so
+    A = r) is kept. A group with no finite reward is not zero-variance either (its responses get 0 anyway).
+
+    Args:
+        scores: ``[B]`` float outcome rewards (row sums of the token-level rewards); non-finite entries ignored.
+        codes: ``[B]`` int group codes in ``0..n_groups-1`` (see :func:`group_codes`).
+        n_groups: number of groups.
+        finite: ``[B]`` bool, the rewards to use (``np.isfinite(scores)``).
+        tol: tolerance as above (>= 0).
+
+    Raises:
+        ValueError: ``scores``, ``codes`` and ``finite`` are not 1-D of one length, or ``tol < 0``.
+    """
+    if scores.ndim != 1 or codes.shape != scores.shape or finite.shape != scores.shape:
+        raise ValueError(f"scores/codes/finite must be [B]: {scores.shape}, {codes.shape}, {finite.shape}")
+    if not tol >= 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
+    r = scores[finite].astype(np.float64)
+    c = codes[finite]
+    hi = np.full(n_groups, -np.inf)
+    lo = np.full(n_groups, np.inf)
+    np.maximum.at(hi, c, r)
+    np.minimum.at(lo, c, r)
+    count = np.bincount(c, minlength=n_groups)
+    with np.errstate(invalid="ignore"):
+        scale = np.maximum(1.0, np.maximum(np.abs(hi), np.abs(lo)))
+        return (count >= 2) & (hi - lo <= tol * scale)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +95,7 @@ class GroupConfig:
 
     Attributes:
         norm_adv_by_std_in_grpo: divide by the group std (GRPO) or not (Dr.GRPO); verl's key of that name.
-        epsilon: added to the group std. zero_variance_tol: see ``StareConfig.zero_variance_tol``.
+        epsilon: added to the group std. zero_variance_tol: see :func:`zero_variance_groups`.
     """
 
     norm_adv_by_std_in_grpo: bool = True
@@ -52,35 +105,17 @@ class GroupConfig:
     @classmethod
     def from_algorithm(cls, algorithm_config: Any) -> GroupConfig:
         """The baseline of verl's ``algorithm`` section: ``norm_adv_by_std_in_grpo`` read by the project's one
-        boolean reader (``stare_verl.config.config_bool``: ``0`` and ``"false"`` are Dr.GRPO, as for STARE and
-        verl), True when absent.
+        boolean reader (:func:`stare_verl.methods.settings.config_bool`: ``0`` and ``"false"`` are Dr.GRPO, as
+        for STARE and verl), True when absent.
 
         Raises:
-            StareConfigError: the key holds no boolean (``"maybe"``, ``2``, null), named in the message.
+            MethodConfigError: the key holds no boolean (``"maybe"``, ``2``, null), named in the message.
         """
         try:
             norm = read_bool(algorithm_config, "norm_adv_by_std_in_grpo", True, "algorithm")
         except ConfigBoolError as err:
-            raise StareConfigError(str(err)) from None
+            raise MethodConfigError(str(err)) from None
         return cls(norm_adv_by_std_in_grpo=norm)
-
-
-def group_baseline(algorithm_config: Any) -> GroupConfig:
-    """The GRPO group baseline (STARE step 1) a run of verl's ``algorithm`` section computes its advantages from:
-    for ``adv_estimator=stare`` (STARE and the methods run as its GRPO-ds twin) STARE's config
-    (``algorithm.stare.norm_adv_by_std_in_grpo`` / ``epsilon`` / ``zero_variance_tol``, the first falling back to
-    ``algorithm.norm_adv_by_std_in_grpo``), for the other estimators :meth:`GroupConfig.from_algorithm`. Two runs
-    are comparable only when these are equal.
-
-    Raises:
-        StareConfigError: an invalid ``algorithm.stare`` or a boolean key that holds no boolean.
-    """
-    get = getattr(algorithm_config, "get", None)
-    estimator = get("adv_estimator", None) if get else getattr(algorithm_config, "adv_estimator", None)
-    if estimator == ESTIMATOR_NAME:
-        c = parse_stare_config(algorithm_config)
-        return GroupConfig(c.norm_adv_by_std_in_grpo is not False, c.epsilon, c.zero_variance_tol)
-    return GroupConfig.from_algorithm(algorithm_config)
 
 
 def grpo_base(
@@ -93,7 +128,7 @@ def grpo_base(
 ) -> torch.Tensor:
     """GRPO's advantage, the base every entropy-control method starts from (``[B, T]`` float, 0 where the mask is
     0): verl's ``grpo_vectorized`` bit for bit except for zero-variance groups and non-finite rewards (see
-    :func:`_group_advantage`). ``cfg`` (``epsilon``, ``norm_adv_by_std_in_grpo``, ``zero_variance_tol``) defaults
+    :func:`group_advantage`). ``cfg`` (``epsilon``, ``norm_adv_by_std_in_grpo``, ``zero_variance_tol``) defaults
     to :meth:`GroupConfig.from_algorithm`. Logs ``entropy_control/nonfinite_rewards`` (responses) and
     ``entropy_control/zero_variance_groups`` (share of groups) into ``metrics``.
 
@@ -103,88 +138,10 @@ def grpo_base(
     if index is None:
         raise ValueError("the advantage needs `index` (the group uid of each response)")
     cfg = cfg or GroupConfig.from_algorithm(algorithm_config)
-    adv, n_bad, zero_var_share = _group_advantage(token_level_rewards, response_mask, index, cfg)
+    adv, n_bad, zero_var_share = group_advantage(token_level_rewards, response_mask, index, cfg)
     metrics["entropy_control/nonfinite_rewards"] = float(n_bad)
     metrics["entropy_control/zero_variance_groups"] = zero_var_share
     return adv
-
-
-def stare_advantages(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    old_log_probs: torch.Tensor,
-    entropys: torch.Tensor,
-    controller: StareController,
-    metrics: dict,
-    inplace: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """STARE steps 1-6: ``(grpo_advantages, omega * grpo_advantages)``, both ``[B, T]``; with ``inplace`` the first is
-    the second's storage (overwritten: one ``[B, T]`` copy less, for callers that need only the second). Adds the
-    ``stare/*`` metrics (see :func:`compute_stare_advantage`) to ``metrics``."""
-    cfg = controller.config
-    base, n_bad, zero_var_share = _group_advantage(token_level_rewards, response_mask, index, cfg)
-    eff, step_metrics = stare_reweight(base, response_mask, old_log_probs, entropys, controller, inplace=inplace)
-    step_metrics["stare/nonfinite_rewards"] = float(n_bad)
-    step_metrics["stare/zero_variance_groups"] = zero_var_share
-    metrics.update(step_metrics)
-    return base, eff
-
-
-def compute_stare_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray | None = None,
-    config: Any = None,
-    old_log_probs: torch.Tensor | None = None,
-    entropys: torch.Tensor | None = None,
-    controller: StareController | None = None,
-    metrics: dict | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """STARE advantage: omega * GRPO advantage (STARE steps 1-6, ``docs/stare.md``).
-
-    Args:
-        token_level_rewards: ``[B, T]`` float; a response's outcome reward is its row sum.
-        response_mask: ``[B, T]``, 1 for model-generated tokens, 0 for padding and tool output.
-        index: ``[B]`` group ids (verl's ``uid``, any dtype verl accepts); grouped exactly as verl's
-            ``grpo_vectorized`` groups them (:func:`verl_group_codes`: ``"1"`` and ``"01"`` are one group).
-        config: verl's ``algorithm`` section; STARE keys under ``algorithm.stare`` (see ``StareConfig``).
-        old_log_probs: ``[B, T]`` float log-probs (nats) of the pre-update policy.
-        entropys: ``[B, T]`` float per-token entropy (nats) from the same forward pass.
-        controller: gate/schedule state kept across steps; a fresh one (stateless behaviour) if None.
-        metrics: if given, updated in place with the ``stare/*`` metrics.
-        **kwargs: ignored (forward compatibility with verl's calling convention).
-
-    Returns:
-        ``(advantages, returns)``, both the same ``[B, T]`` float tensor, exactly 0 where the mask is 0.
-        The base is verl's ``grpo_vectorized`` (GRPO or Dr.GRPO) bit for bit, except: a zero-variance group
-        (all rewards equal up to float residue, ``zero_variance_tol``) gets exactly 0 where verl leaves a
-        rounding residue whose sign would decide L+/L- (``stare/zero_variance_groups``: their share of the
-        groups); a response whose outcome reward is NaN/inf gets 0 and stays out of its group's mean/std
-        (``stare/nonfinite_rewards``). See ``_group_advantage``.
-
-    Raises:
-        StareInputsMissing: ``old_log_probs``/``entropys`` not given (a trainer mode other than ``stare_*``).
-        StareConfigError: invalid ``algorithm.stare``.
-        ValueError: ``index`` missing or shapes that do not match.
-    """
-    if old_log_probs is None or entropys is None:
-        raise StareInputsMissing(
-            "algorithm.adv_estimator=stare needs the old log-probs and entropy of each token, which this "
-            "trainer does not pass to advantage estimators. Use trainer.v1.trainer_mode=stare_sync (or "
-            "stare_colocate_async) from stare_verl, with trainer.use_v1=true."
-        )
-    if index is None:
-        raise ValueError("the stare estimator needs `index` (the group uid of each response)")
-    if controller is None:
-        controller = StareController(parse_stare_config(config))
-    step_metrics: dict = {}
-    _, advantages = stare_advantages(token_level_rewards, response_mask, index, old_log_probs, entropys, controller,
-                                     step_metrics, inplace=True)  # fmt: skip  # ours: no copy needed
-    if metrics is not None:
-        metrics.update(step_metrics)
-    return advantages, advantages
 
 
 _WARNED_MERGE = False
@@ -226,12 +183,13 @@ def verl_group_codes(index: Any) -> tuple[np.ndarray, int]:
 
             logging.getLogger(__name__).warning(
                 "verl groups %d distinct uid labels into %d groups (numeric strings such as '1' and '01', ints "
-                "and bools, or object floats read as integers); STARE uses verl's grouping", distinct, len(uniq)
+                "and bools, or object floats read as integers); the group baseline uses verl's grouping", distinct,
+                len(uniq),
             )
     return codes, len(uniq)
 
 
-def _group_advantage(
+def group_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, cfg: Any
 ) -> tuple[torch.Tensor, int, float]:
     """GRPO's advantage (STARE step 1), ``[B, T]`` float; the number of responses whose outcome reward (row sum)
@@ -241,7 +199,7 @@ def _group_advantage(
     with two deliberate differences, both only where verl's value is an artefact:
 
     - **Zero-variance groups** (the one place where finite rewards get a different advantage): a group whose
-      rewards are all equal up to floating-point residue (``core.zero_variance_groups``,
+      rewards are all equal up to floating-point residue (:func:`zero_variance_groups`,
       ``zero_variance_tol``) gets advantage exactly 0. verl's float32 mean leaves a residue there (8 rewards
       of 0.7 give +0.056 each), and its sign would decide whether the group's tokens enter L+ or L-.
       Everywhere else the advantage is verl's, bit for bit.

@@ -7,7 +7,7 @@ tokens: only mask-1 tokens enter the quantiles, the gate's entropy and the weigh
 
 NumPy rather than torch: verl computes advantages on the driver's CPU, and on a loaded CPU
 NumPy's single-threaded boolean compaction and selection are an order of magnitude faster than
-torch's (see ``bench/bench_estimator.py``). ``stare_verl.stare`` converts at the boundary.
+torch's (see ``bench/bench_estimator.py``). ``stare_verl.methods.stare.reweight`` converts at the boundary.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from fractions import Fraction
 from functools import cached_property
 
 import numpy as np
+
+from stare_verl.methods.metrics import QUADRANTS
 
 
 def top_count(p: float, n: int) -> int:
@@ -117,80 +119,6 @@ def _kth_of(values: np.ndarray, k: int) -> tuple[float, int]:
     return thr, k + int(np.count_nonzero(values[k:] == thr))
 
 
-ZERO_VARIANCE_TOL = 1e-5
-"""Default ``algorithm.stare.zero_variance_tol``: see :func:`zero_variance_groups`."""
-
-
-def group_codes(index) -> tuple[np.ndarray, int]:
-    """Map group labels (any hashable) to contiguous codes, by Python equality.
-
-    This is not verl's grouping rule (verl reads ``"1"`` and ``"01"`` as one group, see
-    ``stare_verl.estimator.verl_group_codes``, which the estimator uses); it serves callers that own their labels.
-
-    Args:
-        index: ``[B]`` array-like of hashable labels; responses of one prompt share a label.
-
-    Returns:
-        ``(codes, n_groups)``: ``[B]`` int64 codes in ``0..n_groups-1``, numbered by first appearance.
-    """
-    lookup: dict = {}
-    labels = index.tolist() if hasattr(index, "tolist") else list(index)
-    codes = np.array([lookup.setdefault(u, len(lookup)) for u in labels], dtype=np.int64)
-    return codes, len(lookup)
-
-
-def zero_variance_groups(
-    scores: np.ndarray, codes: np.ndarray, n_groups: int, finite: np.ndarray, tol: float = ZERO_VARIANCE_TOL
-) -> np.ndarray:
-    """Groups whose outcome rewards are all equal, up to floating-point residue: ``[n_groups]`` bool.
-
-    A group of two or more responses with finite rewards is zero-variance when
-
-        ``max_i r_i - min_i r_i <= tol * max(1, max_i |r_i|)``
-
-    over its finite rewards (absolute on the usual reward scale |r| <= 1, relative beyond). Its GRPO advantage
-    ``(r_i - mean) / (std + eps)`` is 0 in exact arithmetic, but verl's ``grpo_vectorized`` computes the mean
-    as a float32 sum / count, which leaves a residue (8 copies of 0.7 give advantages of +0.056, Dr.GRPO
-    +6e-8) whose sign would put the group's tokens into L+ or L- (STARE step 4 selects by surprisal among
-    A > 0, whatever |A|). The caller sets such groups' advantage to exactly 0 (STARE step 1 as written:
-    no reward difference, no advantage).
-
-    Why a tolerance rather than exact equality: rewards reach verl through Python float64 and a float32
-    tensor, and one reward can be written several ways (``0.1 + 0.2`` vs ``0.3``, a format bonus added before
-    or after a penalty, per-turn rewards summed along the row in float32). Such values differ by a few
-    float32 ulps (1 ulp of 1.0 is 1.2e-7); ``tol = 1e-5`` (about 80 ulps of 1) covers sums and differences of
-    components up to ~10x the result, and is far below any difference a verifier is designed to express.
-    ``tol = 0`` gives exact equality of the float32 rewards.
-
-    Singleton groups (one finite reward) are not zero-variance: verl's convention (mean 0, std 1, so
-    A = r) is kept. A group with no finite reward is not zero-variance either (its responses get 0 anyway).
-
-    Args:
-        scores: ``[B]`` float outcome rewards (row sums of the token-level rewards); non-finite entries ignored.
-        codes: ``[B]`` int group codes in ``0..n_groups-1`` (see :func:`group_codes`).
-        n_groups: number of groups.
-        finite: ``[B]`` bool, the rewards to use (``np.isfinite(scores)``).
-        tol: tolerance as above (>= 0).
-
-    Raises:
-        ValueError: ``scores``, ``codes`` and ``finite`` are not 1-D of one length, or ``tol < 0``.
-    """
-    if scores.ndim != 1 or codes.shape != scores.shape or finite.shape != scores.shape:
-        raise ValueError(f"scores/codes/finite must be [B]: {scores.shape}, {codes.shape}, {finite.shape}")
-    if not tol >= 0:
-        raise ValueError(f"tol must be >= 0, got {tol}")
-    r = scores[finite].astype(np.float64)
-    c = codes[finite]
-    hi = np.full(n_groups, -np.inf)
-    lo = np.full(n_groups, np.inf)
-    np.maximum.at(hi, c, r)
-    np.minimum.at(lo, c, r)
-    count = np.bincount(c, minlength=n_groups)
-    with np.errstate(invalid="ignore"):
-        scale = np.maximum(1.0, np.maximum(np.abs(hi), np.abs(lo)))
-        return (count >= 2) & (hi - lo <= tol * scale)
-
-
 @dataclass(frozen=True)
 class TokenMasks:
     """Token masks of one batch, and the per-response sums the covariance metrics are built from.
@@ -254,13 +182,15 @@ def token_masks(response_mask: np.ndarray, old_log_probs: np.ndarray, entropys: 
         old_log_probs: ``[B, T]`` float log-probs (nats). entropys: ``[B, T]`` float entropy (nats).
 
     The common case (every entry finite) makes two passes: an entropy row sum, then one compiled pass over the
-    log-probs (:func:`stare_verl.kernels.log_prob_row_stats`: its row totals are also the finiteness check, so
+    log-probs (:func:`stare_verl.methods.stare.kernels.log_prob_row_stats`: its row totals are also the finiteness check, so
     the metrics' sums cost no pass of their own). A NaN/inf anywhere switches to an exact per-token check.
 
     Raises:
         ValueError: the three arrays are not 2-D of one shape.
     """
-    from stare_verl.kernels import log_prob_row_stats  # numba: imported by the processes that need it
+    from stare_verl.methods.stare.kernels import (
+        log_prob_row_stats,  # numba: imported by the processes that need it
+    )
 
     if response_mask.ndim != 2:
         raise ValueError(f"response_mask must be [B, T], got shape {tuple(response_mask.shape)}")
@@ -386,15 +316,9 @@ def reweight_advantages(
     return out
 
 
-QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low", "zero_adv")
-"""Token classes of :class:`CovarianceSums`: advantage sign (A > 0, A < 0, A == 0) x surprisal above
-(``high``: ``-log_prob > H_batch``) or at/below (``low``) the batch entropy; A == 0 tokens form one class. The
-comparison ``log_prob < -H_batch`` is made in the log-probs' dtype (float32: at ``float32(-H)``) on both paths."""
-
-
 @dataclass(frozen=True)
 class CovarianceSums:
-    """Sufficient statistics of Cov(log pi, A) over valid model tokens, per token class (see ``QUADRANTS``).
+    """Sufficient statistics of Cov(log pi, A) over valid model tokens, per token class (see :data:`stare_verl.methods.metrics.QUADRANTS`).
 
     Attributes (each a ``[5]`` float64 array in ``QUADRANTS`` order):
         n: number of tokens. lp: sum of log-probs (nats). adv: sum of advantages. lp_adv: sum of log-prob x

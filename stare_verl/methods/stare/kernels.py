@@ -1,6 +1,6 @@
-"""Compiled (numba) per-row pass over the old log-probs of a batch, for :func:`stare_verl.core.token_masks`.
+"""Compiled (numba) per-row pass over the old log-probs of a batch, for :func:`stare_verl.methods.stare.core.token_masks`.
 
-Imported lazily by :mod:`stare_verl.core` (``import numba`` takes about 0.4 s, which processes that never compute
+Imported lazily by :mod:`stare_verl.methods.stare.core` (``import numba`` takes about 0.4 s, which processes that never compute
 an advantage should not pay). The kernel is cached on disk (``cache=True``: ``__pycache__`` beside this file, or
 numba's user-wide cache when that is read-only), so only the first process on a machine compiles it (~0.4 s).
 """

@@ -6,74 +6,23 @@ Key names follow the STARE reference code so configs carry over. Defaults are th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from stare_verl.core import ZERO_VARIANCE_TOL
+from stare_verl.methods.base import (
+    ConfigBoolError,
+    MethodConfigError,
+    config_bool,
+    format_validation_error,
+    plain_mapping,
+    read_bool,
+)
+from stare_verl.methods.group_baseline import ZERO_VARIANCE_TOL
 
 
-class StareConfigError(ValueError):
+class StareConfigError(MethodConfigError):
     """Raised when ``algorithm.stare`` holds an invalid or unknown key; the message names the key."""
-
-
-class ConfigBoolError(ValueError):
-    """A boolean config key holds a value that is no boolean; the message names the key and the value."""
-
-
-_TRUE = frozenset({"true", "t", "yes", "y", "on", "1"})
-_FALSE = frozenset({"false", "f", "no", "n", "off", "0"})
-_MISSING = object()
-
-
-def config_bool(value: Any, key: str, null: bool | None = None) -> bool:
-    """The one reading of a boolean config key (every method, the estimator, the trainer and ``stare-verl check``).
-
-    Args:
-        value: the key's value: a bool (numpy's too), the ints 0 / 1, or a string ``true/false``, ``yes/no``,
-            ``on/off``, ``t/f``, ``y/n``, ``1/0`` (any case, surrounding spaces ignored): the spellings pydantic
-            and Hydra read as booleans, so ``0`` and ``"false"`` are False everywhere (never true as a non-empty
-            string or a non-zero object).
-        key: the key's full name, for the error (e.g. ``algorithm.norm_adv_by_std_in_grpo``).
-        null: what None (YAML ``null``) means; None: None is not allowed.
-    Returns:
-        the bool.
-    Raises:
-        ConfigBoolError: any other value (``"maybe"``, ``2``, ``0.5``, a list, None where ``null`` is None),
-            naming ``key``.
-    """
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if value is None:
-        if null is not None:
-            return null
-    elif isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    elif isinstance(value, str):
-        word = value.strip().lower()
-        if word in _TRUE:
-            return True
-        if word in _FALSE:
-            return False
-    raise ConfigBoolError(f"{key} must be a boolean (true or false), got {value!r}")
-
-
-def read_bool(section: Any, key: str, default: bool, where: str, null: bool | None = None) -> bool:
-    """:func:`config_bool` of ``section[key]`` (a mapping, DictConfig or object with attributes; None: empty),
-    ``default`` when the key is absent. ``where`` is the section's name (``algorithm``), for the error.
-
-    Raises:
-        ConfigBoolError: the value is no boolean (or None where ``null`` is None).
-    """
-    if section is None:
-        return default
-    if hasattr(section, "get"):
-        value = section.get(key, _MISSING)
-    else:
-        value = getattr(section, key, _MISSING)
-    return default if value is _MISSING else config_bool(value, f"{where}.{key}", null)
 
 
 class StareConfig(BaseModel):
@@ -93,7 +42,7 @@ class StareConfig(BaseModel):
             ``None`` means: use ``algorithm.norm_adv_by_std_in_grpo``.
         epsilon: added to the group std (> 0: a group with equal rewards has std 0).
         zero_variance_tol: a group whose rewards span at most ``tol * max(1, max |r|)`` is zero-variance:
-            advantage exactly 0, never in L+/L- (``stare_verl.core.zero_variance_groups``); 0 = exact equality.
+            advantage exactly 0, never in L+/L- (``stare_verl.methods.group_baseline.zero_variance_groups``); 0 = exact equality.
         scope: ``"batch"`` selects L+/L- once over all model tokens of the training batch (default);
             ``"chunk"`` selects within consecutive chunks of ``chunk_size`` sequences, reproducing the
             reference code's per-micro-batch selection for ablations.
@@ -142,31 +91,6 @@ class StareConfig(BaseModel):
         return self
 
 
-def _plain(obj: Any) -> Any:
-    """OmegaConf DictConfig / Mapping -> plain dict (without importing omegaconf unless needed)."""
-    if obj is None:
-        return {}
-    if type(obj).__name__ in ("DictConfig", "ListConfig"):
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(obj, resolve=True)
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    raise StareConfigError(f"algorithm.stare must be a mapping, got {type(obj).__name__}")
-
-
-def _format_error(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(config)"
-        if e["type"] == "extra_forbidden":
-            allowed = ", ".join(StareConfig.model_fields)
-            lines.append(f"algorithm.stare.{key}: unknown key; allowed keys: {allowed}")
-        else:
-            lines.append(f"algorithm.stare.{key}: {e['msg']} (got {e.get('input')!r})")
-    return "invalid STARE config:\n  " + "\n  ".join(lines)
-
-
 def parse_stare_config(algorithm_config: Any) -> StareConfig:
     """Build a validated ``StareConfig`` from verl's ``algorithm`` section.
 
@@ -195,7 +119,10 @@ def parse_stare_config(algorithm_config: Any) -> StareConfig:
         if hasattr(algorithm_config, "get")
         else lambda k, d=None: getattr(algorithm_config, k, d)
     )
-    raw = _plain(get("stare", None))
+    try:
+        raw = plain_mapping(get("stare", None), "algorithm.stare")
+    except MethodConfigError as err:
+        raise StareConfigError(str(err)) from None
     if raw.get("norm_adv_by_std_in_grpo") is None:  # verl's key, read as every method reads it
         try:
             raw["norm_adv_by_std_in_grpo"] = read_bool(algorithm_config, "norm_adv_by_std_in_grpo", True, "algorithm")
@@ -204,4 +131,4 @@ def parse_stare_config(algorithm_config: Any) -> StareConfig:
     try:
         return StareConfig(**raw)
     except ValidationError as err:
-        raise StareConfigError(_format_error(err)) from None
+        raise StareConfigError(format_validation_error(err, "algorithm.stare", StareConfig)) from None

@@ -1,10 +1,10 @@
 """STARE's token selection and reweighting on torch tensors, where the batch lives (a GPU): pure torch, no verl.
 
-The same steps, inputs and results as :mod:`stare_verl.core` (STARE steps 3-6, ``shared/specs/stare.md``), with
+The same steps, inputs and results as :mod:`stare_verl.methods.stare.core` (STARE steps 3-6, ``shared/specs/stare.md``), with
 every ``[B, T]`` array a tensor on one device: nothing is copied to the host but a few scalars (the counts,
 the threshold and the entropy sum). Selection is exact: the k-th smallest candidate log-prob comes from a sort
 on the device, ties at the threshold go to the earliest tokens in row-major order (a cumulative count over the
-tied tokens, no branch), exactly as in :func:`stare_verl.core.select_top_surprisal`.
+tied tokens, no branch), exactly as in :func:`stare_verl.methods.stare.core.select_top_surprisal`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stare_verl.core import top_count
+from stare_verl.methods.stare.core import top_count
 
 
 def kth_smallest(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -30,7 +30,7 @@ def kth_smallest(values: torch.Tensor, k: int) -> torch.Tensor:
 def select_top_surprisal(
     log_probs: torch.Tensor, candidates: torch.Tensor, ratio: float
 ) -> tuple[torch.Tensor, float | None]:
-    """:func:`stare_verl.core.select_top_surprisal` on tensors.
+    """:func:`stare_verl.methods.stare.core.select_top_surprisal` on tensors.
 
     Args:
         log_probs: ``[R, T]`` float, old log-probs (nats); values off ``candidates`` are ignored.
@@ -60,7 +60,7 @@ def select_top_surprisal(
 
 @dataclass(frozen=True)
 class TokenMasks:
-    """:class:`stare_verl.core.TokenMasks` with a ``valid`` tensor: ``[B, T]`` bool on the batch's device."""
+    """:class:`stare_verl.methods.stare.core.TokenMasks` with a ``valid`` tensor: ``[B, T]`` bool on the batch's device."""
 
     valid: torch.Tensor
     n_model: int
@@ -81,7 +81,7 @@ class TokenMasks:
 def token_masks(
     response_mask: torch.Tensor, old_log_probs: torch.Tensor, entropys: torch.Tensor
 ) -> TokenMasks:
-    """:func:`stare_verl.core.token_masks` on tensors (one host round trip for the three scalars).
+    """:func:`stare_verl.methods.stare.core.token_masks` on tensors (one host round trip for the three scalars).
 
     The entropy sum accumulates in float64 on the device (NumPy's float32 row sums may differ in the last bits).
 
@@ -118,7 +118,7 @@ def select_token_set(
     sign: int,
     chunk_size: int | None = None,
 ) -> Selection:
-    """:func:`stare_verl.core.select_token_set` on tensors: L+ (``sign=+1``, A > 0) or L- (``sign=-1``, A < 0).
+    """:func:`stare_verl.methods.stare.core.select_token_set` on tensors: L+ (``sign=+1``, A > 0) or L- (``sign=-1``, A < 0).
 
     Args:
         row_advantages: ``[B]`` float, each response's outcome advantage (or anything of its sign).
@@ -145,7 +145,7 @@ def select_token_set(
 
 def reweight_advantages(advantages: torch.Tensor, sets: list[tuple[Selection, float]]) -> torch.Tensor:
     """``A_eff = omega * A`` (STARE steps 5-6) on tensors: ``A * weight`` on each set's tokens (the weight in
-    ``A``'s dtype, as :func:`stare_verl.core.reweight_advantages`), ``A`` bit for bit elsewhere.
+    ``A``'s dtype, as :func:`stare_verl.methods.stare.core.reweight_advantages`), ``A`` bit for bit elsewhere.
 
     Returns:
         A new ``[B, T]`` tensor of ``advantages``' dtype and device.
@@ -167,7 +167,7 @@ def covariance_row_stats(
     Returns:
         ``(n_high, s_high, n_valid, s_valid)``: float64 NumPy ``[B]`` arrays: the number and the log-prob sum
         (nats) of each row's valid tokens with surprisal above ``batch_entropy`` (``log p < -H``), and of all its
-        valid tokens; the inputs of :func:`stare_verl.core.class_sums`.
+        valid tokens; the inputs of :func:`stare_verl.methods.stare.core.class_sums`.
     """
     thr = -float(batch_entropy or 0.0)
     high = valid & (log_probs < thr)
@@ -191,7 +191,7 @@ def reweighted_class_deltas(
     row_advantages: torch.Tensor, log_probs: torch.Tensor, sets: list[tuple[Selection, float]], batch_entropy
 ) -> tuple[np.ndarray, np.ndarray]:
     """What reweighting adds to the covariance sums' ``adv`` and ``lp_adv`` (``[5]`` float64 NumPy arrays, in
-    :data:`stare_verl.core.QUADRANTS` order), as :func:`stare_verl.core.reweighted_covariance_sums` computes it:
+    :data:`stare_verl.methods.stare.core.QUADRANTS` order), as :func:`stare_verl.methods.stare.core.reweighted_covariance_sums` computes it:
     each chosen token adds ``(omega - 1) * A`` (and times its log-prob) to its class. Gathers and class sums run on
     the device."""
     adv = torch.zeros(5, dtype=torch.float64, device=log_probs.device)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from stare_verl.config import StareConfig
+from stare_verl.methods.stare.config import StareConfig
 
 
 @dataclass(frozen=True)
