@@ -56,6 +56,12 @@ class PretrainedRun:
                                       samples=samples, max_response_tokens=128)  # fmt: skip
         return {f"T={t:g}": rep.to_dict() for t, rep in reports.items()}
 
+    def weights_stamp(self) -> list[list]:
+        """``[[file name, size, mtime_ns], ...]`` of the model folder's weight files: weights prepared again in place
+        (another conversion, a user's new checkpoint) change it, so a cached evaluation of the old ones is not reused."""
+        files = sorted(p for pat in ("*.safetensors", "*.bin") for p in Path(self.model.path).glob(pat))
+        return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
     def describe(self) -> dict[str, Any]:
         """The model's entry for ``summary.json``."""
         return {"spec": self.model.spec, "name": self.model.name, "path": str(self.model.path),

@@ -458,8 +458,9 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
               "task, no cold-start SFT", flush=True)  # fmt: skip
         phases: dict[str, float] = {}
         with _timed(phases, "eval_before"):
-            key = {"model": str(pretrained.model.path), "task": pretrained.family.cpu_recipe, "n_eval": args.n_eval,
-                   "eval_samples": args.eval_samples, "temperatures": [0, 1]}  # fmt: skip
+            key = {"model": str(pretrained.model.path), "weights": pretrained.weights_stamp(),
+                   "task": pretrained.family.cpu_recipe, "n_eval": args.n_eval, "eval_samples": args.eval_samples,
+                   "temperatures": [0, 1]}  # fmt: skip
             before = cached_eval_before(
                 run.eval_before, key, lambda: pretrained.evaluate(pretrained.model.path, args.n_eval, args.eval_samples)
             )
@@ -511,11 +512,12 @@ def pretrained_run(args: argparse.Namespace, fam):
     from stare_verl.jobs.pretrained import PretrainedRun
     from stare_verl.models import resolve_model
 
-    resolved = resolve_model(spec)
-    if resolved.is_tiny:
+    if resolve_model(spec, require_prepared=False).is_tiny:
         return None
+    variant = fam.for_pretrained()  # a family without a pretrained task says so before the model is looked at
+    resolved = resolve_model(spec)
     cache = Path(args.sft_cache or os.environ.get("STARE_CACHE_DIR") or DEFAULT_CACHE_DIR)
-    return PretrainedRun(family=fam.for_pretrained(), model=resolved, cache_dir=cache)
+    return PretrainedRun(family=variant, model=resolved, cache_dir=cache)
 
 
 def pretrained_run_planned(args: argparse.Namespace, fam):
@@ -542,14 +544,17 @@ def cached_eval_before(path: Path, key: dict[str, Any], evaluate) -> dict[str, A
     never reused."""
     key_file = path.with_name(path.name.removesuffix(".json") + ".key.json")
     try:
-        cached = path.is_file() and json.loads(key_file.read_text()) == key
+        if json.loads(key_file.read_text()) == key:
+            cached = json.loads(path.read_text())
+            if isinstance(cached, dict) and cached:
+                return cached
     except (OSError, ValueError):
-        cached = False  # no key (an earlier version's cache) or a torn one: evaluated again
-    if not cached:
-        key_file.unlink(missing_ok=True)
-        path.write_text(json.dumps(evaluate(), indent=1))
-        key_file.write_text(json.dumps(key))
-    return json.loads(path.read_text())
+        pass  # no key (an earlier version's cache), a torn key or a torn evaluation: evaluated again
+    key_file.unlink(missing_ok=True)
+    result = evaluate()
+    path.write_text(json.dumps(result, indent=1))
+    key_file.write_text(json.dumps(key))
+    return result
 
 
 def with_rollout(args: argparse.Namespace, backend: RunBackend) -> tuple[RunBackend, str | None]:
