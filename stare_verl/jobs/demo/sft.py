@@ -386,8 +386,11 @@ def encode_demo(demo: Demo, tokenizer, builder=None) -> tuple[list[int], list[in
         ids = list(builder.build_initial_tokens(demo.prompt(), tools=None))
         turn = tokenizer.encode(demo.assistant_texts()[0], add_special_tokens=False) + [eos]
         return ids + turn, [0] * len(ids) + [1] * len(turn)
+    from envs.tool_use.tool_prompt import with_tool_prompt
+
     msgs = demo.messages()
-    prompt, call_msg, tool_msg = msgs[:1], msgs[1], msgs[2]
+    # a template that ignores tools= gets the tool list in its system message, as the agent loop gives it
+    prompt, call_msg, tool_msg = with_tool_prompt(msgs[:1], tools, tokenizer), msgs[1], msgs[2]
     ids = list(builder.build_initial_tokens(prompt, tools=tools))
     mask = [0] * len(ids)
     call_text, answer_text = demo.assistant_texts()
