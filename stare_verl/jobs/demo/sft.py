@@ -1,5 +1,10 @@
 """Cold-start SFT of the tiny model of a CPU default family, cached by its configuration.
 
+A pretrained model's warm start (``--model`` runs of a family whose pretrained task needs one, tool use) is the
+other entry, :func:`ensure_warm_start`: full fine-tuning of the given Hugging Face folder on the family's
+demonstrations encoded with that model's own tokenizer and chat template, cached under ``<cache_dir>/warm-<hash>``
+by the model's identity and the settings (:class:`WarmStartConfig`).
+
 Families (``SFTConfig.family``): ``tooluse`` (tool-use demonstrations with real sandbox output,
 ``stare_verl.jobs.families.tooluse``), ``shortcot`` / ``longcot`` (chain-of-thought sums with a sampled order of the terms,
 ``stare_verl.jobs.families.cot``; single turn, no tool). The rest of the pipeline is shared.
@@ -782,7 +787,7 @@ def _fine_tune(cfg: WarmStartConfig, out: Path) -> dict[str, Any]:
     builder = create_continuous_token_builder(tok, hf_model_type="qwen2")  # ChatML: the agent loop's layout
     rows = [encode_demo(d, tok, builder) for d in demos]
     torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, local_files_only=True, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, local_files_only=True, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     collate = _collate(int(tok.pad_token_id if tok.pad_token_id is not None else 0))

@@ -144,3 +144,15 @@ def test_warm_start_cache_key_and_hit(tmp_path, capsys):
     assert ensure_warm_start(cfg) == d and "cache hit" in capsys.readouterr().err
     with pytest.raises(ValueError):
         WarmStartConfig(model_dir=str(model), steps=0)
+
+
+def test_warm_start_steps_option():
+    import argparse
+
+    from stare_verl.jobs.train import CPU_ONLY_OPTIONS, WARM_START_STEPS, bad_option, build_parser
+
+    assert build_parser().parse_args([]).warm_start_steps is None and WARM_START_STEPS >= 1
+    assert build_parser().parse_args(["--warm-start-steps", "5"]).warm_start_steps == 5
+    assert bad_option(argparse.Namespace(warm_start_steps=0)) == "--warm-start-steps must be >= 1 (got 0)"
+    assert bad_option(argparse.Namespace(warm_start_steps=None)) is None
+    assert "warm_start_steps" in CPU_ONLY_OPTIONS
