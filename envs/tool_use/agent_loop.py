@@ -66,6 +66,7 @@ from envs.tool_use.parser import (
     remove_tool_calls,
     strip_thinking,
 )
+from envs.tool_use.tool_prompt import with_tool_prompt
 from envs.tools.observation import tokenizer_control_tokens
 
 logger = logging.getLogger(__name__)
@@ -78,9 +79,11 @@ __all__ = [
     "HermesThinkToolParser",
     "ParsedCall",
     "StareToolAgentLoop",
+    "chatml_builder",
     "model_response_text",
     "parse_tool_calls",
     "remove_tool_calls",
+    "renders_chatml_newline",
     "strip_thinking",
 ]
 
@@ -99,6 +102,33 @@ class HermesThinkToolParser(ToolParser):
         schemas = {t.function.name: t for t in tools or []}
         content, calls = parse_tool_calls(text, schemas)
         return content, [c.function_call() for c in calls if c.ok]
+
+
+def renders_chatml_newline(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> bool:
+    """Whether ``tokenizer``'s chat template ends a finished turn with ``<|im_end|>`` + newline (ChatML: Qwen's,
+    SmolLM2's), which a model's own turn stops before. False when it has no ``<|im_end|>`` or cannot render."""
+    if "<|im_end|>" not in (tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}):
+        return False
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    try:
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, **(chat_template_kwargs or {}))
+    except Exception:  # noqa: BLE001 - no template: not ChatML
+        return False
+    return isinstance(text, str) and "b<|im_end|>\n" in text
+
+
+def chatml_builder(builder: Any, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> Any:
+    """verl's Continuous Token builder for ``tokenizer``: ``builder`` itself, except that verl's generic builder
+    (chosen for a ``model_type`` verl does not know, e.g. SmolLM2's ``llama``) is replaced by verl's ChatML one
+    (``QwenContinuousTokenBuilder``: the newline the template puts after a turn's ``<|im_end|>`` is inserted,
+    mask 0, before the observation) when the template is ChatML (:func:`renders_chatml_newline`). Without it the
+    context would read ``<|im_end|><|im_start|>tool``, which the template never renders, while the held-out
+    evaluation and the SFT (made with the ChatML builder) put the newline there."""
+    from verl.utils.tokenizer.continuous_token import ContinuousTokenBuilder, QwenContinuousTokenBuilder
+
+    if type(builder) is not ContinuousTokenBuilder or not renders_chatml_newline(tokenizer, chat_template_kwargs):
+        return builder
+    return QwenContinuousTokenBuilder(tokenizer, chat_template_kwargs=chat_template_kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- loop
@@ -136,6 +166,8 @@ class StareToolAgentLoop(ToolAgentLoop):
         self._stop_ids = end_token_ids(self.tokenizer) | set(self.tool_parser.stop_token_ids)
         self._control_tokens = tokenizer_control_tokens(self.tokenizer)
         self._agent_data: AgentData | None = None
+        self.continuous_token_builder = chatml_builder(self.continuous_token_builder, self.tokenizer,
+                                                       self.apply_chat_template_kwargs)
 
     # -- trajectory ---------------------------------------------------------------------------------
 
@@ -182,6 +214,9 @@ class StareToolAgentLoop(ToolAgentLoop):
     ) -> AgentState:
         agent_data.stare_stats = EpisodeStats()
         self._agent_data = agent_data
+        # a template that ignores tools= (plain ChatML) gets the tool list in its system message
+        schemas = getattr(agent_data, "_active_tool_schemas", self.tool_schemas)
+        agent_data.messages = with_tool_prompt(agent_data.messages, schemas, self.tokenizer)
         return await super()._handle_pending_state(agent_data, sampling_params)
 
     @staticmethod

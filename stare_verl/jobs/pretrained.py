@@ -32,19 +32,43 @@ class PretrainedRun:
     Attributes:
         family: ``job_family(name).for_pretrained()``.
         model: the resolved ``--model``.
-        cache_dir: the run's cache folder (the vLLM engine's compile cache).
+        cache_dir: the run's cache folder (the vLLM engine's compile cache, the warm-started models).
+        n_sft_train: problems of the warm start's split (0: none), left out of RL's training split.
     """
 
     family: JobFamily
     model: ResolvedModel
     cache_dir: Path
+    n_sft_train: int = 0
+
+    @property
+    def needs_warm_start(self) -> bool:
+        """Whether the family's pretrained task asks for a warm start on its demonstrations before RL."""
+        return bool(self.family.pretrained is not None and self.family.pretrained.sft_warm_start)
+
+    def warm_start(self, steps: int, lr: float = 3e-5, n_demos: int = 256, num_threads: int | None = None
+                   ) -> tuple[PretrainedRun, Path]:  # fmt: skip
+        """The warm-started model folder (``stare_verl.jobs.demo.sft.ensure_warm_start``: cached by the model and the
+        settings) and this run with its demonstrations' split left out of RL's problems.
+
+        Raises:
+            ValueError: ``steps`` below 1 or no demonstration; DemoError: the sandbox failed.
+        """
+        from dataclasses import replace
+
+        from stare_verl.jobs.demo.sft import WarmStartConfig, ensure_warm_start
+
+        cfg = WarmStartConfig(model_dir=str(self.model.path), family=self.family.name, steps=steps, lr=lr,
+                              n_demos=n_demos, data_seed=DATA_SEED, n_heldout=N_HELDOUT, num_threads=num_threads,
+                              cache_dir=str(self.cache_dir))  # fmt: skip
+        return replace(self, n_sft_train=n_demos), ensure_warm_start(cfg)
 
     def write_data(self, out_dir: Path, n_train: int, n_val: int) -> dict[str, Path]:
         """``train.parquet`` / ``val.parquet`` of the pretrained task (``n_train`` RL problems, the first ``n_val``
         held-out ones; disjoint). Raises ValueError for counts below 1 or ``n_val`` over :data:`N_HELDOUT`."""
         from stare_verl.jobs.families.problems import write_rl_parquet
 
-        return write_rl_parquet(out_dir, n_train=n_train, n_val=n_val, seed=DATA_SEED, n_sft_train=0,
+        return write_rl_parquet(out_dir, n_train=n_train, n_val=n_val, seed=DATA_SEED, n_sft_train=self.n_sft_train,
                                 n_heldout=N_HELDOUT, family=self.family)  # fmt: skip
 
     def evaluate(self, path: Path, n: int, samples: int) -> dict[str, Any]:
@@ -55,12 +79,6 @@ class PretrainedRun:
         reports = evaluate_checkpoint(path, n=n, data_seed=DATA_SEED, n_heldout=N_HELDOUT, family=self.family,
                                       samples=samples, max_response_tokens=128)  # fmt: skip
         return {f"T={t:g}": rep.to_dict() for t, rep in reports.items()}
-
-    def weights_stamp(self) -> list[list]:
-        """``[[file name, size, mtime_ns], ...]`` of the model folder's weight files: weights prepared again in place
-        (another conversion, a user's new checkpoint) change it, so a cached evaluation of the old ones is not reused."""
-        files = sorted(p for pat in ("*.safetensors", "*.bin") for p in Path(self.model.path).glob(pat))
-        return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 
     def describe(self) -> dict[str, Any]:
         """The model's entry for ``summary.json``."""
@@ -76,3 +94,11 @@ def pretrained_defaults(args: argparse.Namespace) -> argparse.Namespace:
         if out.get(key) is None:
             out[key] = value
     return argparse.Namespace(**out)
+
+
+def weights_stamp(model_dir: Path) -> list[list]:
+    """``[[file name, size, mtime_ns], ...]`` of the weight files in ``model_dir``: weights prepared again in place
+    (another conversion, a new warm start, a user's new checkpoint) change it, so a cached evaluation of the old ones
+    is not reused."""
+    files = sorted(p for pat in ("*.safetensors", "*.bin") for p in Path(model_dir).glob(pat))
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]

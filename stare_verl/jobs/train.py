@@ -120,6 +120,8 @@ def run_env(tag: str, metrics_part: Path, platform: str = "cpu") -> dict[str, st
 
 
 INTERRUPTED = 130
+WARM_START_STEPS = 60
+"""Default steps of a pretrained model's warm start (``--warm-start-steps``)."""
 """Exit status of a run stopped by Ctrl-C, SIGTERM or SIGHUP (128 + SIGINT, as a shell reports it)."""
 
 
@@ -454,18 +456,27 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         return 0
     sft_cfg = sft_config(args, family)
     if pretrained is not None:
-        print(f"[{name}] --model {pretrained.model.name} ({pretrained.model.path}): RL on the family's pretrained "
-              "task, no cold-start SFT", flush=True)  # fmt: skip
+        from stare_verl.jobs.pretrained import weights_stamp
+
         phases: dict[str, float] = {}
+        start_dir = pretrained.model.path
+        if pretrained.needs_warm_start:
+            steps = args.warm_start_steps if args.warm_start_steps is not None else WARM_START_STEPS
+            print(f"[{name}] --model {pretrained.model.name} ({pretrained.model.path}): a warm start of {steps} steps "
+                  "on the family's demonstrations, then RL on its pretrained task", flush=True)  # fmt: skip
+            with _timed(phases, "warm_start"):
+                pretrained, start_dir = pretrained.warm_start(steps, num_threads=args.sft_threads or None)
+        else:
+            print(f"[{name}] --model {pretrained.model.name} ({pretrained.model.path}): RL on the family's pretrained "
+                  "task, no cold-start SFT", flush=True)  # fmt: skip
         with _timed(phases, "eval_before"):
-            key = {"model": str(pretrained.model.path), "weights": pretrained.weights_stamp(),
-                   "task": pretrained.family.cpu_recipe, "n_eval": args.n_eval, "eval_samples": args.eval_samples,
-                   "temperatures": [0, 1]}  # fmt: skip
+            key = {"model": str(start_dir), "weights": weights_stamp(start_dir), "task": pretrained.family.cpu_recipe,
+                   "n_eval": args.n_eval, "eval_samples": args.eval_samples, "temperatures": [0, 1]}  # fmt: skip
             before = cached_eval_before(
-                run.eval_before, key, lambda: pretrained.evaluate(pretrained.model.path, args.n_eval, args.eval_samples)
+                run.eval_before, key, lambda: pretrained.evaluate(start_dir, args.n_eval, args.eval_samples)
             )
         print(f"[{name}] held-out before RL: {_fmt_eval(before)}", flush=True)
-        return _train_tiny_recipe(args, backend, sft_cfg, pretrained.model.path, run, recipe, name, t0, before,
+        return _train_tiny_recipe(args, backend, sft_cfg, start_dir, run, recipe, name, t0, before,
                                   phases, pretrained=pretrained)  # fmt: skip
     if model:
         print(f"[{name}] MODEL={model}: RL from it (no cold-start SFT, no held-out evaluation)", flush=True)
@@ -858,7 +869,8 @@ def _dashboard(
 GPU_RECIPE_OPTIONS = {"steps": "trainer.total_training_steps", "seed": "data.seed", "save_freq": "trainer.save_freq"}
 """Options of ``stare-verl train`` that the GPU recipe takes, as the Hydra key each one sets (when given)."""
 CPU_ONLY_OPTIONS = ("n_train", "n_eval", "eval_samples", "max_turns", "min_sft_accuracy", "sft_threads", "sft_steps",
-                    "sft_cache", "sft_code_styles", "sft_anneal_ratio", "sft_anneal_steps", "sft_lr")  # fmt: skip
+                    "sft_cache", "sft_code_styles", "sft_anneal_ratio", "sft_anneal_steps", "sft_lr",
+                    "warm_start_steps")  # fmt: skip
 """Options of the tiny-model CPU pipeline (its data, SFT and held-out evaluation) that a GPU recipe has no use for."""
 
 
@@ -1019,7 +1031,7 @@ def train_gpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
 # (option, smallest allowed value) of the numeric options, checked before anything runs or is written
 OPTION_MINIMA = (
     ("steps", 1), ("eval_samples", 1), ("n_train", 1), ("n_eval", 1), ("max_turns", 1),
-    ("save_freq", 0), ("sft_steps", 0), ("sft_threads", 0),
+    ("save_freq", 0), ("sft_steps", 0), ("sft_threads", 0), ("warm_start_steps", 1),
 )  # fmt: skip
 
 
@@ -1028,7 +1040,7 @@ def bad_option(args: argparse.Namespace) -> str | None:
     front: most of them are only used after the cold-start SFT, minutes into a run."""
     for name, low in OPTION_MINIMA:
         value = getattr(args, name, low)
-        if value < low:
+        if value is not None and value < low:
             return f"--{name.replace('_', '-')} must be >= {low} (got {value})"
     seed = getattr(args, "sft_seed", None)
     if seed is not None and not 0 <= seed < 2**32:
@@ -1219,6 +1231,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="held-out greedy accuracy the SFT checkpoint needs before RL (default: the family's)",
     )
     p.add_argument("--sft-threads", type=int, default=0, help="torch threads of the SFT (0: torch's default)")
+    p.add_argument(
+        "--warm-start-steps", type=int, default=None,
+        help=f"--model runs of a family whose model needs one (tool use): steps of the warm start on the family's "
+             f"demonstrations, 8 a step, full fine-tuning at lr 3e-5 (default {WARM_START_STEPS}; cached by model "
+             f"and settings)",
+    )  # fmt: skip
     p.add_argument(
         "--sft-steps", type=int, default=0, help="cold-start SFT steps (0: the family's calibrated count)"
     )

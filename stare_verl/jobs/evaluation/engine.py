@@ -63,7 +63,11 @@ class EngineGenerate:
         st = req.state
         budget = int(req.max_tokens)
         if "ids" not in st:
-            ids = list(self.builder.build_initial_tokens(req.messages, tools=req.tools))
+            from envs.tool_use.tool_prompt import with_tool_prompt
+
+            # a template that ignores tools= gets the tool list in its system message, as in training
+            prompt = with_tool_prompt(req.messages, req.tools, self.tokenizer)
+            ids = list(self.builder.build_initial_tokens(prompt, tools=req.tools))
             st.update(ids=ids, n_prompt=len(ids), response_mask=[], n_messages=len(req.messages))
         elif len(req.messages) > st["n_messages"]:  # the observations appended since the last turn
             merged = self.builder.merge_context_tokens(req.messages[: st["n_messages"]], req.messages, st["ids"],

@@ -28,7 +28,7 @@ from typing import Any
 from envs.contract import TOOL_USE
 from envs.tool_use.task import OFFLINE_TOOL_TASKS
 from envs.tools.schema import CODE_INTERPRETER_SCHEMA_JSON, TOOL_NAME, tool_call_text
-from stare_verl.jobs.families.base import JobFamily
+from stare_verl.jobs.families.base import JobFamily, PretrainedTask
 from stare_verl.jobs.families.problems import DemoError, Problem
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "CODE_STYLES",
     "TASKS",
     "TOOLUSE",
+    "TOOLUSE_PRETRAINED",
     "TOOL_NAME",
     "Demo",
     "build_demos",
@@ -193,6 +194,15 @@ def _demonstrations(
     return build_demos(problems, codes=codes)
 
 
+# The pretrained model's tool-use task (``--model``): the tiny model's problem mix (``TASKS``), the question alone as
+# the prompt (the tool list reaches a template that ignores ``tools=`` through the system message:
+# ``envs.tool_use.tool_prompt``), scored on the answer's last number when there is no box. SmolLM2-135M-Instruct
+# writes no tool call on its own, with either this prompt or the function-calling prompt it was tuned with, so a
+# short warm start on the demonstrations (``stare_verl.jobs.demo.sft.ensure_warm_start``) runs before RL.
+TOOLUSE_PRETRAINED = PretrainedTask(
+    task_table=TASKS, reward_options={"last_number": True}, recipe="tooluse_real", sft_warm_start=True,
+)
+
 TOOLUSE = JobFamily(
     name="tooluse",
     env=TOOL_USE,
@@ -208,4 +218,5 @@ TOOLUSE = JobFamily(
     gpu_recipe="tooluse_qwen2.5-7b-sft",
     tool_config="tool_use/tool_config.yaml",
     compare_dir="compare",
+    pretrained=TOOLUSE_PRETRAINED,
 )
