@@ -146,15 +146,21 @@ def run_main_ppo(
     followed by no step for 3 minutes, or no step for ``$STARE_STALL_TIMEOUT_S``, default 30 minutes), since verl's
     trainer waits for a dead agent-loop worker's episodes for ever; the reason goes to stderr.
 
+    With ``RAY_ADDRESS`` in ``env`` the run joins that Ray cluster instead of starting its own
+    (:func:`stare_verl.jobs.cluster.join_cluster`).
+
     Returns main_ppo's exit status (130 after Ctrl-C, :data:`~stare_verl.jobs.stall.STALLED` when it was stopped
-    for making no progress).
+    for making no progress); a run on a cluster that lost a node says so on stderr
+    (:func:`stare_verl.jobs.cluster.lost_node_message`).
     """
     import threading
 
     from tqdm import tqdm
 
+    from stare_verl.jobs.cluster import join_cluster, lost_node_message
     from stare_verl.jobs.runlog import read_verl_jsonl
 
+    cmd = join_cluster(cmd, env)  # RAY_ADDRESS set: the run joins that Ray cluster (stare_verl.jobs.cluster)
     tag = env[RUN_TAG_ENV]
     seen = 0
     proc = reader = dedup = None
@@ -212,6 +218,12 @@ def run_main_ppo(
                 dedup.finish()
             if proc is not None:
                 proc.stdout.close()
+    if rc not in (0, INTERRUPTED, STALLED):
+        with open(log_path, "rb") as f:  # the end of this run's output: what Ray raised
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 200_000))
+            lost = lost_node_message(f.read().decode("utf-8", errors="replace"), env)
+        if lost:
+            print(lost, file=sys.stderr, flush=True)
     return rc
 
 
