@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -248,8 +249,9 @@ class LocalCluster:
         node.proc.wait(timeout=30)
 
     def stop(self) -> list[int]:
-        """Stop every node (workers first, the head last) and every process carrying the cluster's tag; returns the
-        PIDs still alive after that (normally none). Safe to call twice."""
+        """Stop every node (workers first, the head last) and every process carrying the cluster's tag, then remove
+        the cluster's temporary folder (its nodes' logs and Ray's session); returns the PIDs still alive after that
+        (normally none; the folder is then kept). Safe to call twice."""
         for node in reversed(self.nodes):
             if node.proc.poll() is None:
                 try:
@@ -266,6 +268,8 @@ class LocalCluster:
                     pass
                 node.proc.wait(timeout=10)
         left = kill_tagged(self.tag)
+        if not left and self.temp_dir:  # the session folders (logs, sockets) go with the cluster
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
         return left
 
 
