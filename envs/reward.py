@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from envs.contract import FAMILIES, LONG_COT, SHORT_COT
 from envs.markup import remove_calls
-from envs.scoring.extract import extract_final_answer, last_boxes, split_think
+from envs.scoring.extract import every_box, extract_final_answer, last_boxes, split_think
 from envs.scoring.normalize import normalize_answer
 from envs.scoring.offers import split_top_level
 from envs.scoring.reflection import REFLECTION_PATTERNS, count_reflections
@@ -255,6 +255,35 @@ def _parts(answer: str) -> int:
     return len(split_top_level(normalize_answer(answer), _PART_SEP_RE))
 
 
+def _tuple_parts(answer: str) -> int:
+    """Number of items of a ground truth that is one tuple in parentheses (``(2, 3)`` -> 2), else 0."""
+    s = normalize_answer(answer)
+    if len(s) < 2 or s[0] != "(" or s[-1] != ")" or len(split_top_level(s, _PART_SEP_RE)) != 1:
+        return 0
+    inner = s[1:-1]
+    if len(split_top_level(inner, re.compile(r"[()]"))) != 1:  # (1)(2): two groups, not one tuple
+        return 0
+    n = len(split_top_level(inner, _PART_SEP_RE))
+    return n if n > 1 else 0
+
+
+def _every_box_verdict(answer_text: str, gold: str, pred_raw: str, timeout_s: float) -> Verdict | None:
+    """The verdict on the response's boxes read in order as the ground truth's k parts (a list ``2, 3`` or a tuple
+    ``(2, 3)``), when it holds exactly k boxes and nothing between them withdraws one
+    (``envs.scoring.extract.every_box``); None when that reading does not apply or is not equal."""
+    parts, as_tuple = _parts(gold), False
+    if parts < 2:
+        parts, as_tuple = _tuple_parts(gold), True
+    boxed = every_box(answer_text, parts) if parts > 1 else None
+    if boxed is None:
+        return None
+    candidate = f"({boxed})" if as_tuple else boxed
+    if candidate == pred_raw:
+        return None
+    v = answers_equal(candidate, gold, timeout_s=timeout_s)
+    return v if v.equal else None
+
+
 def compute_score(
     data_source: str | None = None,
     solution_str: str | None = None,
@@ -281,7 +310,9 @@ def compute_score(
     wins). When the ground truth is a list of k parts (commas or semicolons outside brackets; a ground truth
     holding several boxes joined by connectors is the list of them) and the answer has fewer, the last k boxes of
     the response are tried as the answer too when short connecting text joins them (parts boxed apart:
-    ``y_1 = \\boxed{..}`` and ``y_2 = \\boxed{..}``; see ``envs.scoring.extract.last_boxes``).
+    ``y_1 = \\boxed{..}`` and ``y_2 = \\boxed{..}``; see ``envs.scoring.extract.last_boxes``), and so are all its
+    boxes in order when it holds exactly k and no text between them withdraws one (``Area is \\boxed{2}, perimeter
+    is \\boxed{3}.``; ``envs.scoring.extract.every_box``; a tuple ground truth ``(2, 3)`` counts its items).
 
     Truncation: ``hit_eos`` decides when given, else the stop reason, else a known length that reached
     ``max_response_length``. A truncated response is scored as having no answer (acc False, base
@@ -353,6 +384,8 @@ def compute_score(
                 joined = last_boxes(answer_text, parts) if parts > 1 and parts > _parts(pred_raw) else None
                 if joined is not None and joined != pred_raw and _parts(joined) == parts:
                     verdict = answers_equal(joined, gold, timeout_s=opts.timeout_s)
+                if not verdict.equal:  # exactly k boxes in prose, none withdrawn: the parts in order
+                    verdict = _every_box_verdict(answer_text, gold, pred_raw, opts.timeout_s) or verdict
             if verdict.equal:
                 break
             if verdict.failed and failed is None:

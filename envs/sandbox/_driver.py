@@ -209,6 +209,25 @@ def _identity(fd):
     return st.st_dev, st.st_ino
 
 
+def _usable_stream(stream, fd):
+    """``stream`` (the session's text stream of descriptor ``fd``) when it can still be written, else a new one like
+    it (what ``-u`` gives: UTF-8 text written through to the descriptor at once, never closing it): a call that
+    closed ``sys.stdout`` or detached its buffer must not leave every later call failing."""
+    try:
+        if stream is not None and not stream.closed:
+            stream.fileno()  # raises once the buffer is detached
+            return stream
+    except (ValueError, OSError, AttributeError):
+        pass
+    import io
+
+    try:
+        encoding, errors = stream.encoding, stream.errors
+    except (ValueError, AttributeError):
+        encoding, errors = "utf-8", "backslashreplace" if fd == 2 else "strict"
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, errors=errors, write_through=True)
+
+
 def main_session(limits, ctl_fd, in_pidns):
     import json
 
@@ -228,6 +247,7 @@ def main_session(limits, ctl_fd, in_pidns):
     # than a later call being answered wrongly; a control input left non-blocking is made blocking again.
     in_fd = ctl_in.fileno()
     own = {fd: _identity(fd) for fd in (in_fd, out_fd, err_fd, ctl_fd)}
+    streams = [sys.__stdout__, sys.__stderr__]
     os.write(ctl_fd, b'{"ready": true}\n')
     while True:
         try:
@@ -238,10 +258,12 @@ def main_session(limits, ctl_fd, in_pidns):
         if not line:
             break
         request = json.loads(line)
-        # Undo what the previous call may have done to the standard streams.
+        # Undo what the previous call may have done to the standard streams: descriptors 1 and 2 pointed at the
+        # pipes again, and sys.stdout/sys.stderr set back (made anew when a call closed or detached them).
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
-        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        streams = [_usable_stream(streams[0], 1), _usable_stream(streams[1], 2)]
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__ = streams
         if cpu_s is not None:
             _cpu_timer(cpu_s)
         status, error = _run(request["code"], main)

@@ -8,6 +8,16 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
 
 BackendName = Literal["auto", "bwrap", "unshare", "subprocess", "remote"]
 
+UID_SLOTS = 1000
+"""How many uid ranges there are (``SandboxConfig.uid_base + slot * UID_SLOT_SIZE``, slot < UID_SLOTS)."""
+UID_SLOT_SIZE = 8192
+"""uids per range: a range serves one ``LocalSandbox`` (``max_concurrency + max_sessions`` of them)."""
+UID_BASE_MIN = 100000
+"""The lowest ``uid_base``: below it the sandbox's ranges could cover ordinary users' and system uids (the clean-up
+after a call kills every process of a slot's uid)."""
+UID_BASE_MAX = 2**31 - 1 - UID_SLOTS * UID_SLOT_SIZE
+"""The highest ``uid_base``: every range stays below 2**31 (uids above are not portable)."""
+
 
 class ExecLimits(BaseModel):
     """Resource limits applied to every call.
@@ -129,10 +139,12 @@ class SandboxConfig(BaseModel):
         description="unshare backend: host paths covered by an empty tmpfs (bwrap shows nothing unlisted)",
     )
     uid_base: int = Field(
-        200000, ge=1000,
+        200000, ge=UID_BASE_MIN, le=UID_BASE_MAX,
         description=(
             "when run as root, each sandbox runs under its own uid, from a range of 8192 uids at uid_base + "
-            "slot * 8192 that one LocalSandbox of the machine holds at a time (a lock file per slot)"
+            "slot * 8192 that one LocalSandbox of the machine holds at a time (a lock file per block of 8192 uids "
+            "of the machine's uid space, so pools with different uid_base never share a uid); at least 100000, so "
+            "no range covers ordinary users' uids"
         ),
     )
     remote: RemoteConfig | None = None

@@ -43,7 +43,15 @@ from ._io import (
     tmpfs_bytes,
     uid_pids,
 )
-from .config import ExecLimits, ExecResult, SandboxConfig
+from .config import (
+    UID_BASE_MAX,
+    UID_BASE_MIN,
+    UID_SLOT_SIZE,
+    UID_SLOTS,
+    ExecLimits,
+    ExecResult,
+    SandboxConfig,
+)
 from .interpreter import resolve_python, venv_root
 
 DRIVER_SOURCE = Path(__file__).with_name("_driver.py").read_text()
@@ -106,34 +114,41 @@ class SandboxUnavailable(RuntimeError):
     """The requested backend cannot run on this machine (or is refused by the configuration)."""
 
 
-UID_SLOTS = 1000
-"""How many uid ranges there are (``SandboxConfig.uid_base + slot * UID_SLOT_SIZE``, slot < UID_SLOTS)."""
-UID_SLOT_SIZE = 8192
-"""uids per range: a range serves one :class:`LocalSandbox` (``max_concurrency + max_sessions`` of them)."""
 UID_LOCK_DIR = "/run/stare-verl-sandbox-uids"
-"""Where the slots' lock files live (``$STARE_SANDBOX_UID_LOCK_DIR`` overrides it)."""
+"""Where the uid blocks' lock files live (``$STARE_SANDBOX_UID_LOCK_DIR`` overrides it)."""
+UID_BLOCK = UID_SLOT_SIZE
+"""The machine's uid space is cut into blocks of this many uids (block ``b``: uids ``[b * UID_BLOCK, (b + 1) *
+UID_BLOCK)``), each with one lock file ``uids-<b>.lock``: a range is claimed by locking every block it touches, so
+two ranges that share a uid share a lock whatever ``uid_base`` each pool was given."""
 
 
 class _UidPool:
     """Unprivileged uids, one per live slot of a :class:`LocalSandbox`; empty (None handed out) unless the host
     runs as root.
 
-    The pool owns one range of :data:`UID_SLOT_SIZE` uids, ``base + slot * UID_SLOT_SIZE``, claimed by holding an
-    exclusive ``flock`` on ``<lock dir>/slot-<slot>.lock`` for the pool's life. Two live pools, in one process or in
-    any processes of the machine, never share a range (they could otherwise kill each other's sandboxed programs:
-    a slot's uid is cleared of processes after each call), and a range frees itself when its holder ends, however
-    it ends (the kernel drops the lock with the last descriptor of the lock file). Slots are tried in order, from a
-    preferred one (``$STARE_SANDBOX_UID_SLOT``, else the pid modulo :data:`UID_SLOTS`) around to the one before it.
-    A forked child that takes a uid first claims a range of its own (the parent's stays the parent's).
+    The pool owns the ``size`` uids from ``base + slot * UID_SLOT_SIZE``, claimed by holding an exclusive ``flock``
+    on the lock file of every block of the machine's uid space that they touch (``<lock dir>/uids-<uid //
+    UID_BLOCK>.lock``, :data:`UID_BLOCK`) for the pool's life. The locks name absolute uids, not slot numbers, so two
+    live pools, in one process or in any processes of the machine and whatever ``base`` each was given, never share
+    a uid (they could otherwise kill each other's sandboxed programs: a slot's uid is cleared of processes after
+    each call), and a range frees itself when its holder ends, however it ends (the kernel drops a lock with the
+    last descriptor of its file). Slots are tried in order, from a preferred one (``$STARE_SANDBOX_UID_SLOT``, else
+    the pid modulo :data:`UID_SLOTS`) around to the one before it. A forked child that takes a uid first claims a
+    range of its own (the parent's stays the parent's).
 
     Raises:
-        ValueError: ``size`` above :data:`UID_SLOT_SIZE`, or a bad ``$STARE_SANDBOX_UID_SLOT``.
+        ValueError: ``size`` above :data:`UID_SLOT_SIZE`, ``base`` below :data:`~envs.sandbox.config.UID_BASE_MIN`
+            (ranges would cover ordinary users' uids, whose processes the clean-up kills) or past
+            :data:`~envs.sandbox.config.UID_BASE_MAX`, or a bad ``$STARE_SANDBOX_UID_SLOT``.
         SandboxUnavailable: every slot is held, or the lock directory cannot be created.
     """
 
     def __init__(self, base: int, size: int, enabled: bool):
         if size > UID_SLOT_SIZE:
             raise ValueError(f"{size} uids per sandbox asked for; a uid range holds {UID_SLOT_SIZE}")
+        if not UID_BASE_MIN <= base <= UID_BASE_MAX:
+            raise ValueError(f"uid_base {base} is outside [{UID_BASE_MIN}, {UID_BASE_MAX}]: the sandbox's uid ranges "
+                             "must stay clear of ordinary users' uids and below 2**31")
         self.enabled = enabled and os.geteuid() == 0
         self.base, self.size = base, size
         self.slot: int | None = None  # the claimed slot (None when disabled)
@@ -164,22 +179,13 @@ class _UidPool:
         first = self._preferred_slot()
         for i in range(UID_SLOTS):
             slot = (first + i) % UID_SLOTS
-            path = os.path.join(lock_dir, f"slot-{slot}.lock")
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except OSError as exc:
-                raise SandboxUnavailable(f"cannot open the sandbox uid lock {path}: {exc}") from exc
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # held by a live pool
-                os.close(fd)
+            start = self.base + slot * UID_SLOT_SIZE
+            fds = _lock_blocks(lock_dir, start, max(1, self.size))
+            if fds is None:  # a block held by a live pool
                 continue
-            with contextlib.suppress(OSError):  # who holds it, for a person looking
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{os.getpid()}\n".encode())
-            self._lock_fd, self._pid = fd, os.getpid()
-            self._finalizer = weakref.finalize(self, _close_quietly, fd)
-            self.slot, self.start = slot, self.base + slot * UID_SLOT_SIZE
+            self._lock_fd, self._pid = fds[0], os.getpid()
+            self._finalizer = weakref.finalize(self, _close_all_quietly, tuple(fds))
+            self.slot, self.start = slot, start
             self._free = list(range(self.start, self.start + self.size))
             return
         raise SandboxUnavailable(f"all {UID_SLOTS} sandbox uid ranges are held by live processes (locks in {lock_dir})")
@@ -210,11 +216,38 @@ class _UidPool:
         self._lock_fd, self.slot, self.start, self._free = None, None, None, []
 
 
-def _close_quietly(fd: int) -> None:
-    """Close a range's lock descriptor. In a forked child it is the inherited copy: closing it leaves the parent's
-    lock held (flock is dropped with the last descriptor of the open file, never by closing one copy)."""
-    with contextlib.suppress(OSError):
-        os.close(fd)
+def _lock_blocks(lock_dir: str, start: int, size: int) -> list[int] | None:
+    """Exclusive ``flock`` s on the lock files of every :data:`UID_BLOCK` block that uids ``[start, start + size)``
+    touch (each file then names this process's pid, for a person looking); their descriptors, or None (and nothing
+    held) when a live pool holds one of them. Raises SandboxUnavailable when a lock file cannot be opened."""
+    fds: list[int] = []
+    for block in range(start // UID_BLOCK, (start + size - 1) // UID_BLOCK + 1):
+        path = os.path.join(lock_dir, f"uids-{block}.lock")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            _close_all_quietly(tuple(fds))
+            raise SandboxUnavailable(f"cannot open the sandbox uid lock {path}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held by a live pool
+            os.close(fd)
+            _close_all_quietly(tuple(fds))
+            return None
+        fds.append(fd)
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+    return fds
+
+
+def _close_all_quietly(fds: tuple[int, ...]) -> None:
+    """Close a range's lock descriptors. In a forked child they are the inherited copies: closing them leaves the
+    parent's locks held (flock is dropped with the last descriptor of the open file, never by closing one copy)."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _as_uid(uid: int | None) -> list[str]:

@@ -80,7 +80,9 @@ def tiny_values_differ(gold, pred) -> bool:
 
     if not (isinstance(gold, sympy.Expr) and isinstance(pred, sympy.Expr) and gold.is_number and pred.is_number):
         return False
-    a, b = sympy.N(gold, 30), sympy.N(pred, 30)
+    # a value sympy cannot tell from zero (``sin(pi)`` unevaluated gives ``0.e-152``, a Float of no precision that
+    # no comparison accepts) is zero
+    a, b = (v if v.is_comparable else sympy.Integer(0) for v in (sympy.N(gold, 30), sympy.N(pred, 30)))
     if not (a.is_finite and b.is_finite):
         return False
     scale = sympy.Max(abs(a), abs(b))
@@ -89,19 +91,55 @@ def tiny_values_differ(gold, pred) -> bool:
     return bool(abs(a - b) > TINY_REL_TOL * scale)
 
 
-# an operator whose subscript binds an index (\\sum_{k=1}, \\int_{x=0}, \\max_{i=1}, \\bigcup_{i=1} ...)
-BOUND_OPERATOR_RE = re.compile(
-    r"\\(?:sum|prod|coprod|int|iint|iiint|oint|lim|limsup|liminf|max|min|sup|inf|argmax|argmin|bigcup|bigcap"
-    r"|bigoplus|bigotimes|bigsqcup|bigvee|bigwedge|bigodot|biguplus)(?![A-Za-z])\s*(?:\\(?:no)?limits\s*)?_\s*\{[^{}]*="
-)
+# the commands whose first brace group is set under or over what follows (a script, as ``_{..}`` and ``^{..}``)
+_SCRIPT_COMMANDS = frozenset({"underset", "overset", "stackrel", "substack"})
+_COMMAND_RE = re.compile(r"\\(?:[A-Za-z]+|.)", re.S)
+
+
+def binds_index(text: str) -> bool:
+    """True when a sub- or superscript of ``text`` holds an ``=`` (an operator's bound index: ``\\sum_{k=1}``,
+    ``\\int_{x=0}``, ``\\operatorname*{argmax}_{x=0}``, ``\\mathop{\\sum}_{k=1}``, ``\\sum_{{k=1}}``,
+    ``\\sum_{\\substack{k=1\\\\k\\ne 3}}``), or the first argument of ``\\underset``, ``\\overset`` or ``\\stackrel``
+    does (``\\underset{x=3}{\\operatorname{argmin}}``, ``\\stackrel{x=1}{=}``): whatever the operator, such a relation
+    binds a name, it is never the answer's value. One linear scan of the brace groups."""
+    if "=" not in text:
+        return False
+    groups: list[bool] = []  # per open brace group: whether it is a script
+    scripts = 0  # open script groups around the current position
+    pending = False  # the next brace group is a script
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            m = _COMMAND_RE.match(text, i)
+            if m is None:  # a lone backslash at the end
+                break
+            pending = m.group(0)[1:] in _SCRIPT_COMMANDS
+            i = m.end()
+            continue
+        if c in "_^":
+            pending = True
+        elif c == "{":
+            groups.append(pending)
+            scripts += pending
+            pending = False
+        elif c == "}":
+            if groups:
+                scripts -= groups.pop()
+        elif c == "=" and scripts:
+            return True
+        elif not c.isspace():
+            pending = False
+        i += 1
+    return False
 
 
 def lost_operator(text: str, parsed: list) -> bool:
-    """True when ``text`` holds an operator with bound-index subscript (``BOUND_OPERATOR_RE``) but math-verify's
-    parse ``parsed`` holds no sum, product, integral or limit: the parse read the subscript's ``k=1`` as an
-    equation and kept a piece of it (``\\int_{x=0}^{1} x\\,dx`` parsed as 0, ``\\max_{i=1} a_i`` as 1), so it is no
-    reading of the answer."""
-    if not parsed or BOUND_OPERATOR_RE.search(text) is None:
+    """True when ``text`` binds an index in a script (:func:`binds_index`) but math-verify's parse ``parsed`` holds
+    no sum, product, integral or limit: the parse read the script's ``k=1`` as an equation and kept a piece of it
+    (``\\int_{x=0}^{1} x\\,dx`` parsed as 0, ``\\max_{i=1} a_i`` as 1, ``\\operatorname*{argmax}_{x=0} f(x)`` as 0), so
+    it is no reading of the answer."""
+    if not parsed or not binds_index(text):
         return False
     import sympy
 

@@ -12,6 +12,9 @@ are separated from it only by whitespace, punctuation (``, ; . :``), math delimi
 ``1, 2, 3``; repeated contents count once). Any other text between two boxes ends the run: a box written
 after more prose replaces the earlier ones (self-correction).
 
+When the ground truth has k parts and the response exactly k boxes with nothing between them that withdraws the
+earlier one (:func:`every_box`), ``envs.reward`` also reads the boxes in order as the answer.
+
 Long-CoT responses are split at the reasoning delimiter (``</think>``) first: the answer is searched
 only after the reasoning, never inside it.
 """
@@ -28,6 +31,7 @@ __all__ = [
     "BOX_COMMANDS",
     "ThinkSplit",
     "extract_boxed",
+    "every_box",
     "extract_final_answer",
     "find_boxed_all",
     "last_boxes",
@@ -200,6 +204,34 @@ def last_boxes(text: str, k: int | None = None) -> str | None:
     if k is not None and len(run) < k:
         return None
     return _join([content for _, _, content in reversed(run)])
+
+
+# words between two boxes that withdraw, doubt or hedge the earlier one: the boxes are then no list of parts
+_RETRACT_RE = re.compile(
+    r"(?<![A-Za-z])(?:or|nor|either|but|not|no|never|wait|actually|instead|rather|wrong|incorrect|mistakes?"
+    r"|correct(?:ion|ed|ing)?|realis\w*|realiz\w*|hmm+|however|alternatively|alternative|oops|sorry|meant"
+    r"|revis\w*|redo|again|re-?(?:check|consider|think|examine|evaluate|do)\w*|double-?check\w*|scratch"
+    r"|ignore|previous(?:ly)?|earlier|updated?|isn't|wasn't|can't|cannot)(?![A-Za-z])",
+    re.I,
+)
+
+
+def every_box(text: str, k: int) -> str | None:
+    """The contents of the boxes of ``text``, in order, joined by ``", "`` when ``text`` holds exactly ``k`` (>= 2)
+    complete outermost boxes and no text between two of them withdraws, doubts or hedges the earlier one
+    (``_RETRACT_RE``: "or", "but", "not", "wait", "actually", "wrong", "realise", "earlier" ...): the parts of a
+    list boxed one by one in prose (``Area is \\boxed{2}, perimeter is \\boxed{3}.``, ``x is \\boxed{2}. y is
+    \\boxed{3}.``); None otherwise (``First \\boxed{2}. Later I realise it is \\boxed{3}.`` is a correction). Every
+    box is one part (a value boxed twice counts twice). Linear in ``len(text)``."""
+    if k < 2 or not text or "\\" not in text:
+        return None
+    boxes = _outermost(_boxes(text))
+    if len(boxes) != k:
+        return None
+    if any(_RETRACT_RE.search(text, a[1], b[0]) for a, b in zip(boxes, boxes[1:], strict=False)):
+        return None
+    contents = [content.strip() for _, _, content in boxes]
+    return ", ".join(contents) if all(contents) else None
 
 
 _ANSWER_LINE_RE = re.compile(r"(?im)^\s*\**\s*(?:final\s+)?answer\s*\**\s*[:：]\s*\**\s*(.+?)\s*$")

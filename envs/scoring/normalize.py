@@ -9,7 +9,9 @@
 - units: a trailing ``\\text{ cm}``/``\\mbox{..}``/``\\mathrm{..}`` after a number, and plain unit
   words (cm, meters, dollars, degrees, ...) after a number
 - ``\\!`` (a negative thin space, ``16,\\!386``) removed without a trace
-- ``\\%``, ``%``, degrees (``^\\circ``, ``°``), currency (``\\$``) removed
+- ``\\%``, ``%``, degrees (``^\\circ``, ``°``, ``^{o}`` after a digit), currency (``\\$``) removed
+- an operator's typography: ``\\limits``, ``\\nolimits``, ``\\textstyle`` (and the other styles) removed,
+  ``\\mathop{\\sum}`` -> ``\\sum``, a script in double braces ``_{{k=1}}`` -> ``_{k=1}``
 - thousands separators: ``1,000``, ``1{,}000``, ``12,345.5`` -> digits only (only when the whole answer
   is such a number, so tuples such as ``(1,2)`` are untouched; a comma followed by whitespace separates list
   items, so ``12, 345`` (two adjacent boxes) stays a list); digit groups separated by spaces
@@ -46,6 +48,7 @@ from functools import lru_cache
 __all__ = [
     "LETTER_UNITS",
     "clear_normalize_cache",
+    "dotted_repeating",
     "normalize_answer",
     "read_notations",
     "rewrite_paren_commands",
@@ -84,8 +87,15 @@ _AND_RE = re.compile(r"\s*,?\s*(?:\\text\{\s*and\s*\}|(?<![A-Za-z\\])and(?![A-Za
 _FRAC_SHORT_RE = re.compile(r"\\frac(?![A-Za-z])\s*([0-9A-Za-z])\s*([0-9A-Za-z])")
 _FRAC_HALF_SHORT_RE = re.compile(r"\\frac(?![A-Za-z])\s*\{([^{}]*)\}\s*(\d)")
 _SQRT_SHORT_RE = re.compile(r"\\sqrt(?![A-Za-z])\s*([0-9A-Za-z])")
+# typographic forms of an operator: its limits' placement and the math style change nothing
+_OPERATOR_STYLE_RE = re.compile(r"\\(?:no)?limits(?![A-Za-z])|\\(?:display|text|script|scriptscript)style(?![A-Za-z])")
+_MATHOP_RE = re.compile(r"\\mathop\s*\{\s*(\\[A-Za-z]+)\s*\}")  # \mathop{\sum} is \sum
+_SCRIPT_DOUBLE_BRACE_RE = re.compile(r"([_^])\s*\{\s*\{([^{}]*)\}\s*\}")  # _{{k=1}} is _{k=1}
 _SPACING_RE = re.compile(r"\\[,;:> ]|~|\\quad|\\qquad")
-_DEGREE_RE = re.compile(r"(?<=[\d}.])\s*\^\s*\{?\s*\\circ\s*\}?|(?<=[\d}.])\s*\\circ(?![A-Za-z])")
+_DEGREE_RE = re.compile(
+    r"(?<=[\d}.])\s*\^\s*\{?\s*\\circ\s*\}?|(?<=[\d}.])\s*\\circ(?![A-Za-z])"
+    r"|(?<=\d)\s*\^\s*(?:\{\s*o\s*\}|o(?![A-Za-z]))"  # 30^{o}: a degree sign written as a letter o
+)
 _WS_RE = re.compile(r"(\\[A-Za-z]+)?\s+(?=(.?))", re.S)
 _WRAPPER_RE = re.compile(r"^\\(?:boxed|fbox)\s*\{(.*)\}$", re.S)
 _FLOAT_LITERAL_RE = re.compile(r"(?<![\w.\\])(?P<m>\d+\.\d*|\.\d+|\d+)[eE](?P<e>[-+]?\d+)(?![\w.])")
@@ -129,21 +139,68 @@ _REPEAT_RE = re.compile(
 _TRIG_DEGREE_RE = re.compile(
     r"\\(?P<f>sin|cos|tan|cot|sec|csc)(?![A-Za-z])\s*(?P<pow>\^\s*(?:\{\s*-?\d+\s*\}|\d))?\s*"
     r"(?:(?P<o>\\left\s*\(|\(|\{)\s*)?(?P<n>[-+]?\d+(?:\.\d+)?)\s*"
-    r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])|°|\\degree(?![A-Za-z]))"
+    r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])|°|\\degree(?![A-Za-z])|\^\s*(?:\{\s*o\s*\}|o(?![A-Za-z])))"
     r"(?(o)\s*(?:\\right\s*\)|\)|\}))"
 )
 
 
+_MAX_PERIOD_DIGITS = 200  # a repeating decimal with more digits than this is left as written
+# a whole answer that is a decimal ending in repeated digits and an ellipsis: 0.333..., 0.1666\ldots, 0.1212\dots
+_DOTTED_REPEAT_RE = re.compile(
+    r"\s*(?P<sign>[-+]?)\s*(?P<int>\d*)\.(?P<frac>\d+)\s*"
+    r"(?:\.\s*\.\s*\.|…|\\(?:[lc]?dots[cb]?|mathellipsis|textellipsis)(?![A-Za-z])\s*(?:\{\s*\})?)\s*"
+)
+
+
+def _fraction_text(whole: str, pre: str, rep: str) -> str | None:
+    """``whole.pre(rep)(rep)...`` as ``\\frac{p}{q}`` (or an integer); None when it has too many digits."""
+    if len(whole) + len(pre) + len(rep) > _MAX_PERIOD_DIGITS:
+        return None
+    den = 10 ** len(pre) * (10 ** len(rep) - 1)
+    num = int(whole or "0") * den + int(pre or "0") * (10 ** len(rep) - 1) + int(rep)
+    val = Fraction(num, den)
+    return str(val.numerator) if val.denominator == 1 else f"\\frac{{{val.numerator}}}{{{val.denominator}}}"
+
+
 def _repeating(m: re.Match) -> str:
-    whole, pre = m.group("int") or "0", m.group("pre")
     if m.group("d1") is not None:
         rep = m.group("d1") + ((m.group("mid") or "") + m.group("d2") if m.group("d2") is not None else "")
     else:
         rep = m.group("bar") or m.group("bar1") or m.group("par")
-    den = 10 ** len(pre) * (10 ** len(rep) - 1)
-    num = int(whole) * den + int(pre or "0") * (10 ** len(rep) - 1) + int(rep)
-    val = Fraction(num, den)
-    return str(val.numerator) if val.denominator == 1 else f"\\frac{{{val.numerator}}}{{{val.denominator}}}"
+    return _fraction_text(m.group("int"), m.group("pre"), rep) or m.group(0)
+
+
+def _period(frac: str) -> int:
+    """Length of the period the decimal digits ``frac`` end with: one digit written at least three times
+    (``3333``, ``1666``) or a block of two or more written at least twice (``1212``, ``142857142857``); 0 for
+    none (``14159``, ``33``)."""
+    for size in range(1, len(frac) // 2 + 1):
+        times = 3 if size == 1 else 2
+        if len(frac) >= size * times and frac[-size * times :] == frac[-size:] * times:
+            return size
+    return 0
+
+
+def dotted_repeating(s: str) -> str | None:
+    """A whole answer written as a decimal whose digits end in a repetition and then an ellipsis (``0.333...``,
+    ``0.3333\\dots``, ``0.1666\\ldots``, ``-0.1212…``) as the exact fraction it repeats (``\\frac{1}{3}``,
+    ``\\frac{1}{6}``, ``-\\frac{4}{33}``); None for anything else: a decimal without a repetition (``3.14159...``: no
+    number, the ellipsis rule of ``envs.scoring.verify`` compares it as written), a list with an ellipsis
+    (``0.1, 0.2, \\ldots``), text around the number."""
+    m = _DOTTED_REPEAT_RE.fullmatch(s) if len(s) <= _MAX_PERIOD_DIGITS else None
+    if m is None:
+        return None
+    frac = m.group("frac")
+    size = _period(frac)
+    if not size:
+        return None
+    pre = frac[: len(frac) - size]
+    while len(pre) >= size and pre[-size:] == frac[-size:]:  # 0.3333: pre "", period "3"
+        pre = pre[:-size]
+    val = _fraction_text(m.group("int"), pre, frac[-size:])
+    if val is None:
+        return None
+    return ("-" if m.group("sign") == "-" else "") + val
 
 
 def _trig_degrees(m: re.Match) -> str:
@@ -158,8 +215,10 @@ def read_notations(s: str) -> str:
       ideographic full stop and the minus sign U+2212 -> ``.`` and ``-``
     - repeating decimals -> an exact fraction: ``0.\\overline{3}``, ``0.\\bar{3}``, ``0.(3)``, ``0.\\dot{3}`` ->
       ``\\frac{1}{3}``; ``0.1\\overline{6}`` -> ``\\frac{1}{6}``; ``0.\\dot{1}2\\dot{3}`` (dots over the first and
-      last repeated digit) -> ``\\frac{41}{333}``
-    - degrees inside a trigonometric function -> radians: ``\\sin 30^\\circ``, ``\\cos(60°)``,
+      last repeated digit) -> ``\\frac{41}{333}``; a whole answer that ends its digits in a repetition and then an
+      ellipsis (``0.333...``, ``0.1666\\ldots``; :func:`dotted_repeating`) too. More than ``_MAX_PERIOD_DIGITS``
+      digits: left as written. (``envs.scoring.verify`` also tries ``0.5(2)`` as math-verify reads it, a product.)
+    - degrees inside a trigonometric function (``^\\circ``, ``°``, ``\\degree`` or ``^{o}``) -> radians: ``\\sin 30^\\circ``, ``\\cos(60°)``,
       ``\\tan^2{45^{\\circ}}`` -> ``\\sin(\\frac{30\\pi}{180})`` ... (without a degree mark the argument is radians)
 
     Args:
@@ -169,9 +228,13 @@ def read_notations(s: str) -> str:
     """
     if not s.isascii():
         s = s.translate(_FULL_WIDTH)
-    if "." in s and ("\\" in s or "(" in s):
-        s = _REPEAT_RE.sub(_repeating, s)
-    if "\\" in s and ("circ" in s or "°" in s or "degree" in s):
+    if "." in s or "…" in s:
+        dotted = dotted_repeating(s)
+        if dotted is not None:
+            return dotted
+        if "\\" in s or "(" in s:
+            s = _REPEAT_RE.sub(_repeating, s)
+    if "\\" in s and ("^" in s or "°" in s or "degree" in s):
         s = _TRIG_DEGREE_RE.sub(_trig_degrees, s)
     return s
 
@@ -308,7 +371,12 @@ def _normalize(s: str, keep: frozenset = _NO_KEEP) -> str:
         return s.strip()
     s = strip_wrappers(read_notations(s))
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
-    s = _LEFT_RIGHT_RE.sub("", s).replace("\\displaystyle", "")
+    s = _LEFT_RIGHT_RE.sub("", s)
+    if "\\" in s:
+        s = _OPERATOR_STYLE_RE.sub("", s)
+        s = _MATHOP_RE.sub(r"\1 ", s)
+    if "{{" in s:
+        s = _SCRIPT_DOUBLE_BRACE_RE.sub(r"\1{\2}", s)
     s = rewrite_paren_commands(s)
     s = s.replace("\\bigl", "").replace("\\bigr", "").replace("\\Bigl", "").replace("\\Bigr", "")
     s = _TEXT_CMD_RE.sub("\\\\text{", s)

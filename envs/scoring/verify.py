@@ -5,11 +5,13 @@ alternatives (``5 = 7``, ``5 \\to 7``, ``5 \\text{ or } 7``, ``5 (\\text{or } 7)
 it offers is equal to the ground truth (a hedge scores 0; against a list ground truth, alternatives are read as
 that list: ``x = 5 \\text{ or } x = 7`` against ``5, 7``); when both name a variable (``x = 5`` against ``y = 5``),
 the names must agree (method ``"label"``). A LaTeX command left with an unbalanced parenthesis after
-normalisation (``2\\sqrt(3``) is no answer (method ``"malformed"``), never the number before it; a ground truth
+normalisation (``2\\sqrt(3``) is no answer (method ``"malformed"``), never the number before it, and neither is a
+notation left unfinished or doubled (``0.\\overline{}``, ``0.(``, ``\\sin 30^\\circ^\\circ``); a ground truth
 that is a choice letter accepts an answer that starts with that letter as a choice (``\\textbf{(B) } 5``,
 ``(B) 5``, ``**(B)** 5``). Single letters after a number (``2m``, ``7g``, ``2in``) are units only when the ground
 truth has no variable of that name. Both sides are first read by ``normalize.read_notations`` (full-width
-punctuation, repeating decimals, degrees inside trigonometric functions). An answer with an ellipsis on either side
+punctuation, repeating decimals, degrees inside trigonometric functions); a decimal with digits in parentheses after
+its decimal digits (``0.5(2)``) is also read as math-verify reads it, a product, and equal when either reading is. An answer with an ellipsis on either side
 (``\\ldots``, ``\\dots``, ``\\cdots``, ``...``, ``…``) is never read as a number: lists are compared term by term
 with the ellipses at the same places, anything else by its normalised string (method ``"ellipsis"``). Each value
 is then decided in three steps:
@@ -69,7 +71,8 @@ class Verdict:
         equal: True / False, or None when undecided (time limit hit or the checker failed).
         method: ``"exact"`` (normalised strings equal), ``"numeric"`` (fast numeric path),
             ``"math_verify"``, ``"hedge"`` (a value of a chain or alternative differs), ``"label"`` (the variables
-            named differ), ``"malformed"`` (a command with an unbalanced parenthesis), ``"choice"`` (a choice letter
+            named differ), ``"malformed"`` (a command with an unbalanced parenthesis, a repeating decimal without
+            digits or unclosed, a double sub- or superscript), ``"choice"`` (a choice letter
             read from the answer's start), ``"ellipsis"`` (an answer with an ellipsis, compared term by term),
             ``"empty"`` (no prediction), ``"no_ground_truth"`` (the gold is empty
             after normalisation), ``"timeout"`` (the checker's time ran out) or ``"error"`` (the checker failed).
@@ -382,36 +385,67 @@ def answers_equal(pred: str | None, gold: str, timeout_s: float = 5.0, pool: Mat
     try:
         if pred is None:
             return Verdict(False, "empty")
-        pred, gold = read_notations(str(pred)), read_notations(str(gold))
-        if _ELLIPSIS_RE.search(pred) or _ELLIPSIS_RE.search(gold):
-            return _ellipsis_equal(pred, gold, timeout_s, pool)
-        g_off = offers(gold)
-        g_val = gold
-        if g_off is not None:
-            if len(g_off.values) != 1 or g_off.alternatives:
-                return _equal_one(pred, gold, timeout_s, pool)  # the ground truth is itself a relation: as written
-            g_val = g_off.values[0]
-        gn_val = normalize_answer(g_val)
-        p_off = offers(pred, numeric_gold=bool(gn_val) and not _has_variable(gn_val))
-        if p_off is None:
-            return _equal_one(pred, gold, timeout_s, pool)
-        if p_off.labels and g_off is not None and g_off.labels and p_off.labels != g_off.labels:
-            return Verdict(False, "label")  # x = 5 against y = 5: another variable
-        if not p_off.values:
-            return Verdict(False, "hedge")  # only the question restated (x + y = z): no value offered
-        if p_off.alternatives and len(p_off.values) > 1 and _LIST_RE.search(normalize_answer(g_val)):
-            return _equal_one(", ".join(p_off.values), g_val, timeout_s, pool)  # x = 5 or x = 7: a list of roots
-        verdict = Verdict(None, "error")
-        undecided = None
-        for value in p_off.values:  # every value offered must be the answer
-            verdict = _equal_one(value, g_val, timeout_s, pool)
-            if verdict.equal is False:
-                return Verdict(False, "hedge") if len(p_off.values) > 1 else verdict
-            if verdict.equal is None and undecided is None:
-                undecided = verdict
-        return undecided if undecided is not None else verdict
+        pred, gold = str(pred), str(gold)
+        if _MALFORMED_NOTATION_RE.search(pred):
+            return Verdict(False, "malformed")  # 0.\overline{}, 0.(, \sin 30^\circ^\circ: no number
+        verdict = _answers_equal(pred, gold, timeout_s, pool)
+        if verdict.equal is False and "(" in pred + gold:
+            # 0.5(2): a repeating decimal, or the product math-verify reads; either reading may be the answer
+            p2, g2 = _PAREN_PRODUCT_RE.sub(_as_product, pred), _PAREN_PRODUCT_RE.sub(_as_product, gold)
+            if (p2, g2) != (pred, gold):
+                product = _answers_equal(p2, g2, timeout_s, pool)
+                if product.equal:
+                    return product
+        return verdict
     except Exception:  # noqa: BLE001 - a scorer must never crash a training run
         return Verdict(None, "error")
+
+
+# a notation left unfinished or doubled: a repeating block without digits (0.\overline{}, 0.\bar{a}), an unclosed one
+# (0.(, 0.(33), a double sub- or superscript (\sin 30^\circ^\circ, 10^{100}^\circ: an error in LaTeX)
+_MALFORMED_NOTATION_RE = re.compile(
+    r"\d\.\s*\\(?:overline|bar|dot)(?![A-Za-z])\s*(?:\{[^{}\d]*\}|$)"
+    r"|\d\.\(\s*\d*\s*$"
+    r"|(?<!\\)([_^])\s*(?:\{[^{}]*\}|\\[A-Za-z]+|[^\s{}\\_^])\s*\1"
+)
+# a decimal with digits after its point, then digits in parentheses: 0.5(2), which read_notations reads as 0.5222...
+_PAREN_PRODUCT_RE = re.compile(r"(?<![\d.\w])(\d*\.\d+)\((\d+)\)(?![\d.\w(])")
+
+
+def _as_product(m: re.Match) -> str:
+    return m.group(1) + "\\cdot(" + m.group(2) + ")"
+
+
+def _answers_equal(pred: str, gold: str, timeout_s: float, pool: MathVerifyPool | None) -> Verdict:
+    """:func:`answers_equal` once the notation is checked: notations read, then ellipses, chains and alternatives."""
+    pred, gold = read_notations(pred), read_notations(gold)
+    if _ELLIPSIS_RE.search(pred) or _ELLIPSIS_RE.search(gold):
+        return _ellipsis_equal(pred, gold, timeout_s, pool)
+    g_off = offers(gold)
+    g_val = gold
+    if g_off is not None:
+        if len(g_off.values) != 1 or g_off.alternatives:
+            return _equal_one(pred, gold, timeout_s, pool)  # the ground truth is itself a relation: as written
+        g_val = g_off.values[0]
+    gn_val = normalize_answer(g_val)
+    p_off = offers(pred, numeric_gold=bool(gn_val) and not _has_variable(gn_val))
+    if p_off is None:
+        return _equal_one(pred, gold, timeout_s, pool)
+    if p_off.labels and g_off is not None and g_off.labels and p_off.labels != g_off.labels:
+        return Verdict(False, "label")  # x = 5 against y = 5: another variable
+    if not p_off.values:
+        return Verdict(False, "hedge")  # only the question restated (x + y = z): no value offered
+    if p_off.alternatives and len(p_off.values) > 1 and _LIST_RE.search(normalize_answer(g_val)):
+        return _equal_one(", ".join(p_off.values), g_val, timeout_s, pool)  # x = 5 or x = 7: a list of roots
+    verdict = Verdict(None, "error")
+    undecided = None
+    for value in p_off.values:  # every value offered must be the answer
+        verdict = _equal_one(value, g_val, timeout_s, pool)
+        if verdict.equal is False:
+            return Verdict(False, "hedge") if len(p_off.values) > 1 else verdict
+        if verdict.equal is None and undecided is None:
+            undecided = verdict
+    return undecided if undecided is not None else verdict
 
 
 _ELLIPSIS_RE = re.compile(

@@ -96,10 +96,10 @@ def validate_recipe(cfg: DictConfig) -> Any:
     if estimator not in ESTIMATORS and "norm_adv_by_std_in_grpo" in algo:
         norm = algo["norm_adv_by_std_in_grpo"]
         config_bool(norm, "algorithm.norm_adv_by_std_in_grpo")
-        if not isinstance(norm, bool):
+        if isinstance(norm, str):  # 0 and 1 read by truthiness are false and true: only a string reads wrongly
             raise ValueError(
                 f"algorithm.norm_adv_by_std_in_grpo={norm!r}: verl's own estimator {estimator} reads this key by "
-                "Python truthiness (a non-empty string is true); write true or false"
+                "Python truthiness (a non-empty string is true); write true or false (or 1 or 0)"
             )
     read_bool(cfg.algorithm.get("rollout_correction") or {}, "bypass_mode", False, "algorithm.rollout_correction")
 

@@ -168,3 +168,32 @@ def test_code_that_tampers_with_the_drivers_descriptors(kind):
     for name in ("close", "dup2", "exit0"):
         call, after = r[name]
         assert after.exit_code == 0 and after.stdout == "False\n" and after.session_restarted, (name, after)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_call_that_closes_or_detaches_the_standard_streams_leaves_the_next_calls_working(kind):
+    """``sys.stdout.close()`` closed the session's one stdout object, so every later call failed with "I/O operation
+    on closed file" and the session was never restarted: each call now starts with usable streams, globals kept."""
+    sb = _sandbox(kind, timeout_s=5)
+    spoil = {
+        "close_out": "sys.stdout.close()",
+        "close_both": "sys.stdout.close(); sys.stderr.close()",
+        "detach": "sys.stdout.detach()",
+        "close_dunder": "sys.__stdout__.close(); sys.stdout = None",
+    }
+
+    async def go():
+        out = {}
+        for name, code in spoil.items():
+            await sb.run_in_session(name, "import sys; y = 41")
+            out[name] = [await sb.run_in_session(name, code)] + [
+                await sb.run_in_session(name, "print('out', y + 1); print('err', file=sys.stderr)") for _ in range(2)
+            ]
+        await sb.aclose()
+        return out
+
+    r = asyncio.run(go())
+    for name, (_, *after) in r.items():
+        for res in after:
+            assert (res.exit_code, res.stdout, res.stderr) == (0, "out 42\n", "err\n"), (name, res)
+            assert not res.session_restarted, name

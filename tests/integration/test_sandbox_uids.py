@@ -1,9 +1,11 @@
-"""Each live sandbox holds its own uid range (a lock file per slot): two processes sent to the same preferred slot
-get different ranges, a range frees itself when its holder dies (even by SIGKILL), a forked child takes a range of
-its own, and two sandboxes of one process never share one. Root only (separate uids are only used as root)."""
+"""Each live sandbox holds its own uid range (a lock file per block of the machine's uid space): two processes sent to
+the same preferred slot get different ranges, so do two pools whose uid_base differs but whose ranges would overlap
+(neither kills the other's program), a range frees itself when its holder dies (even by SIGKILL), a forked child
+takes a range of its own, and two sandboxes of one process never share one; uid_base has a floor. Root only (separate uids are only used as root)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import signal
@@ -11,9 +13,11 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from envs.sandbox import ExecLimits, LocalSandbox, SandboxConfig, SandboxUnavailable
-from envs.sandbox.local import UID_SLOT_SIZE, UID_SLOTS, _UidPool
+from envs.sandbox.config import UID_BASE_MIN
+from envs.sandbox.local import UID_BLOCK, UID_SLOT_SIZE, UID_SLOTS, _UidPool
 from tests.support import REPO
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="separate uids are only used when the host is root")
@@ -123,5 +127,63 @@ def test_the_default_lock_directory_is_used(monkeypatch):
     monkeypatch.delenv("STARE_SANDBOX_UID_LOCK_DIR", raising=False)
     monkeypatch.delenv("STARE_SANDBOX_UID_SLOT", raising=False)
     pool = _UidPool(BASE, 8, True)
-    path = f"/run/stare-verl-sandbox-uids/slot-{pool.slot}.lock"
+    path = f"/run/stare-verl-sandbox-uids/uids-{pool.start // UID_BLOCK}.lock"
     assert open(path).read() == f"{os.getpid()}\n"
+
+
+# A host process whose sandbox has its own uid_base (argv[1]): prints its range, then runs a 3 s call under its uid
+# and prints how the call ended.
+SLEEPER = """
+import asyncio, sys
+from envs.sandbox import ExecLimits, LocalSandbox, SandboxConfig
+sb = LocalSandbox("subprocess", SandboxConfig(allow_unsafe=True, uid_base=int(sys.argv[1])))
+print(sb._uids.slot, sb._uids.start, flush=True)
+r = asyncio.run(sb.run("import os, time; print(os.getuid()); time.sleep(3); print('done')", ExecLimits(timeout_s=30)))
+print(r.exit_code, " ".join(r.stdout.split()), flush=True)
+"""
+
+
+def test_pools_with_different_uid_bases_never_share_a_uid_nor_kill_each_others_programs(tmp_path, monkeypatch):
+    # A: uid_base 200000, slot 10 -> uids from 281920. B: uid_base 281920, slot 0 -> the same uids, were the lock per
+    # slot number (B's clean-up after its call then killed A's program: exit 137). The lock is per block of uids.
+    a_base, b_base = 200000, 200000 + 10 * UID_SLOT_SIZE
+    env = {**os.environ, "PYTHONPATH": str(REPO), "STARE_SANDBOX_UID_LOCK_DIR": str(tmp_path),
+           "STARE_SANDBOX_UID_SLOT": "10"}
+    a = subprocess.Popen([sys.executable, "-c", SLEEPER, str(a_base)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        slot_a, start_a = (int(v) for v in a.stdout.readline().split())
+        assert (slot_a, start_a) == (10, b_base)
+        monkeypatch.setenv("STARE_SANDBOX_UID_LOCK_DIR", str(tmp_path))
+        monkeypatch.setenv("STARE_SANDBOX_UID_SLOT", "0")
+        b = LocalSandbox("subprocess", SandboxConfig(allow_unsafe=True, uid_base=b_base))
+        assert b._uids.slot == 1 and set(b._uids.uids).isdisjoint(range(start_a, start_a + UID_SLOT_SIZE))
+        r = asyncio.run(b.run("import os; print(os.getuid())"))
+        assert r.exit_code == 0 and int(r.stdout) in b._uids.uids
+        asyncio.run(b.aclose())
+        status, out = a.stdout.readline().split(maxsplit=1)
+        assert int(status) == 0 and out.split()[1] == "done"  # A's program outlived B's call and clean-up
+        assert int(out.split()[0]) in range(start_a, start_a + UID_SLOT_SIZE)
+    finally:
+        if a.poll() is None:
+            a.kill()
+        a.wait(timeout=30)
+
+
+def test_a_range_across_two_blocks_holds_both_and_uid_base_has_a_floor(tmp_path, monkeypatch):
+    monkeypatch.setenv("STARE_SANDBOX_UID_LOCK_DIR", str(tmp_path))
+    monkeypatch.setenv("STARE_SANDBOX_UID_SLOT", "0")
+    edge = 30 * UID_BLOCK
+    straddling = _UidPool(edge - 4, 8, True)  # uids [edge - 4, edge + 4): blocks 29 and 30
+    assert straddling.slot == 0 and sorted(os.listdir(tmp_path)) == ["uids-29.lock", "uids-30.lock"]
+    assert _UidPool(edge, 8, True).slot == 1  # block 30 is held: the next slot
+    assert _UidPool(edge - 8, 8, True).slot == 2  # slot 0 is in block 29, slot 1 in block 30: both held
+    straddling.release()
+    assert _UidPool(edge, 8, True).slot == 0
+    for low in (0, 1000, UID_BASE_MIN - 1):
+        with pytest.raises(ValidationError, match="uid_base"):
+            SandboxConfig(uid_base=low)
+        with pytest.raises(ValueError, match="uid_base"):
+            _UidPool(low, 8, True)
+    with pytest.raises(ValidationError, match="uid_base"):
+        SandboxConfig(uid_base=2**31)
+    assert SandboxConfig(uid_base=UID_BASE_MIN).uid_base == UID_BASE_MIN

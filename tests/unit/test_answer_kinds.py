@@ -5,7 +5,7 @@
 3. notations models write that the scorer did not read (repeating decimals, full-width punctuation, degrees inside
    trigonometric functions);
 4. multi-part answers (a solution set with a tuple label and "and", parts boxed apart, a ground truth of several
-   boxes, Minerva's "The final answer is $X$" after a box, ``16,\\!386.20``).
+   boxes, exactly k boxes in prose for k parts, Minerva's "The final answer is $X$" after a box, ``16,\\!386.20``).
 """
 
 from __future__ import annotations
@@ -45,6 +45,24 @@ def _acc(pred: str, gold: str) -> bool:
         (r"\min_{j=2}^{5} b_j", "2"),
         (r"\bigcup_{i=1}^{n} A_i", "1"),
         (r"\sum\limits_{k=0}^{n} \binom{n}{k}", "0"),
+        # an index bound in any script, whatever the operator is spelled as
+        (r"\operatorname*{argmax}_{x=0} f(x)", "0"),
+        (r"\operatorname{argmax}_{x=0} f(x)", "0"),
+        (r"\operatorname{arg\,max}_{x=0} f(x)", "0"),
+        (r"\mathop{\mathrm{argmax}}_{x=0} f(x)", "0"),
+        (r"\mathop{\rm argmax}_{x=1} g(x)", "1"),
+        (r"\underset{x=3}{\operatorname{argmin}} f(x)", "3"),
+        (r"\underset{n=1}{\overset{5}{\sum}} n", "1"),
+        (r"\overset{n=1}{\sum} a_n", "1"),
+        (r"\mathop{\sum}_{k=1}^n k", "1"),
+        (r"\mathop{\max}_{i=2} a_i", "2"),
+        (r"\sum_{{k=1}}^{n} k", "1"),
+        (r"\sum_{\substack{k=1\\k\ne 3}}^{n} k", "1"),
+        (r"\lim_{\substack{x=0}} f(x)", "0"),
+        (r"\stackrel{x=1}{=} 2", "1"),
+        (r"\stackrel{n=2}{\longrightarrow} 4", "2"),
+        (r"\Sigma_{k=1}^n k", "1"),  # a sum written with the Greek letter
+        (r"\bigcup\limits_{i=1}^n A_i", "1"),
     ],
 )
 def test_operator_bounds_are_no_assignment(pred, gold):
@@ -76,6 +94,20 @@ def test_assignment_left_side_is_a_name(text, expected):
         (r"\int_{0}^{1} x\,dx", r"\frac{1}{2}"),
         ("x_1 = 5", "5"),
         (r"\alpha = 3", "3"),
+        # typography of an operator changes nothing
+        (r"\sum\limits_{k=1}^{10} k", "55"),
+        (r"\sum_{k=1}^{10} k", "55"),
+        (r"\sum\nolimits_{k=1}^{10} k", "55"),
+        (r"\displaystyle\sum\limits_{k=1}^{4} k", "10"),
+        (r"\textstyle\prod_{j=2}^{3} j", "6"),
+        (r"\prod\limits_{i=1}^{4} i", "24"),
+        (r"\mathop{\prod}_{i=1}^{4} i", "24"),
+        (r"\sum_{{k=1}}^{4} k", "10"),
+        # controls: names with subscripts and relations outside scripts
+        ("x_{n} = 3", "3"),
+        ("a_{1}=7", "7"),
+        (r"\sum_{k=1}^{3}k = 6", "6"),
+        (r"n=\sum_{k=1}^{3} k", "6"),
     ],
 )
 def test_operators_and_assignments_still_score(pred, gold):
@@ -143,6 +175,19 @@ def test_equal_ellipsis_answers_score(pred, gold):
         (r"\tan^2{45^{\circ}}", r"\tan^2(\frac{45\pi}{180})"),
         (r"\sin\left(30^\circ\right)", r"\sin(\frac{30\pi}{180})"),
         (r"\sin 30", r"\sin 30"),  # radians
+        (r"\sin 30^{o}", r"\sin(\frac{30\pi}{180})"),
+        (r"\tan 45^o", r"\tan(\frac{45\pi}{180})"),
+        ("0.333...", r"\frac{1}{3}"),
+        (r"0.3333\dots", r"\frac{1}{3}"),
+        (r"0.1666\ldots", r"\frac{1}{6}"),
+        ("0.1212…", r"\frac{4}{33}"),
+        ("0.142857142857...", r"\frac{1}{7}"),
+        (r"-0.333\ldots", r"-\frac{1}{3}"),
+        (r"0.999\dots", "1"),
+        ("3.14159...", "3.14159..."),  # no repetition: no number
+        ("0.33...", "0.33..."),  # two digits are no repetition
+        (r"0.1, 0.2, \ldots", r"0.1, 0.2, \ldots"),  # a list
+        (r"0.\overline{" + "3" * 300 + "}", r"0.\overline{" + "3" * 300 + "}"),  # too long a period: as written
     ],
 )
 def test_read_notations(text, expected):
@@ -167,6 +212,31 @@ def test_read_notations(text, expected):
         (r"\cos(60°)", r"\frac{1}{2}"),
         (r"\tan 45^{\circ}", "1"),
         (r"\sin^2 45^\circ", r"\frac{1}{2}"),
+        # trigonometric values that are exactly 0 (the checker once failed on them: 'not comparable')
+        (r"\sin 180^\circ", "0"),
+        (r"\cos 90^\circ", "0"),
+        (r"\cos 90°", "0"),
+        (r"\tan 180^\circ", "0"),
+        (r"\cos 270^\circ", "0"),
+        (r"\sin 360^\circ", "0"),
+        (r"\cos 450^\circ", "0"),
+        (r"\sin(-180^\circ)", "0"),
+        (r"\tan 360°", "0"),
+        (r"\sin 30^{o}", r"\frac12"),
+        (r"\cos 60^{o}", r"\frac12"),
+        (r"\tan 45^o", "1"),
+        ("30^{o}", "30"),
+        # repeating decimals written with an ellipsis
+        ("0.333...", r"\frac13"),
+        (r"0.3333\dots", r"\frac13"),
+        (r"0.1666\ldots", r"\frac16"),
+        ("0.142857142857...", r"\frac17"),
+        ("2.4545…", r"\frac{27}{11}"),
+        # digits in parentheses after decimal digits: the repeating decimal, or math-verify's product
+        ("0.5(2)", "1"),
+        ("1.5(3)", "4.5"),
+        ("0.5(2)", r"\frac{47}{90}"),
+        ("2.5(4)", "10"),
     ],
 )
 def test_notations_score(pred, gold):
@@ -184,10 +254,36 @@ def test_notations_score(pred, gold):
         (r"\sin 30", r"\frac{1}{2}"),  # radians without a degree mark
         (r"\sin 30^\circ", r"\sin 30"),  # 30 degrees is not 30 radians
         (r"\sin 30^\circ", r"\frac{\sqrt{3}}{2}"),
+        (r"\sin 180^\circ", "1"),
+        (r"\tan 90^\circ", "0"),
+        (r"\cos 60^{o}", "1"),
+        ("3.14159...", r"\pi"),
+        ("0.33...", r"\frac13"),
+        (r"0.333\ldots", "0.333"),
+        (r"0.1666\ldots", r"\frac15"),
+        ("0.(3)", "0"),  # no decimal digits before the parentheses: only the repeating decimal
+        # malformed notations are no answer
+        (r"0.\overline{}", "0"),
+        (r"0.\bar{}", "0"),
+        (r"0.\dot{}", "0"),
+        (r"0.\overline{a}", "0"),
+        ("0.(", "0"),
+        ("0.(33", r"\frac13"),
+        (r"\sin 30^\circ^\circ", r"\frac12"),
+        (r"\cos 60^\circ^\circ", r"\frac12"),
+        (r"\sin 10^{100}^\circ", "0"),
+        ("2^{3}^{2}", "64"),
     ],
 )
 def test_notation_controls_stay_wrong(pred, gold):
     assert not _acc(pred, gold)
+
+
+def test_notations_get_a_verdict():
+    """A checker failure is no answer and leaves the sample unverified: these once ended in ``verify_method=error``."""
+    for pred, gold in [(r"\sin 180^\circ", "0"), (r"\tan 180^\circ", "0"), (r"0.\overline{" + "3" * 5000 + "}", "0")]:
+        r = compute_score(solution_str=f"\\boxed{{{pred}}}", ground_truth=gold)
+        assert not r["timed_out"] and r["verify_method"] not in ("error", "timeout"), (pred, r["verify_method"])
 
 
 # ------------------------------------------------------------------ kind 4: multi-part answers
@@ -204,6 +300,15 @@ def test_notation_controls_stay_wrong(pred, gold):
         (r"\boxed{1,2}", r"\boxed{1} papers and \boxed{2} bins"),
         (r"\boxed{\$16,\!386.20}", "16386.20"),
         (r"the interest is $\boxed{255}$. Final Answer: The final answer is $10,455$. I hope it is correct.", "10455"),
+        # exactly k boxes in prose for k parts, none withdrawn: the parts in order
+        (r"Area is \boxed{2}, perimeter is \boxed{3}.", "2, 3"),
+        (r"We get \boxed{2}; also \boxed{3}.", "2, 3"),
+        (r"x is \boxed{2}. y is \boxed{3}.", "(2, 3)"),
+        (r"$a=\boxed{1}$, $b=\boxed{2}$ and $c=\boxed{3}$", "1, 2, 3"),
+        (r"$a=\boxed{1}$, $b=\boxed{2}$, and $c=\boxed{3}$", "1, 2, 3"),
+        (r"The width is \boxed{4} cm. The height is \boxed{7} cm.", "4, 7"),
+        (r"Part (a): \boxed{\frac12}. Part (b): \boxed{0.25}.", r"\frac12, \frac14"),
+        (r"The mean is \boxed{5} and the median is \boxed{6}.", "(5, 6)"),
     ],
 )  # fmt: skip
 def test_multi_part_answers_score(response, gold):
@@ -221,6 +326,14 @@ def test_multi_part_answers_score(response, gold):
         (r"\boxed{1}. Wait, 1 is wrong and it is \boxed{2}", "1, 2"),  # a sentence ends between them
         (r"\boxed{5} and \boxed{7}", "5"),  # two values against one: a list
         (r"$\boxed{255}$. The final answer is $10,455$.", "255"),  # the restated final answer wins
+        (r"First \boxed{2}. Later I realise it is \boxed{3}.", "2, 3"),  # a correction
+        (r"\boxed{2} but not \boxed{3}", "2, 3"),
+        (r"It is \boxed{2}. Actually, it is \boxed{3}.", "2, 3"),
+        (r"Maybe \boxed{2}, hmm, \boxed{3}.", "2, 3"),
+        (r"x is \boxed{3}. y is \boxed{2}.", "(2, 3)"),  # a tuple keeps its order
+        (r"Area is \boxed{2}, perimeter is \boxed{4}.", "2, 3"),
+        (r"We get \boxed{1}, then \boxed{2}, then \boxed{3}.", "2, 3"),  # three boxes for two parts
+        (r"x is \boxed{2}.", "(2, 3)"),
     ],
 )
 def test_multi_part_controls_stay_wrong(response, gold):

@@ -132,7 +132,8 @@ def test_plain_row_scores_the_whole_turn_without_special_tokens():
 def test_record_schema_is_the_results_file_format():
     assert RECORD_KEYS == (
         "problem_id", "problem_index", "sample_index", "data_source", "ground_truth", "seed", "response",
-        "extracted_answer", "has_answer", "correct", "verdict", "verify_method", "score", "finish_reason",
+        "extracted_answer", "has_answer", "correct", "verdict", "verify_method", "score_attempts", "score",
+        "finish_reason",
         "truncated", "termination", "tokens", "response_tokens", "chars", "turns", "tool_calls", "tool_executed", "malformed_calls", "tool_errors",
         "tool_timeouts", "tool_time_s", "reflections", "error",
     )

@@ -15,6 +15,7 @@ import pytest
 import envs.reward as reward_mod
 from envs.scoring.verify import Verdict
 from stare_verl.jobs.evaluation.episode import (
+    MAX_SCORE_ATTEMPTS,
     EvalProblem,
     EvalRecord,
     Sample,
@@ -208,6 +209,38 @@ def test_a_checker_still_failing_on_resume_leaves_the_sample_unverified(tmp_path
     assert todo == [] and (done[0]["verdict"], done[0]["verify_method"]) == ("unverified", "error")
     assert json.loads(out.read_text())["verify_method"] == "error"  # the new reason is kept
     assert summarize(done)["groups"]["all"]["unverified"] == 1
+
+
+def test_an_always_failing_checker_stops_being_retried_after_the_last_attempt(tmp_path, checker):
+    settings = EvalSettings(k=2, max_tokens=64)
+    rows = [_row(0, 0, "unverified", "error"), {**_row(0, 1, "unverified", "timeout"), "score_attempts": 2}]
+    out, rf = _results(tmp_path, rows, settings)
+    rf.close()
+    checker["mode"] = "error"  # the same error every time (an input the checker always fails on)
+    seen = []
+    for _ in range(MAX_SCORE_ATTEMPTS + 1):
+        rf = ResultsFile(out, settings.fingerprint("m", tmp_path / "data.jsonl"))
+        try:
+            checker["calls"] = 0
+            done, todo = resume_split([_problem(0)], settings, rf)
+        finally:
+            rf.close()
+        seen.append((checker["calls"], [r["score_attempts"] for r in done]))
+        assert todo == [] and [r["verdict"] for r in done] == ["unverified", "unverified"]
+    # the first record is scored on two resumes (attempts 2 and 3), the second on one (attempt 3); then never again
+    assert seen == [(2, [2, 3]), (1, [3, 3]), (0, [3, 3]), (0, [3, 3])]
+    assert [json.loads(line)["score_attempts"] for line in out.read_text().splitlines()] == [3, 3]
+    assert summarize(done)["groups"]["all"]["unverified"] == 2  # still counted as unverified
+    # a checker that recovers before the last attempt gives the verdict
+    rows = [{**_row(1, 0, "unverified", "timeout"), "score_attempts": MAX_SCORE_ATTEMPTS - 1}]
+    one = EvalSettings(k=1, max_tokens=64)
+    _, rf = _results(tmp_path / "b", rows, one)
+    try:
+        checker["mode"] = "ok"
+        done, _ = resume_split([_problem(1)], one, rf)
+    finally:
+        rf.close()
+    assert (done[0]["verdict"], done[0]["score_attempts"]) == ("correct", MAX_SCORE_ATTEMPTS)
 
 
 def test_records_of_an_earlier_version_without_a_verdict_are_read_and_wrong_ones_scored_again(tmp_path, checker):

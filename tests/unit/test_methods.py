@@ -337,6 +337,20 @@ def test_stare_verl_check_reads_the_key_with_the_same_reader(estimator, raw, ok,
         assert out.startswith("ok: ") and "baseline Dr.GRPO" in out
 
 
+@pytest.mark.parametrize(("raw", "ok"), [(0, True), (1, True), ("false", True), ("'false'", False), ("'0'", False)])
+def test_check_of_verls_own_grpo_accepts_0_and_1_and_refuses_strings(raw, ok, capsys):
+    from stare_verl.jobs.cli import main
+
+    # 0 and 1 read by Python truthiness mean false and true, as verl's estimator reads them; a string does not
+    rc = main(["check", "cpu/tiny_grpo", f"algorithm.norm_adv_by_std_in_grpo={raw}"])
+    out, err = capsys.readouterr()
+    assert rc == (0 if ok else 1), err
+    if ok:
+        assert out.startswith("ok: ")
+    else:
+        assert "a non-empty string is true" in err and "algorithm.norm_adv_by_std_in_grpo" in err
+
+
 def _run_config(mode, use_v1=True, bypass=False, estimator="stare"):
     return {"algorithm": {"adv_estimator": estimator, "stare": {}, "rollout_correction": {"bypass_mode": bypass}},
             "trainer": {"use_v1": use_v1, "v1": {"trainer_mode": mode}}}  # fmt: skip

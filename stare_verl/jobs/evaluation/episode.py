@@ -22,7 +22,9 @@ One sample = one episode of one problem (:class:`EvalProblem`), driven by :func:
    never credited. The record keeps the verdict's kind (:func:`verdict_of`): ``correct``, ``wrong``, or
    ``unverified`` when the answer checker gave none (its time ran out, its worker crashed or failed): such a
    sample scores as wrong, as in training, but is counted apart and scored again (:func:`rescore_record`, from
-   the stored response) when the evaluation resumes.
+   the stored response) when the evaluation resumes, at most :data:`MAX_SCORE_ATTEMPTS` times in all
+   (``score_attempts``): a checker that fails the same way every time (an error the input always causes) leaves
+   the sample unverified for good instead of scoring it again on every resume.
 
 The result is one :class:`EvalRecord` (the evaluation's only record schema; :data:`RECORD_KEYS`), written by
 the API evaluation (``runner.run_api_eval``), the local-checkpoint evaluation (``local.run_local_eval``) and
@@ -55,6 +57,7 @@ __all__ = [
     "EvalProblem",
     "EvalRecord",
     "GenerateFn",
+    "MAX_SCORE_ATTEMPTS",
     "Sample",
     "TurnRequest",
     "TurnResult",
@@ -74,6 +77,7 @@ NO_BUDGET = "budget"  # no turn: the context already fills the token budget (the
 VERDICTS = ("correct", "wrong", "unverified")  # EvalRecord.verdict
 UNVERIFIED = "unverified"  # the answer checker gave no verdict: scored as wrong, counted apart, re-scored on resume
 NO_VERDICT_METHODS = ("timeout", "error")  # envs.scoring.verify's methods of a checker that gave no verdict
+MAX_SCORE_ATTEMPTS = 3  # an unverified sample is scored at most this often in all (then its verdict is final)
 
 
 @dataclass
@@ -130,6 +134,8 @@ class EvalRecord(BaseModel):
         "it failed; scored as wrong, counted apart in the summary and scored again on resume)")
     verify_method: str = Field("", description="how the checker decided (envs.scoring.verify: exact, numeric, "
                                "math_verify, empty, ...) or why it did not (timeout, error)")
+    score_attempts: int = Field(1, ge=1, description="how often the response was scored: an unverified sample is "
+                                "scored again on resume until MAX_SCORE_ATTEMPTS, then stays unverified for good")
     score: float = Field(0.0, description="the training reward (overlong penalty included when configured)")
     finish_reason: str = Field("", description="of the last turn ('stop', 'length', ..., 'context_length')")
     truncated: bool = Field(False, description="the last turn was cut by the length limit (or aborted)")
@@ -267,7 +273,8 @@ def rescore_record(problem: EvalProblem, record: Mapping[str, Any], reward_kwarg
     """``record`` (a dict of :data:`RECORD_KEYS`) of ``problem`` scored again from its stored ``response``, as the
     episode scored it: ``hit_eos`` is ``not truncated``, the finish reason and the model-token count (``tokens``)
     as recorded. Returns a new dict whose ``extracted_answer``, ``has_answer``, ``correct``, ``verdict``,
-    ``verify_method`` and ``score`` are the new scoring's; the rest is ``record``'s.
+    ``verify_method`` and ``score`` are the new scoring's and whose ``score_attempts`` is one more than the record's
+    (1 when it has none); the rest is ``record``'s.
 
     Raises:
         ValueError: invalid reward options.
@@ -280,7 +287,8 @@ def rescore_record(problem: EvalProblem, record: Mapping[str, Any], reward_kwarg
     verdict, method = verdict_of(score)
     return {**record, "extracted_answer": str(score.get("pred", "") or ""),
             "has_answer": bool(score.get("has_answer", False)), "correct": verdict == "correct",
-            "verdict": verdict, "verify_method": method, "score": float(score.get("score", 0.0))}
+            "verdict": verdict, "verify_method": method, "score": float(score.get("score", 0.0)),
+            "score_attempts": int(record.get("score_attempts") or 1) + 1}
 
 
 def tool_schema_dicts(runner: Any) -> list[dict[str, Any]]:

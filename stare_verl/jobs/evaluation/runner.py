@@ -27,7 +27,7 @@ dropped, a line that is no valid record (bad JSON, a missing key, a field of the
 and warned about (its sample runs again), and of two records of one pair the first in the file counts
 (``metrics.unique_records``, the one rule of every count). A sample the answer checker gave no verdict
 (``verdict: "unverified"``: a timeout or a failed checker) is scored again from its stored response
-(:func:`rescore_unverified`) and its line rewritten; a record of an earlier version without a ``verdict``
+(:func:`rescore_unverified`) and its line rewritten, until it has been scored ``episode.MAX_SCORE_ATTEMPTS`` times; a record of an earlier version without a ``verdict``
 is read as correct when ``correct``, else as unverified (scored again). Other settings, data whose content changed, or
 samples without their settings file raise :class:`ResumeMismatch` naming what differs and how to start
 afresh (a larger ``k`` is allowed: only the new samples run).
@@ -55,6 +55,7 @@ from envs.tool_use.history import assistant_message, with_reasoning
 from stare_verl.jobs.evaluation.client import ChatClient, ChatResult, RequestFailed
 from stare_verl.jobs.evaluation.episode import (
     CONTEXT_FULL,
+    MAX_SCORE_ATTEMPTS,
     NO_BUDGET,
     RECORD_KEYS,
     UNVERIFIED,
@@ -627,8 +628,10 @@ def rescore_unverified(
 ) -> list[dict[str, Any]]:
     """``done`` with every ``unverified`` record (the answer checker gave no verdict) scored again from its stored
     response (``episode.rescore_record``, ``settings.reward_kwargs``); the records whose scoring changed are
-    rewritten in ``results`` (:meth:`ResultsFile.replace`). A sample still unverified stays so (scored again on
-    the next resume). Logs how many were scored again and how many are left unverified.
+    rewritten in ``results`` (:meth:`ResultsFile.replace`). A sample still unverified stays so: scored again on
+    the next resume while its ``score_attempts`` is below :data:`MAX_SCORE_ATTEMPTS`, then never again (its
+    "unverified" is final: a checker that fails every time on it would be run on every resume). Logs how many were
+    scored again, how many are left unverified and how many of those for good.
 
     Raises:
         ValueError: invalid reward options.
@@ -637,7 +640,8 @@ def rescore_unverified(
     out, changed, n_again = [], {}, 0
     for r in done:
         problem = by_id.get(str(r["problem_id"]))
-        if r.get("verdict") == UNVERIFIED and problem is not None:
+        again = int(r.get("score_attempts") or 1) < MAX_SCORE_ATTEMPTS
+        if r.get("verdict") == UNVERIFIED and problem is not None and again:
             n_again += 1
             row = EvalRecord.model_validate(rescore_record(problem, r, settings.reward_kwargs)).model_dump()
             if row != r:
@@ -647,9 +651,11 @@ def rescore_unverified(
     if changed:
         results.replace(changed)
     if n_again:
-        left = sum(r["verdict"] == UNVERIFIED for r in out)
-        logger.warning("%s: scored %d unverified sample(s) again from their stored responses; %d still unverified",
-                       results.path, n_again, left)
+        left = [r for r in out if r["verdict"] == UNVERIFIED]
+        final = sum(int(r.get("score_attempts") or 1) >= MAX_SCORE_ATTEMPTS for r in left)
+        logger.warning("%s: scored %d unverified sample(s) again from their stored responses; %d still unverified "
+                       "(%d of them scored %d times: unverified for good)", results.path, n_again, len(left), final,
+                       MAX_SCORE_ATTEMPTS)
     return out
 
 
