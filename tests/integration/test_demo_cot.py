@@ -89,7 +89,7 @@ def test_demos_score_one_under_their_family_and_vary_the_order(splits, family):
     problems = splits["sft_train"]
     demos, rejected = C.build_cot_demos(problems, family, seed=1, per_problem=4)
     assert rejected == [] and len(demos) == 4 * len(problems)
-    fam = job_family(family).env
+    fam = job_family(family).name
     for d in demos:
         res = compute_score(
             data_source=d.problem.data_source,
@@ -205,7 +205,7 @@ def test_rl_rows_use_verls_single_turn_agent_and_our_family(tmp_path, family):
     assert len(train) == 12 and len(val) == 6
     for df in (train, val):
         assert set(df["agent_name"]) == {"single_turn_agent"}
-        assert {e["family"] for e in df["extra_info"]} == {job_family(family).env}
+        assert {e["family"] for e in df["extra_info"]} == {job_family(family).name}
         assert all("tools_kwargs" not in e for e in df["extra_info"])
         assert all(len(p) == 1 and p[0]["role"] == "user" for p in df["prompt"])
     sp = D.split_problems(48, 24, 5, n_rl=12, family=family)
@@ -232,7 +232,7 @@ def test_cpu_recipes_compose_validate_and_differ_only_in_reweighting(family, mon
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
     assert cfg.reward.custom_reward_function.path == "pkg://envs.reward"
     kw = cfg.reward.custom_reward_function.reward_kwargs
-    assert kw.family == job_family(family).env and kw.max_response_length == cfg.data.max_response_length
+    assert kw.family == job_family(family).name and kw.max_response_length == cfg.data.max_response_length
     assert cfg.reward.reward_manager.name == "MathRewardManager"
     assert cfg.data.max_response_length == job_family(family).sft_defaults["max_response_tokens"]
     grpo = validate_recipe(compose_recipe(f"{family}_tiny_grpo", fill, cpu))

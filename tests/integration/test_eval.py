@@ -491,7 +491,7 @@ def test_cot_sft_checkpoint_is_evaluated_as_its_family(tmp_path, capsys, family)
     probs = load_problems(data)
     expected = heldout_problems(3, 2, family=family)
     assert [p.ground_truth for p in probs] == [e.answer for e in expected]
-    assert all(not p.tool_use and p.extra_info["family"] == job_family(family).env for p in probs)
+    assert all(not p.tool_use and p.extra_info["family"] == job_family(family).name for p in probs)
     assert {demo_family(p) for p in probs} == {family}
     args = ["--checkpoint", str(ck), "--data", str(data), "--k", "2", "--max-tokens", "16", "--no-progress",
             "--out", str(tmp_path / "out")]

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from envs.prompts import TOOL_USE_SYSTEM
+from envs.tool_use import TOOL_USE_SYSTEM
 from envs.tool_use.sft_data import (
     ConversationError,
     build_retool_sft,

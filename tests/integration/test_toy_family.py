@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from envs.family import EnvFamily, env_family, register_env_family, row_env_family, unregister_env_family
+from envs.families import env_family, register_env_family, row_env_family, unregister_env_family
+from envs.family import EnvFamily
 from stare_verl.jobs.families import (
     JobFamily,
     job_family,
@@ -33,7 +34,7 @@ _BOXED = re.compile(r"\\boxed\{([^}]*)\}")
 
 def toy_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict[str, Any]:
     """The toy family's reward: the last ``\\boxed{}`` equals the ground truth."""
-    assert (extra_info or {}).get("family") == "toy_guess"
+    assert (extra_info or {}).get("family") == "toyguess"
     SCORED.append(solution_str)
     found = _BOXED.findall(solution_str or "")
     pred = found[-1].strip() if found else ""
@@ -65,10 +66,10 @@ def guess_demos(problems, seed: int = 0, per_problem: int = 1):
     return [GuessDemo(p) for p in problems for _ in range(per_problem)], []
 
 
-TOY_ENV = EnvFamily(name="toy_guess", agent_name="single_turn_agent", reward_module=__name__, reward_function="toy_score")
+TOY_ENV = EnvFamily(name="toyguess", agent_name="single_turn_agent", reward_module=__name__, reward_function="toy_score",
+                    aliases=("toy_guess",))
 TOY = JobFamily(
-    name="toyguess",
-    env="toy_guess",
+    env=TOY_ENV,
     task_table={"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
     demonstrations=guess_demos,
     accepts=lambda expression: "-" not in expression,
@@ -88,18 +89,22 @@ def toy():
 
 
 def test_registry_names_it_and_refuses_a_second_one():
-    assert job_family("toyguess") is TOY and TOY.env_family is env_family("toy_guess") and not TOY.multi_turn
+    assert job_family("toyguess") is TOY and TOY.env is env_family("toyguess") and not TOY.multi_turn
+    assert job_family("toy_guess") is TOY and env_family("toy_guess") is TOY_ENV  # the alias
     assert job_family_names()[:3] == ("tooluse", "shortcot", "longcot") and "toyguess" in job_family_names()
     assert (TOY.cpu_recipe, TOY.compare_dir, TOY.eval_turns(3)) == ("toyguess_tiny", "compare-toyguess", 1)
     with pytest.raises(ValueError, match="already registered"):
-        register_job_family(JobFamily(name="toyguess", env="toy_guess", task_table=TOY.task_table,
-                                      demonstrations=guess_demos))
-    with pytest.raises(ValueError, match="unknown environment family"):
-        register_job_family(JobFamily(name="nowhere", env="no_such_env", task_table=TOY.task_table,
-                                      demonstrations=guess_demos))
+        register_job_family(JobFamily(env=TOY_ENV, task_table=TOY.task_table, demonstrations=guess_demos))
+    nowhere = EnvFamily(name="nowhere", agent_name="single_turn_agent", reward_module=__name__)
+    with pytest.raises(ValueError, match="environment family is not registered"):
+        register_job_family(JobFamily(env=nowhere, task_table=TOY.task_table, demonstrations=guess_demos))
+    with pytest.raises(ValueError, match="already names 'toyguess'"):  # a spelling of another family
+        register_env_family(EnvFamily(name="toy_guess", agent_name="single_turn_agent", reward_module=__name__))
+    with pytest.raises(TypeError, match="EnvFamily"):
+        JobFamily(env="toyguess", task_table=TOY.task_table, demonstrations=guess_demos)
     with pytest.raises(ValueError, match="unknown family 'nope'"):
         job_family("nope")
-    assert row_env_family("toy_guess", False) is TOY_ENV and row_env_family("toy_guess", True).name == "tool_use"
+    assert row_env_family("toy_guess", False) is TOY_ENV and row_env_family("toy_guess", True).name == "tooluse"
     assert row_job_family("toy_guess", False) is TOY
 
 
@@ -113,7 +118,7 @@ def test_data_path_problems_splits_and_rl_rows(tmp_path):
     paths = D.write_rl_parquet(tmp_path, n_train=6, n_val=4, seed=3, n_sft_train=8, n_heldout=4, family="toyguess")
     for df in (pd.read_parquet(paths["train"]), pd.read_parquet(paths["val"])):
         assert set(df["agent_name"]) == {"single_turn_agent"}
-        assert {e["family"] for e in df["extra_info"]} == {"toy_guess"}
+        assert {e["family"] for e in df["extra_info"]} == {"toyguess"}
         assert all("tools_kwargs" not in e for e in df["extra_info"])
 
 
@@ -190,3 +195,5 @@ def test_the_clis_offer_it():
     from stare_verl.jobs.train import build_parser
 
     assert build_parser().parse_args(["--family", "toyguess"]).family == "toyguess"
+    assert build_parser().parse_args(["--family", "toy_guess"]).family == "toyguess"  # the alias
+    assert build_parser().parse_args(["--family", "short_cot"]).family == "shortcot"

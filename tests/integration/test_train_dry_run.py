@@ -70,7 +70,7 @@ def test_dry_run_plans_the_gpu_recipe_on_a_cpu_machine(cpu_machine, capsys, monk
         cfg.actor_rollout_ref.rollout.name == "sglang"
         and cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-Math-7B"
     )
-    assert cfg.data.train_files == "data/short_cot/dapo_math_train.parquet"
+    assert cfg.data.train_files == "data/shortcot/dapo_math_train.parquet"
     assert plan[0].startswith("[train-shortcot] backend: gpu-sglang (verl + SGLang, the GPU recipe): rollout backend "
                               "sglang, platform cuda")  # fmt: skip
     assert plan[1].startswith(
@@ -82,7 +82,7 @@ def test_dry_run_plans_the_gpu_recipe_on_a_cpu_machine(cpu_machine, capsys, monk
         "'wandb']; 7 steps" in plan
     )
     assert any(
-        "no data file data/short_cot/dapo_math_train.parquet here yet (make data-hf" in ln for ln in plan
+        "no data file data/shortcot/dapo_math_train.parquet here yet (make data-hf" in ln for ln in plan
     )
     assert plan[-1].startswith("[train-shortcot] ok: validates as verl would at launch: adv_estimator=stare")
     assert "[train-shortcot] stall watch: off (the GPU recipe's main_ppo streams to the console unwatched)" in plan

@@ -10,17 +10,18 @@ import pandas as pd
 import pytest
 
 from envs.datasets import (
-    OFFLINE_TASKS,
     SOURCES,
     DatasetUnavailableError,
     build_hub,
     build_offline,
     load_records,
     main,
+    offline_tasks,
     write_parquet,
 )
-from envs.prompts import BOXED_INSTRUCTION, TOOL_USE_SYSTEM, build_prompt
+from envs.prompts import BOXED_INSTRUCTION, build_prompt
 from envs.reward import compute_score
+from envs.tool_use import TOOL_USE_SYSTEM
 from tests.support import FIXTURES
 
 FIX = FIXTURES
@@ -53,6 +54,7 @@ def test_prompt_templates():
     assert qm == [{"role": "system", "content": BOXED_INSTRUCTION}, {"role": "user", "content": "Q"}]
     assert build_prompt("Q", family="long_cot", style="r1_distill")[0]["role"] == "user"
     assert build_prompt("Q", family="tool_use")[0] == {"role": "system", "content": TOOL_USE_SYSTEM}
+    assert build_prompt("Q", family="tooluse", style="qwen_math") == build_prompt("Q", family="tool_use")
     for bad in ({"question": ""}, {"question": "Q", "family": "x"}, {"question": "Q", "style": "x"}):
         with pytest.raises(ValueError):
             build_prompt(**bad)
@@ -67,7 +69,7 @@ def test_gsm8k_from_file_reports_bad_rows_and_duplicates():
     assert [(b.index, b.reason) for b in rep.bad] == [(2, "missing answer"), (3, "empty prompt/question")]
     assert rep.duplicates == 1
     for i, row in enumerate(rep.rows):
-        _check_verl_row(row, "test", "short_cot")
+        _check_verl_row(row, "test", "shortcot")
         assert row["extra_info"]["index"] == i and row["data_source"] == "gsm8k"
     assert rep.rows[2]["extra_info"]["source_index"] == 4
 
@@ -91,7 +93,7 @@ def test_dapo_from_parquet_strips_answer_format_and_dedupes(tmp_path):
     assert q == "How many positive divisors does $36$ have?"
     assert "Answer:" not in rep.rows[0]["prompt"][-1]["content"]
     assert rep.rows[1]["reward_model"]["ground_truth"] == "1208"
-    assert rep.rows[0]["extra_info"]["family"] == "long_cot"  # DAPO-Math defaults to long CoT
+    assert rep.rows[0]["extra_info"]["family"] == "longcot"  # DAPO-Math defaults to long CoT
 
 
 @pytest.mark.parametrize(
@@ -106,7 +108,7 @@ def test_aime_from_file(name, fixture, answers, bad):
     assert [r["reward_model"]["ground_truth"] for r in rep.rows] == answers
     assert [(b.index, b.reason) for b in rep.bad] == bad
     for row in rep.rows:
-        _check_verl_row(row, "test", "long_cot")
+        _check_verl_row(row, "test", "longcot")
 
 
 def test_built_rows_score_with_our_reward():
@@ -141,14 +143,17 @@ def test_hub_without_network_or_cache_fails_fast_and_clearly(tmp_path):
 # ------------------------------------------------------------------------------------- offline sets
 
 
-@pytest.mark.parametrize("family", sorted(OFFLINE_TASKS))
+OFFLINE_FAMILIES = ("shortcot", "longcot", "tooluse")
+
+
+@pytest.mark.parametrize("family", OFFLINE_FAMILIES)
 def test_offline_sets_are_deterministic_and_scoreable(family):
     a = build_offline(family, "train", n=24, seed=3)
     b = build_offline(family, "train", n=24, seed=3)
     assert [r["prompt"] for r in a.rows] == [r["prompt"] for r in b.rows]
     assert a.bad == [] and len(a.rows) + a.duplicates == 24
     tasks = {r["extra_info"]["task"] for r in a.rows}
-    assert tasks == {t for t, _ in OFFLINE_TASKS[family]}
+    assert tasks == {t for t, _ in offline_tasks(family)}
     for i, row in enumerate(a.rows):
         _check_verl_row(row, "train", family)
         assert row["extra_info"]["index"] == i and row["data_source"] == f"rg/{row['extra_info']['task']}"
@@ -165,7 +170,7 @@ def test_offline_cli_writes_parquet_readable_by_datasets(tmp_path, capsys):
     rc = main(["offline", "--out", str(tmp_path), "--train-size", "14", "--test-size", "7", "--strict"])
     assert rc == 0
     out = capsys.readouterr().out
-    for fam in OFFLINE_TASKS:
+    for fam in OFFLINE_FAMILIES:
         for split in ("train", "test"):
             p = tmp_path / fam / f"rg_{split}.parquet"
             assert p.is_file() and f"offline {fam}/{split}" in out
@@ -175,17 +180,17 @@ def test_offline_cli_writes_parquet_readable_by_datasets(tmp_path, capsys):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     cfg = OmegaConf.create({"filter_overlong_prompts": False, "cache_dir": str(tmp_path / "cache")})
-    ds = RLHFDataset(data_files=[str(tmp_path / "long_cot" / "rg_train.parquet")], tokenizer=None, config=cfg)
-    assert len(ds) == len(pd.read_parquet(tmp_path / "long_cot" / "rg_train.parquet"))
+    ds = RLHFDataset(data_files=[str(tmp_path / "longcot" / "rg_train.parquet")], tokenizer=None, config=cfg)
+    assert len(ds) == len(pd.read_parquet(tmp_path / "longcot" / "rg_train.parquet"))
     row = ds[0]
     assert row["raw_prompt"][0]["role"] == "user" and row["raw_prompt"][0]["content"].endswith(BOXED_INSTRUCTION)
     assert row["reward_model"]["style"] == "rule" and row["index"] == 0
-    assert row["extra_info"]["family"] == "long_cot" and row["extra_info"]["split"] == "train"
+    assert row["extra_info"]["family"] == "longcot" and row["extra_info"]["split"] == "train"
 
 
 def test_hub_cli_from_file_and_clear_error(tmp_path, capsys):
     rc = main(["hub", "gsm8k", "--split", "test", "--from-file", str(FIX / "gsm8k_sample.jsonl"), "--out", str(tmp_path)])
-    assert rc == 0 and (tmp_path / "short_cot" / "gsm8k_test.parquet").is_file()
+    assert rc == 0 and (tmp_path / "shortcot" / "gsm8k_test.parquet").is_file()
     err = capsys.readouterr().err
     assert "bad row 2: missing answer" in err and "bad row 3: empty prompt/question" in err
     rc = main(["hub", "gsm8k", "--split", "test", "--from-file", str(FIX / "gsm8k_sample.jsonl"), "--out",

@@ -131,7 +131,7 @@ def test_rl_parquet_schema_and_splits(tmp_path, splits):
         assert row["extra_info"]["need_tools_kwargs"]
         assert list(row["prompt"])[0]["role"] == "user"
         assert row["reward_model"]["style"] == "rule"
-        assert row["extra_info"]["family"] == "tool_use"
+        assert row["extra_info"]["family"] == "tooluse"
         assert "code_interpreter" in row["extra_info"]["tools_kwargs"]
     val_q = [list(p)[0]["content"] for p in val["prompt"]]
     assert val_q == [p.question for p in splits["heldout"][:20]]  # the SFT's held-out set

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from envs.contract import AGENT_NAME, FAMILIES
-from envs.family import env_families, env_family, is_tool_family, row_env_family
-from envs.prompts import TOOL_USE_SYSTEM
+from envs.families import env_families, env_family, is_tool_family, row_env_family
+from envs.tool_use import TOOL_USE_SYSTEM
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_families, job_family, job_family_names
 from stare_verl.recipe_files import recipes_dir
 
@@ -17,8 +17,11 @@ BUILTIN = ("tooluse", "shortcot", "longcot")
 def test_builtin_descriptors_hold_what_the_jobs_spelled_out():
     assert job_family_names()[:3] == BUILTIN and DEFAULT_FAMILY == "tooluse"
     assert tuple(f.name for f in env_families())[:3] == FAMILIES
-    assert {n: job_family(n).env for n in BUILTIN} == {"tooluse": "tool_use", "shortcot": "short_cot",
-                                                       "longcot": "long_cot"}
+    assert all(job_family(n).env is env_family(n) and job_family(n).name == n for n in BUILTIN)
+    assert {n: job_family(n).aliases for n in BUILTIN} == {"tooluse": ("tool_use",), "shortcot": ("short_cot",),
+                                                           "longcot": ("long_cot",)}
+    assert [job_family(a).name for a in ("tool_use", "short_cot", "long_cot")] == list(BUILTIN)  # the old spelling
+    assert [env_family(n).think for n in BUILTIN] == ["auto", "auto", "required"]
     assert {n: job_family(n).min_sft_accuracy for n in BUILTIN} == {"tooluse": 0.5, "shortcot": 0.4, "longcot": 0.4}
     assert {n: job_family(n).gpu_recipe for n in BUILTIN} == {
         "tooluse": "tooluse_qwen2.5-7b-sft", "shortcot": "shortcot_qwen2.5-math-7b",
@@ -53,7 +56,7 @@ def test_recipes_named_by_the_descriptor_exist_and_agree_with_the_env_family(nam
     for method in ("stare", "grpo"):
         assert (recipes_dir() / "cpu" / f"{fam.cpu_recipe}_{method}.yaml").is_file()
         assert (recipes_dir() / f"{fam.gpu_recipe}_{method}.yaml").is_file()
-    assert (fam.tool_config is not None) == fam.env_family.tool_use
+    assert (fam.tool_config is not None) == fam.env.tool_use
     if fam.tool_config:
         assert (recipes_dir() / fam.tool_config).is_file()
     from stare_verl.jobs.recipes import compose_recipe
@@ -61,9 +64,9 @@ def test_recipes_named_by_the_descriptor_exist_and_agree_with_the_env_family(nam
     fill = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x", "trainer.default_local_dir=x"]
     cfg = compose_recipe(f"cpu/{fam.cpu_recipe}_stare", fill)
     reward = cfg.reward.custom_reward_function
-    assert reward.path == f"pkg://{fam.env_family.reward_module}" and reward.name == fam.env_family.reward_function
-    assert (reward.get("reward_kwargs") or {}).get("family", fam.env) == fam.env  # tool use: the reward's default
-    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == fam.env_family.agent_name
+    assert reward.path == f"pkg://{fam.env.reward_module}" and reward.name == fam.env.reward_function
+    assert (reward.get("reward_kwargs") or {}).get("family", fam.name) == fam.name  # tool use: the reward's default
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == fam.env.agent_name
 
 
 def test_env_rows_and_lookups():
@@ -77,10 +80,11 @@ def test_env_rows_and_lookups():
     assert tool.make_row(row, system=None)["prompt"] == [{"role": "user", "content": "q"}]
     c = short.make_row(row)
     assert c["prompt"] == row["prompt"] and c["agent_name"] == "single_turn_agent"
-    assert c["extra_info"] == {"index": 0, "family": "short_cot"} and row["extra_info"] == {"index": 0}
+    assert c["extra_info"] == {"index": 0, "family": "shortcot"} and row["extra_info"] == {"index": 0}
     with pytest.raises(ValueError, match="user message"):
         tool.make_row({"prompt": [{"role": "system", "content": "s"}]})
     assert is_tool_family("tool_use") and not is_tool_family("long_cot") and not is_tool_family(None)
-    assert row_env_family("long_cot", False).name == "long_cot" and row_env_family(None, False) is short
+    assert row_env_family("long_cot", False).name == "longcot" and row_env_family(None, False) is short
     assert row_env_family("long_cot", True) is tool and row_env_family("tool_use", False) is short
     assert [f.name for f in job_families()][:3] == list(BUILTIN)
+    assert is_tool_family("tooluse") and row_env_family("longcot", True) is tool

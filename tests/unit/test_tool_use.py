@@ -9,7 +9,7 @@ import operator
 import pandas as pd
 import pytest
 
-from envs.prompts import TOOL_USE_SYSTEM
+from envs.tool_use import TOOL_USE_SYSTEM
 from envs.tool_use.task import (
     AGENT_NAME,
     TOOL_STAT_KEYS,
@@ -47,7 +47,7 @@ def _assert_tool_row(row: dict) -> None:
     assert row["prompt"][0] == {"role": "system", "content": TOOL_USE_SYSTEM}
     assert [m["role"] for m in row["prompt"]] == ["system", "user"]
     info = row["extra_info"]
-    assert info["family"] == "tool_use" and info["need_tools_kwargs"] is True
+    assert info["family"] == "tooluse" and info["need_tools_kwargs"] is True
     assert set(info["tools_kwargs"]) == {"code_interpreter"}
     assert info["tools_kwargs"]["code_interpreter"]["create_kwargs"] == {"data_source": row["data_source"]}
 
@@ -108,12 +108,12 @@ def test_cli_offline_writes_parquet_that_verl_dataset_reads(tmp_path):
     from envs.simulators import build_tiny_tokenizer
 
     assert main(["offline", "--out", str(tmp_path), "--n-train", "6", "--n-test", "3"]) == 0
-    train = tmp_path / "tool_use" / "rg_arith_train.parquet"
+    train = tmp_path / "tooluse" / "rg_arith_train.parquet"
     assert len(pd.read_parquet(train)) == 6
-    assert len(pd.read_parquet(tmp_path / "tool_use" / "rg_arith_test.parquet")) == 3
+    assert len(pd.read_parquet(tmp_path / "tooluse" / "rg_arith_test.parquet")) == 3
     aime = FIXTURES / "aime2024_sample.jsonl"
     assert main(["hub", "aime2024", "--out", str(tmp_path), "--from-file", str(aime)]) == 0
-    hub = pd.read_parquet(tmp_path / "tool_use" / "aime2024_test.parquet")
+    hub = pd.read_parquet(tmp_path / "tooluse" / "aime2024_test.parquet")
     assert len(hub) == 2 and set(hub["agent_name"]) == {AGENT_NAME}
     cfg = OmegaConf.create({"max_prompt_length": 2048, "filter_overlong_prompts": False})
     ds = RLHFDataset(data_files=[str(train)], tokenizer=build_tiny_tokenizer(), config=cfg, processor=None)
