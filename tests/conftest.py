@@ -1,8 +1,10 @@
 """Shared pytest hooks.
 
-- The test tier follows the folder (``unit/``, ``integration/``, ``e2e/``): tests under ``tests/e2e/`` get the
-  ``e2e`` marker (registered in pyproject): ``pytest -m "not e2e"`` skips the end-to-end runs (minutes each on a
-  CPU), ``pytest -m e2e`` runs only them; ``make test`` runs everything.
+- The folders under ``tests/`` mirror the package path of what they test (``tests/envs/sandbox/``,
+  ``tests/stare_verl/methods/``, ...); the test tier is a marker (registered in pyproject): ``integration`` (a test
+  module's ``pytestmark``), ``e2e`` (every test under ``tests/e2e/``, marked here), ``gpu``, ``vllm``, and ``unit``
+  for every test without one of those (marked here). ``pytest -m "not e2e"`` skips the end-to-end runs (minutes
+  each on a CPU), ``pytest -m unit`` runs only the fast ones; ``make test`` runs everything.
 - Tests marked ``gpu`` are skipped where CUDA is not available (``make test-gpu`` runs them).
 """
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 _E2E = Path(__file__).resolve().parent / "e2e"
+_TIERS = ("integration", "e2e", "gpu", "vllm")
 
 
 def _cuda_available() -> bool:
@@ -27,6 +30,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _E2E in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+        if not any(item.get_closest_marker(tier) for tier in _TIERS):
+            item.add_marker(pytest.mark.unit)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items or _cuda_available():
         return
