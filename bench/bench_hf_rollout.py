@@ -141,7 +141,7 @@ def throughput_ray(model_path: str, n_requests: int, max_tokens: int, repeats: i
 
 def train_breakdown(model_path: str, workdir: Path) -> dict:
     """Run main_ppo for 2 steps on the CPU backend; return timing_s/* per step and the wall time."""
-    from stare_verl.jobs.tiny import build_toy_dataset
+    from tests.support.tiny import build_toy_dataset
 
     train, val = build_toy_dataset(workdir / "data")
     metrics = workdir / "metrics.jsonl"
@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--skip-train", action="store_true", help="only the throughput part")
     args = parser.parse_args()
 
-    from stare_verl.jobs.tiny import build_tiny_model
+    from tests.support.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="bench_hf_") as tmp:
         tmp = Path(tmp)

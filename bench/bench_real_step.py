@@ -46,7 +46,7 @@ def floor_step(model_dir: Path, shape: dict, seed: int = 0) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envs.reward import compute_score
-    from stare_verl.jobs.families.base import job_family
+    from stare_verl.jobs.families import job_family
     from stare_verl.jobs.families.problems import sample_problems
 
     torch.manual_seed(seed)

@@ -20,7 +20,7 @@ fields as the hub dataset):
     aime2024   HuggingFaceH4/aime_2024, split train (30 problems); id, problem, answer
     aime2025   opencompass/AIME2025, configs AIME2025-I + AIME2025-II, split test; question, answer
 
-Offline procedural sets (no network) come from reasoning-gym, per family (``OFFLINE_TASKS``).
+Offline procedural sets (no network) come from reasoning-gym, per family (its ``EnvFamily.offline_tasks``).
 
 Network: the hub is probed first (3 s); when it is unreachable (or ``offline=True``) datasets runs in
 offline mode and only its cache is used, so a missing dataset fails in about a second with
@@ -33,7 +33,7 @@ makes any bad row an error).
 CLI::
 
     python -m envs.datasets offline --out data/            # reasoning-gym sets for every family
-    python -m envs.datasets hub math500 --out data/ --family long_cot --style r1_distill
+    python -m envs.datasets hub math500 --out data/ --family longcot --style r1_distill
     python -m envs.datasets hub aime2025 --from-file aime25.jsonl --out data/
     python -m envs.datasets all --out data/                # every hub source (needs network or cache)
 """
@@ -50,11 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.contract import FAMILIES, LONG_COT, SHORT_COT, TOOL_USE
+from envs.contract import LONG_COT, SHORT_COT
+from envs.families import env_families, env_family, env_family_names
 from envs.prompts import STYLES, build_prompt
 
 __all__ = [
-    "OFFLINE_TASKS",
     "SOURCES",
     "BadRow",
     "BuildReport",
@@ -124,6 +124,7 @@ def make_row(
     """
     if not str(answer).strip():
         raise ValueError("empty answer")
+    family = env_family(family).name  # ValueError for an unknown one; an alias is written as the name
     info: dict[str, Any] = {"split": split, "index": int(index), "family": family, "question": question.strip()}
     if extra:
         info.update(extra)
@@ -472,34 +473,14 @@ def build_hub(
 
 # ------------------------------------------------------------------------------------- reasoning-gym
 
-# Per family: (reasoning-gym task, config overrides). Only tasks whose answers are numbers the scorer
-# reads exactly (integers, fractions) and where any equivalent form is a right answer.
-OFFLINE_TASKS: dict[str, list[tuple[str, dict[str, Any]]]] = {
-    SHORT_COT: [
-        ("gsm_symbolic", {}),
-        ("basic_arithmetic", {"min_terms": 2, "max_terms": 4, "max_digits": 2}),
-        ("chain_sum", {"min_terms": 2, "max_terms": 5}),
-        ("simple_equations", {}),
-        ("lcm", {"max_value": 100}),
-        ("gcd", {"max_value": 1000}),
-        ("leg_counting", {}),
-    ],
-    LONG_COT: [
-        ("gsm_symbolic", {}),
-        ("basic_arithmetic", {"min_terms": 4, "max_terms": 6, "max_digits": 3}),
-        ("simple_equations", {"min_terms": 3, "max_terms": 4}),
-        ("dice", {}),
-        ("lcm", {"min_numbers": 3, "max_numbers": 4, "max_value": 200}),
-        ("leg_counting", {"min_animals": 4, "max_animals": 8}),
-    ],
-    TOOL_USE: [
-        ("count_primes", {}),
-        ("products", {"min_terms": 2, "max_terms": 3, "min_digits": 4, "max_digits": 6}),
-        ("lcm", {"min_numbers": 3, "max_numbers": 5, "max_value": 10000}),
-        ("gcd", {"min_numbers": 2, "max_numbers": 4, "max_value": 1000000}),
-        ("dice", {}),
-    ],
-}
+def offline_tasks(family: str) -> list[tuple[str, dict[str, Any]]]:
+    """The offline set's ``(reasoning-gym task, config overrides)`` of ``family`` (a name or alias):
+    its ``EnvFamily.offline_tasks``. Raises ValueError for an unknown family or one without an offline set."""
+    fam = env_family(family)
+    if not fam.offline_tasks:
+        raise ValueError(f"family {fam.name!r} has no offline set")
+    return [(task, dict(cfg)) for task, cfg in fam.offline_tasks]
+
 
 _SPLIT_SEED_OFFSET = {"train": 0, "test": 1_000_003}
 
@@ -507,7 +488,7 @@ _SPLIT_SEED_OFFSET = {"train": 0, "test": 1_000_003}
 def _rg_records(family: str, n: int, seed: int) -> list[dict[str, Any]]:
     import reasoning_gym
 
-    tasks = OFFLINE_TASKS[family]
+    tasks = offline_tasks(family)
     per = [n // len(tasks) + (1 if i < n % len(tasks) else 0) for i in range(len(tasks))]
     out: list[dict[str, Any]] = []
     for (task, cfg), k in zip(tasks, per, strict=True):
@@ -534,7 +515,7 @@ def build_offline(
 ) -> BuildReport:
     """A procedural reasoning-gym set for one family (no network).
 
-    Tasks are mixed evenly (``OFFLINE_TASKS[family]``); the test split uses a different seed. Questions
+    Tasks are mixed evenly (:func:`offline_tasks`); the test split uses a different seed. Questions
     never repeat within a split, and questions in ``exclude`` (e.g. the train split's, to keep the test
     split uncontaminated) are dropped; both are counted in ``duplicates``. ``data_source`` is
     ``"rg/<task>"`` per row.
@@ -542,8 +523,8 @@ def build_offline(
     Raises:
         ValueError: unknown family or split.
     """
-    if family not in OFFLINE_TASKS:
-        raise ValueError(f"unknown family {family!r}; choose one of {sorted(OFFLINE_TASKS)}")
+    family = env_family(family).name  # ValueError for an unknown one
+    offline_tasks(family)  # ValueError for a family without an offline set
     if split not in _SPLIT_SEED_OFFSET:
         raise ValueError(f"unknown split {split!r}; choose train or test")
     recs = _rg_records(family, n, seed + _SPLIT_SEED_OFFSET[split])
@@ -586,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
 
     off = sub.add_parser("offline", help="reasoning-gym procedural sets (no network)")
     off.add_argument("--out", default="data")
-    off.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    off.add_argument("--families", nargs="+", default=[f.name for f in env_families() if f.offline_tasks],
+                     choices=env_family_names(aliases=True))
     off.add_argument("--train-size", type=int, default=2000)
     off.add_argument("--test-size", type=int, default=200)
     off.add_argument("--seed", type=int, default=0)
@@ -595,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     hub = sub.add_parser("hub", help="one Hugging Face source (or a local copy of it)")
     hub.add_argument("name", choices=sorted(SOURCES))
     hub.add_argument("--split", default=None)
-    hub.add_argument("--family", default=None, choices=FAMILIES)
+    hub.add_argument("--family", default=None, choices=env_family_names(aliases=True))
     hub.add_argument("--style", default="default", choices=STYLES)
     hub.add_argument("--from-file", default=None)
     hub.add_argument("--offline", action="store_true", help="use the local HF cache only")
@@ -615,14 +597,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "list":
         for s in SOURCES.values():
             print(f"{s.name:10s} {s.repo:36s} configs={list(s.configs)} splits={list(s.splits)} fields: {s.fields}")
-        print(f"offline    reasoning-gym tasks: { {k: [t for t, _ in v] for k, v in OFFLINE_TASKS.items()} }")
+        tasks = {f.name: [t for t, _ in f.offline_tasks] for f in env_families() if f.offline_tasks}
+        print(f"offline    reasoning-gym tasks: {tasks}")
         return 0
 
     out = Path(args.out)
     any_bad = False
     try:
         if args.cmd == "offline":
-            for fam in args.families:
+            for fam in dict.fromkeys(env_family(f).name for f in args.families):
                 train_q: list[str] = []
                 for split, n in (("train", args.train_size), ("test", args.test_size)):
                     rep = build_offline(fam, split, n=n, seed=args.seed, style=args.style, exclude=train_q)
@@ -638,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             offline = True if args.offline else None
             for name, split in jobs:
-                fam = getattr(args, "family", None) or SOURCES[name].default_family
+                fam = env_family(getattr(args, "family", None) or SOURCES[name].default_family).name
                 rep = build_hub(
                     name, split, family=fam, style=args.style, from_file=getattr(args, "from_file", None),
                     offline=offline, limit=getattr(args, "limit", None),

@@ -1,14 +1,11 @@
-"""An environment family as one descriptor, registered by name (verl-free; the jobs ask it instead of comparing names).
+"""An environment family as one descriptor (verl-free; code asks it instead of comparing names).
 
-A family (short CoT, long CoT, tool use, or a new one) is an :class:`EnvFamily`: its name (the data and reward
-spelling, ``extra_info["family"]``), the verl agent loop its rows name, its reward entry, its tool (if any), its
-system prompt, and the row builder that makes a verl RLHF row one of its rows. Each family folder exposes one:
-``envs.cot.SHORT_COT_FAMILY`` / ``LONG_COT_FAMILY``, ``envs.tool_use.TOOL_USE_FAMILY``. They are registered
-here on first lookup; a new family registers its own with :func:`register_env_family` (model: SkyRL's
+A family (short CoT, long CoT, tool use, or a new one) is an :class:`EnvFamily`: its name (one spelling everywhere,
+``extra_info["family"]``), older spellings it still answers to, the verl agent loop its rows name, its reward entry
+and think-mode preset, its tool (if any), its system prompt, its offline reasoning-gym task mix, and the row builder
+that makes a verl RLHF row one of its rows. Each family folder exposes one: ``envs.cot.SHORT_COT_FAMILY`` /
+``LONG_COT_FAMILY``, ``envs.tool_use.TOOL_USE_FAMILY``; ``envs.families`` registers them (model: SkyRL's
 ``skyrl_gym.envs.register``, one small object per environment, registered by id).
-
-Lookups: :func:`env_family` (by name), :func:`env_families` (all, built-ins first), :func:`row_env_family` (the
-family that scores an evaluation row).
 """
 
 from __future__ import annotations
@@ -17,17 +14,9 @@ import copy
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-__all__ = [
-    "EnvFamily",
-    "env_families",
-    "env_family",
-    "is_tool_family",
-    "register_env_family",
-    "row_env_family",
-    "unregister_env_family",
-]
+__all__ = ["FAMILY_SYSTEM", "EnvFamily"]
 
 
 class _FamilySystem:
@@ -44,14 +33,20 @@ class EnvFamily:
     """One environment family.
 
     Attributes:
-        name: the data and reward spelling (``extra_info["family"]``, ``reward_kwargs.family``), e.g. ``tool_use``.
+        name: its one spelling (``extra_info["family"]``, ``reward_kwargs.family``, ``--family``), e.g. ``tooluse``.
         agent_name: the verl agent loop of its rows (``agent_name`` column): ``stare_tool_agent`` for tool use,
             verl's ``single_turn_agent`` for a family without a tool.
         reward_module, reward_function: the reward entry (verl's ``custom_reward_function``: ``path:
             pkg://<reward_module>``, ``name: <reward_function>``), signature of ``envs.reward.compute_score``.
         tool_name: the tool its episodes call (``tools_kwargs`` of its rows; the evaluation runs the tool loop and
             scores the loop's model text, ``extra_info["model_response_text"]``), None for single-turn families.
-        system_prompt: the system message of its rows (None: the rows' prompt is kept as it is).
+        system_prompt: the system message of its rows (None: the rows' prompt is kept as it is); a family with one
+            gets it in every model style (``envs.prompts.build_prompt``).
+        aliases: older spellings that still name it (parquet rows, recipes and run folders written before).
+        think: the reward's think-mode preset (``envs.reward.RewardOptions.think``'s default): ``"required"`` (the
+            answer counts only after a closed ``</think>``) or ``"auto"``.
+        offline_tasks: ``(reasoning-gym task, config overrides)`` of its offline procedural set
+            (``envs.datasets.build_offline``), mixed evenly; empty: the family has none.
     """
 
     name: str
@@ -60,6 +55,18 @@ class EnvFamily:
     reward_function: str = "compute_score"
     tool_name: str | None = None
     system_prompt: str | None = None
+    aliases: tuple[str, ...] = ()
+    think: Literal["auto", "required"] = "auto"
+    offline_tasks: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+        object.__setattr__(self, "offline_tasks", tuple((str(t), dict(c)) for t, c in self.offline_tasks))
+        if self.think not in ("auto", "required"):
+            raise ValueError(f"family {self.name!r}: think must be 'auto' or 'required', got {self.think!r}")
+
+    def __hash__(self) -> int:  # the task configs are dicts
+        return hash((self.name, self.agent_name, self.reward_module, self.tool_name))
 
     @property
     def tool_use(self) -> bool:
@@ -111,71 +118,3 @@ class EnvFamily:
             info["need_tools_kwargs"] = True
         out["extra_info"] = info
         return out
-
-
-_REGISTRY: dict[str, EnvFamily] = {}
-_BUILTINS_LOADED = False
-
-
-def _builtins() -> None:
-    global _BUILTINS_LOADED
-    if _BUILTINS_LOADED:
-        return
-    _BUILTINS_LOADED = True
-    from envs.cot import LONG_COT_FAMILY, SHORT_COT_FAMILY
-    from envs.tool_use import TOOL_USE_FAMILY
-
-    for fam in (SHORT_COT_FAMILY, LONG_COT_FAMILY, TOOL_USE_FAMILY):  # the order of envs.contract.FAMILIES
-        _REGISTRY.setdefault(fam.name, fam)
-
-
-def register_env_family(family: EnvFamily, *, replace: bool = False) -> EnvFamily:
-    """Register ``family`` under its name; returns it. Raises ValueError for a name already taken by another one
-    (unless ``replace``)."""
-    _builtins()
-    old = _REGISTRY.get(family.name)
-    if old is not None and old != family and not replace:
-        raise ValueError(f"environment family {family.name!r} is already registered")
-    _REGISTRY[family.name] = family
-    return family
-
-
-def unregister_env_family(name: str) -> None:
-    """Remove a registered family (tests; a built-in comes back only in a new process)."""
-    _builtins()
-    _REGISTRY.pop(name, None)
-
-
-def env_family(name: str) -> EnvFamily:
-    """The family registered as ``name``. Raises ValueError (naming the registered ones) for an unknown name."""
-    _builtins()
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown environment family {name!r}; expected one of {sorted(_REGISTRY)}") from None
-
-
-def env_families() -> tuple[EnvFamily, ...]:
-    """Every registered family, built-ins first."""
-    _builtins()
-    return tuple(_REGISTRY.values())
-
-
-def is_tool_family(name: Any) -> bool:
-    """Whether ``name`` (e.g. a row's ``extra_info["family"]``) is a registered family whose episodes use a tool."""
-    _builtins()
-    fam = _REGISTRY.get(name) if isinstance(name, str) else None
-    return fam is not None and fam.tool_use
-
-
-def row_env_family(name: str | None, tool_use: bool) -> EnvFamily:
-    """The family whose reward scores a row with ``extra_info["family"] == name`` run with (``tool_use``) or without
-    the tool loop: the registered family of that name when its tool use matches, else the built-in tool-use family
-    (tool loop) or short CoT (``envs.reward.compute_score``'s default family, which reads ``name`` itself)."""
-    from envs.contract import SHORT_COT, TOOL_USE
-
-    _builtins()
-    fam = _REGISTRY.get(name) if isinstance(name, str) else None
-    if fam is not None and fam.tool_use == bool(tool_use):
-        return fam
-    return _REGISTRY[TOOL_USE if tool_use else SHORT_COT]

@@ -34,7 +34,7 @@ Rules (the *extent* of each piece of markup):
 
 Every scan is linear in ``len(text)``: a decode starts only after the previous call's end and reads the call's
 JSON plus at most a few windows of ``_FIRST_WINDOW`` characters (the next start is after the break point or the
-call's end), and tags are found with forward searches only (``tests/unit/test_tool_call_markup.py`` counts the
+call's end), and tags are found with forward searches only (``tests/envs/test_tool_call_markup.py`` counts the
 characters read on tag floods).
 """
 

@@ -11,5 +11,5 @@ _logger = logging.getLogger("envs")
 
 try:
     import envs.tool_use.agent_loop  # noqa: F401  (registers the agent loop "stare_tool_agent")
-except Exception:  # pragma: no cover - surfaced by tests/integration/test_agent_loop.py
+except Exception:  # pragma: no cover - surfaced by tests/envs/tool_use/test_agent_loop.py
     _logger.exception("envs: registering the stare_tool_agent agent loop (envs.tool_use.agent_loop) failed")

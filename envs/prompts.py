@@ -1,7 +1,7 @@
 """Prompt templates per task family and model style (chat lists for verl's RLHFDataset ``prompt`` column).
 
-Families: ``short_cot`` (instruct models, GSM8K/MATH-style), ``long_cot`` (reasoning models that think
-in ``<think>...</think>``), ``tool_use`` (multi-turn Python tool use).
+Families (``envs.families``): ``shortcot`` (instruct models, GSM8K/MATH-style), ``longcot`` (reasoning models that
+think in ``<think>...</think>``), ``tooluse`` (multi-turn Python tool use), or a registered new one.
 
 Model styles:
 
@@ -14,23 +14,19 @@ Model styles:
 - ``qwen3``: like ``default``; thinking on or off is a chat-template switch (``enable_thinking``), not
   part of the prompt.
 
-For ``tool_use`` every style gets ``TOOL_USE_SYSTEM`` as system message (the tool schema itself is
-added by the chat template from the tool config).
+A family with its own system prompt (``EnvFamily.system_prompt``: tool use's ``envs.tool_use.TOOL_USE_SYSTEM``)
+gets it as the system message in every style (the tool schema itself is added by the chat template from the tool
+config).
 """
 
 from __future__ import annotations
 
-from envs.contract import FAMILIES, SHORT_COT, TOOL_USE
+from envs.contract import SHORT_COT
+from envs.families import env_family
 
-__all__ = ["BOXED_INSTRUCTION", "FAMILIES", "STYLES", "TOOL_USE_SYSTEM", "build_prompt"]
+__all__ = ["BOXED_INSTRUCTION", "STYLES", "build_prompt"]
 
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-
-TOOL_USE_SYSTEM = (
-    "You are a careful mathematician with a Python interpreter. You may call the `code_interpreter` tool "
-    "to run Python code whenever computation helps; its printed output is returned to you. "
-    "When you are done, put your final answer within \\boxed{}."
-)
 
 STYLES = ("default", "qwen_math", "r1_distill", "qwen3")
 
@@ -42,7 +38,7 @@ def build_prompt(
 
     Args:
         question: the problem text (non-empty).
-        family: one of ``FAMILIES``.
+        family: a registered family's name or alias (``envs.families``).
         style: one of ``STYLES``.
         system: override of the system message (tool use), or None for the family/style default.
     Returns:
@@ -50,16 +46,15 @@ def build_prompt(
     Raises:
         ValueError: empty question, unknown family or style.
     """
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose one of {FAMILIES}")
+    fam = env_family(family)  # ValueError for an unknown one
     if style not in STYLES:
         raise ValueError(f"unknown model style {style!r}; choose one of {STYLES}")
     q = (question or "").strip()
     if not q:
         raise ValueError("empty question")
-    if family == TOOL_USE:
+    if fam.system_prompt is not None:
         return [
-            {"role": "system", "content": system if system is not None else TOOL_USE_SYSTEM},
+            {"role": "system", "content": system if system is not None else fam.system_prompt},
             {"role": "user", "content": q},
         ]
     if style == "qwen_math":

@@ -6,7 +6,7 @@ Recipe wiring (verl 0.9.1)::
       custom_reward_function:
         path: <site-packages or repo>/envs/reward.py
         name: compute_score
-        reward_kwargs: {family: long_cot, max_response_length: 8192, overlong_buffer_len: 1024}
+        reward_kwargs: {family: longcot, max_response_length: 8192, overlong_buffer_len: 1024}
 
 verl's reward managers call ``compute_score(data_source=..., solution_str=..., ground_truth=...,
 extra_info=...)`` from a thread pool, merging ``reward_kwargs`` into the keyword arguments. Called with
@@ -22,9 +22,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from envs.contract import FAMILIES, LONG_COT, SHORT_COT
+from envs.contract import SHORT_COT
+from envs.families import env_family
 from envs.markup import remove_calls
 from envs.scoring.extract import every_box, extract_final_answer, last_boxes, split_think
 from envs.scoring.normalize import normalize_answer
@@ -43,13 +44,15 @@ class RewardOptions(BaseModel):
     """Options of ``compute_score``; later sources override earlier ones: defaults <- family preset <-
     ``extra_info["family"]`` <- ``extra_info["reward_options"]`` <- ``reward_kwargs``.
 
-        family                   "short_cot" | "long_cot" | "tool_use" (default "short_cot")
+        family                   a registered family (``envs.families``: "shortcot" | "longcot" | "tooluse", or an
+                                 older spelling such as "short_cot", read as its family's name; default "shortcot")
         strict_box               True: only a complete \\boxed{}/\\fbox{} counts as an answer (default True);
                                  False: also "Answer: X", "The final answer is X", "#### X"
         last_number              True: when no answer of the kinds above is found, the last number of the answer
                                  part is the answer (default False; the lenient rule for a pretrained model that
                                  answers in prose, e.g. the CPU jobs' --model runs of short CoT)
-        think                    "auto" | "required" | "off" (default: "required" for long_cot, else "auto");
+        think                    "auto" | "required" | "off" (default: the family's preset, ``EnvFamily.think``:
+                                 "required" for longcot, else "auto");
                                  see ``envs.scoring.extract.split_think``
         max_response_length      response token limit of the rollout (None: unknown)
         overlong_buffer_len      DAPO soft overlong buffer in tokens (None or 0: no penalty)
@@ -63,7 +66,7 @@ class RewardOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    family: Literal[FAMILIES] = SHORT_COT  # the family names of envs.contract
+    family: str = SHORT_COT  # a registered family's name (an alias is read as the name)
     strict_box: bool = True
     last_number: bool = False
     think: Literal["auto", "required", "off"] | None = None
@@ -73,6 +76,11 @@ class RewardOptions(BaseModel):
     correct_score: float = 1.0
     incorrect_score: float = 0.0
     timeout_s: float = Field(default=5.0, gt=0, le=600)
+
+    @field_validator("family", mode="before")
+    @classmethod
+    def _family(cls, v: Any) -> str:
+        return env_family(v).name  # ValueError (a validation error) for an unknown one
 
     @model_validator(mode="after")
     def _check(self) -> "RewardOptions":
@@ -91,7 +99,7 @@ class RewardOptions(BaseModel):
         """The effective think mode: explicit ``think`` or the family preset."""
         if self.think is not None:
             return self.think
-        return "required" if self.family == LONG_COT else "auto"
+        return env_family(self.family).think
 
 
 _OPTIONS_CACHE: dict[tuple, "RewardOptions"] = {}

@@ -2,7 +2,7 @@
 backend's smoke model and the tests all build theirs here).
 
 It lives in ``envs`` because both sides need it: ``envs.simulators`` (which may not import ``stare_verl``) and
-the jobs (``stare_verl.jobs.tiny``, ``stare_verl.jobs.demo``), which may import ``envs``. Nothing here
+the jobs (``stare_verl.jobs.demo``) and the tests (``tests.support.tiny``), which may import ``envs``. Nothing here
 downloads anything; importing this module imports neither verl, transformers nor torch (pydantic only).
 
 - :data:`CHAT_TEMPLATE`: the one chat template, ChatML with hermes tool calls in the shape of Qwen2.5's
@@ -11,7 +11,7 @@ downloads anything; importing this module imports neither verl, transformers nor
   ``tool_calls`` render as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (no surrounding
   newlines); consecutive ``tool`` messages render inside one user turn as
   ``\\n<tool_response>\\n...\\n</tool_response>``. Without tools and tool messages it is plain ChatML. verl's
-  Continuous Token builder for ``model_type`` qwen2 renders tool observations with it (tests/unit/test_tiny_hf.py).
+  Continuous Token builder for ``model_type`` qwen2 renders tool observations with it (tests/envs/test_tiny_hf.py).
 - :func:`build_tokenizer`: a byte-level BPE trained with the ``tokenizers`` library on a given corpus, digits
   pre-split one per token (the calibration, ``docs/cpu-demo-calibration.md``, found this is what lets a tiny
   model copy numbers), wrapped as a ``transformers.PreTrainedTokenizerFast`` with Qwen2.5's special tokens

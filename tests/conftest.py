@@ -1,8 +1,10 @@
 """Shared pytest hooks.
 
-- The test tier follows the folder (``unit/``, ``integration/``, ``e2e/``): tests under ``tests/e2e/`` get the
-  ``e2e`` marker (registered in pyproject): ``pytest -m "not e2e"`` skips the end-to-end runs (minutes each on a
-  CPU), ``pytest -m e2e`` runs only them; ``make test`` runs everything.
+- The folders under ``tests/`` mirror the package path of what they test (``tests/envs/sandbox/``,
+  ``tests/stare_verl/methods/``, ...); the test tier is a marker (registered in pyproject): ``integration`` (a test
+  module's ``pytestmark``), ``e2e`` (every test under ``tests/e2e/``, marked here), ``gpu``, ``vllm``, and ``unit``
+  for every test without one of those (marked here). ``pytest -m "not e2e"`` skips the end-to-end runs (minutes
+  each on a CPU), ``pytest -m unit`` runs only the fast ones; ``make test`` runs everything.
 - Tests marked ``gpu`` are skipped where CUDA is not available (``make test-gpu`` runs them).
 - Tests marked ``cluster`` (several verl launches on a local multi-node Ray cluster) run only when the ``-m``
   expression names ``cluster`` (``make test-cluster``); ``make test`` skips them.
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 _E2E = Path(__file__).resolve().parent / "e2e"
+_TIERS = ("integration", "e2e", "gpu", "vllm", "cluster")
 
 
 def _cuda_available() -> bool:
@@ -29,6 +32,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _E2E in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+        if not any(item.get_closest_marker(tier) for tier in _TIERS):
+            item.add_marker(pytest.mark.unit)
     if "cluster" not in (config.getoption("markexpr", "") or ""):
         skip_cluster = pytest.mark.skip(reason="a multi-node Ray cluster run: make test-cluster (pytest -m cluster)")
         for item in items:

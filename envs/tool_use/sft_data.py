@@ -11,7 +11,7 @@ user and system tokens get ``loss_mask`` 0). A row here is::
 Every conversation is checked by :func:`check_conversation` (the shape that renders identically message by
 message and as a whole, which verl's dataset asserts, and that the RL agent loop produces: one
 ``code_interpreter`` call per assistant turn, its output in the next ``tool`` message, a final answer in
-``\\boxed{}``). The system message is ``envs.prompts.TOOL_USE_SYSTEM``, the one the RL rows
+``\\boxed{}``). The system message is ``envs.tool_use.TOOL_USE_SYSTEM``, the one the RL rows
 (``envs.tool_use.task.to_tool_use_row``) carry, so the SFT model sees the prompt it will see in RL.
 
 Sources:
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.prompts import TOOL_USE_SYSTEM
+from envs.tool_use import TOOL_USE_SYSTEM
 from envs.tools.schema import CODE_INTERPRETER_SCHEMA_JSON, TOOL_NAME
 
 __all__ = [

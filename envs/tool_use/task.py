@@ -1,6 +1,6 @@
 """The tool-use family: system prompt, dataset builder and reward entry point for multi-turn Python tool use.
 
-Rows are verl RLHF parquet rows (``envs.datasets``) with ``family: tool_use`` plus what the agent loop
+Rows are verl RLHF parquet rows (``envs.datasets``) with ``family: tooluse`` plus what the agent loop
 needs: ``agent_name: stare_tool_agent`` (``envs.tool_use.agent_loop``) and ``extra_info.tools_kwargs`` for the
 ``code_interpreter`` tool. Sources:
 
@@ -41,7 +41,7 @@ from typing import Any
 
 from envs.contract import AGENT_NAME, MODEL_TEXT_KEY, TOOL_USE
 from envs.datasets import BadRow, BuildReport, build_hub, make_row, write_parquet
-from envs.prompts import TOOL_USE_SYSTEM
+from envs.tool_use import TOOL_USE_SYSTEM
 from envs.tool_use.episode import EpisodeStats
 from envs.tools.schema import TOOL_NAME
 
@@ -89,7 +89,7 @@ def to_tool_use_row(
     row: Mapping[str, Any], create_kwargs: Mapping[str, Any] | None = None, system: str | None = TOOL_USE_SYSTEM
 ) -> dict[str, Any]:
     """Make a verl row a tool-use row (``envs.tool_use.TOOL_USE_FAMILY.make_row``): ``agent_name``,
-    ``extra_info.tools_kwargs``, ``family: tool_use``, and ``system`` (default ``TOOL_USE_SYSTEM``; None: none) as
+    ``extra_info.tools_kwargs``, ``family: tooluse``, and ``system`` (default ``TOOL_USE_SYSTEM``; None: none) as
     the system message (replacing any other).
 
     Args:
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     hub.add_argument("--from-file", default=None)
     hub.add_argument("--limit", type=int, default=None)
     args = p.parse_args(argv)
-    out = Path(args.out) / "tool_use"
+    out = Path(args.out) / TOOL_USE
     try:
         if args.cmd == "offline":
             train = build_offline_tool_use("train", args.n_train, args.seed)

@@ -28,7 +28,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
+from stare_verl.jobs.families import DEFAULT_FAMILY, family_arg, job_family, job_family_names
 from stare_verl.jobs.runlog import RunFolder, heldout_curve, own_metric, shared_metric_key, step_axis
 
 # The defaults of a comparison per family (RL steps per run, seeds per method, output folder) are the family's
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal stop the current run
 
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", choices=sorted(job_family_names()), default=DEFAULT_FAMILY, help="the CPU default task")
+    p.add_argument("--family", type=family_arg, choices=sorted(job_family_names()), default=DEFAULT_FAMILY, help="the CPU default task")
     p.add_argument(
         "--methods", type=_method_arg, nargs="+", default=["stare", "grpo"], metavar="METHOD[:KEY=VALUE,...]",
         help="the methods to compare (default: stare grpo); a setting after a colon, e.g. entropy_bonus:coef=0.01",

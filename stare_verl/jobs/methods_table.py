@@ -1,5 +1,5 @@
 """The README's table of entropy-control methods, generated from the method registry (``stare-verl methods
---markdown``), so the README cannot drift from the code: ``tests/unit/test_methods_table.py`` compares the two.
+--markdown``), so the README cannot drift from the code: ``tests/stare_verl/jobs/test_methods_table.py`` compares the two.
 
 Only the registry's public face is read: :data:`stare_verl.methods.METHODS` (name -> class), each class's
 docstring (its first line says what the method does) and its ``Config`` (a pydantic model: fields and defaults).

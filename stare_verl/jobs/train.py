@@ -6,7 +6,7 @@ CPU default (no GPU, or ``--cpu``): the cached cold-start SFT checkpoint of the 
 evaluation, then ``python -m verl.trainer.main_ppo`` with ``recipes/cpu/<family>_tiny_<method>.yaml`` (verl's V1
 trainer, ``stare_sync``, the ``hf`` rollout backend; tool use: ``stare_tool_agent``, the sandboxed
 code_interpreter and ``envs.tool_use.task.compute_score``; short / long CoT: verl's ``single_turn_agent``, no tool,
-``envs.reward.compute_score`` with family ``short_cot`` / ``long_cot``), then the held-out evaluation again.
+``envs.reward.compute_score`` with family ``shortcot`` / ``longcot``), then the held-out evaluation again.
 The families' tasks: ``stare_verl.jobs.demo`` (tool use: reasoning-gym arithmetic with the Python tool; CoT:
 reasoning-gym sums of 3-4 one-digit terms, solved step by step in a freely chosen order). The run folder
 (``runs/<family>-<method>-seed<seed>`` under the working directory, or ``RUN_DIR``) holds ``metrics.jsonl``, ``checkpoints/`` (verl's; a second invocation resumes from them),
@@ -54,7 +54,7 @@ from stare_verl.jobs.backend import (
     sandbox_backend,
     stderr_to,
 )
-from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
+from stare_verl.jobs.families import DEFAULT_FAMILY, family_arg, job_family, job_family_names
 from stare_verl.jobs.logfilter import RepeatedWarningFilter
 from stare_verl.jobs.procs import (
     RUN_TAG_ENV,
@@ -1167,7 +1167,7 @@ class _TrainParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``stare-verl train``."""
     p = _TrainParser(prog="stare-verl train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", choices=sorted(job_family_names()), default=DEFAULT_FAMILY)
+    p.add_argument("--family", type=family_arg, choices=sorted(job_family_names()), default=DEFAULT_FAMILY)
     p.add_argument(
         "--method", type=_method_arg, default="stare", metavar="METHOD[:KEY=VALUE,...]",
         help="the entropy-control method (settings optional, e.g. entropy_bonus:coef=0.01): "

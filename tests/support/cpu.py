@@ -1,4 +1,4 @@
-"""Helpers for the CPU backend tests: tiny model/dataset (from ``stare_verl.jobs.tiny``), the ``main_ppo`` command
+"""Helpers for the CPU backend tests: tiny model/dataset (from ``tests.support.tiny``), the ``main_ppo`` command
 line, one launch of it with the leftover-process check (:func:`launch_main_ppo`), verl's metrics file."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_processes, remove_orphan_shm, tagged_processes  # noqa: F401
-from stare_verl.jobs.tiny import build_tiny_model, build_tool_calling_model, build_toy_dataset  # noqa: F401
 from tests.support import REPO
+from tests.support.tiny import build_tiny_model, build_tool_calling_model, build_toy_dataset  # noqa: F401
 
 # Ray waits a hard-coded 30 s for its own raylet; on an overloaded shared CPU that start can fail before anything
 # of ours ran. This line in the log is that failure (ray/_private/node.py), and the only one launched again.

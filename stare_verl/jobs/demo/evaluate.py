@@ -12,9 +12,9 @@ ids from verl's Continuous Token builder (``model_type`` qwen2) over the questio
   calls answered with an error observation, the real ``code_interpreter`` tool, sandboxed); the episode ends on
   a turn without a tool call, at ``max_assistant_turns`` or at the length budget (a turn cut by the budget is
   never executed); only the model-generated text, tool-call blocks removed, is scored
-  (``envs.tool_use.task.compute_score``, family tool_use), so output printed by the tool earns nothing.
+  (``envs.tool_use.task.compute_score``, family tooluse), so output printed by the tool earns nothing.
 - CoT families (``shortcot`` / ``longcot``): one turn without tools, like verl's ``single_turn_agent``, the
-  generated text scored with ``envs.reward.compute_score`` (family ``short_cot`` / ``long_cot``; a response cut
+  generated text scored with ``envs.reward.compute_score`` (family ``shortcot`` / ``longcot``; a response cut
   by the budget scores 0).
 
 Generation is batched: all episodes run concurrently against the ``hf`` backend's continuous-batching
@@ -36,7 +36,7 @@ from envs.tools.schema import TOOL_NAME
 from stare_verl.jobs.evaluation.engine import TokenPolicy
 from stare_verl.jobs.evaluation.episode import EvalProblem, EvalRecord
 from stare_verl.jobs.evaluation.sandbox import loop_deadline_s, sandbox_tool
-from stare_verl.jobs.families import DEFAULT_FAMILY, job_family, job_family_names
+from stare_verl.jobs.families import DEFAULT_FAMILY, family_arg, job_family, job_family_names
 from stare_verl.jobs.families.problems import DATA_SOURCE_PREFIX, Problem, heldout_problems
 
 __all__ = [
@@ -131,7 +131,7 @@ def heldout_problem(p: Problem, position: int, family: str) -> EvalProblem:
     """Held-out problem ``p`` as the driver's row: the question alone as the prompt, the family's reward
     options, ``problem_id`` ``<data_source>/<position>``; the tool loop when the family's episodes use a tool."""
     fam = job_family(family)
-    env = fam.env_family
+    env = fam.env
     extra: dict[str, Any] = {"family": env.name, "task": p.task}
     if fam.reward_options:
         extra["reward_options"] = dict(fam.reward_options)
@@ -196,7 +196,7 @@ async def run_episodes(
     engine_generate = EngineGenerate(tokenizer, generate, temperature=temperature)
     samples = [Sample(heldout_problem(p, i, family), 0, seed + i) for i, p in enumerate(problems)]
     tool = runner = None
-    if fam.env_family.tool_use:
+    if fam.env.tool_use:
         tool = sandbox_tool(tool_timeout_s)
         runner = ToolCallRunner({TOOL_NAME: tool}, max_parallel_calls=max_parallel_calls,
                                 tool_timeout_s=loop_deadline_s(tool_timeout_s), max_tool_response_chars=max_tool_response_chars,
@@ -360,7 +360,7 @@ def reference_entropy(
 
     Args:
         model: a causal LM (``transformers``) in eval mode, on the CPU.
-        episodes: ``(input_ids, mask)`` pairs of equal lengths (``stare_verl.jobs.demo.sft.encode_demo``).
+        episodes: ``(input_ids, mask)`` pairs of equal lengths (``stare_verl.jobs.demo.encode.encode_demo``).
         batch_size: episodes per forward pass (right-padded, with an attention mask).
     Returns:
         ``{"entropy": nats per model token, "nll": nats per model token, "episodes": n, "tokens": model tokens}``.
@@ -412,7 +412,7 @@ def heldout_episodes(
     One demonstration per problem (the family's SFT ``JobFamily.demonstrations``, ``demo_seed``; tool use: real
     sandbox output) of the first ``n`` problems of ``heldout_problems(n_heldout, data_seed)``, the problems
     :func:`evaluate_checkpoint` scores and the SFT never trained on, encoded as the SFT encodes them
-    (``stare_verl.jobs.demo.sft.encode_demo``: verl's agent-loop token layout, mask 1 on the assistant turns only)
+    (``stare_verl.jobs.demo.encode.encode_demo``: verl's agent-loop token layout, mask 1 on the assistant turns only)
     with the tokenizer at ``path``. ``data_seed`` / ``n_heldout`` / ``family`` default to the ``sft_config.json``
     in ``path``, as in :func:`evaluate_checkpoint`.
 
@@ -420,7 +420,7 @@ def heldout_episodes(
         ValueError: ``data_seed``/``n_heldout`` neither given nor in ``sft_config.json``; no demonstration.
     """
     from envs.tiny_hf import load_tokenizer
-    from stare_verl.jobs.demo.sft import encode_demo
+    from stare_verl.jobs.demo.encode import encode_demo
 
     saved, family, problems = _checkpoint_heldout(path, n, data_seed, n_heldout, family)
     demos, _ = job_family(family).demonstrations(problems, seed=demo_seed, per_problem=1)
@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--data-seed", type=int, default=None)
     ap.add_argument("--n-heldout", type=int, default=None)
-    ap.add_argument("--family", choices=sorted(job_family_names()), default=None,
+    ap.add_argument("--family", type=family_arg, choices=sorted(job_family_names()), default=None,
                     help="task family (default: the checkpoint's sft_config.json, else tooluse)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     args = ap.parse_args(argv)

@@ -3,7 +3,7 @@
 Against a server (SGLang / vLLM, OpenAI chat-completions)::
 
     python -m stare_verl.jobs.evaluation --url http://localhost:30000 --model Qwen2.5-7B \\
-        --data data/tool_use/aime2024_test.parquet --k 32 --temperature 1.0 --top-p 0.7 \\
+        --data data/tooluse/aime2024_test.parquet --k 32 --temperature 1.0 --top-p 0.7 \\
         --max-tokens 8192 --concurrency 64
 
 Without ``--url``: the newest local checkpoint under ``runs/`` (or ``--checkpoint DIR``) on this CPU, on its

@@ -240,13 +240,13 @@ def score_sample(problem: EvalProblem, text: str, info: Mapping[str, Any], rewar
         info: episode fields (``hit_eos``, ``response_length``, tool counters) as the training loop reports them.
         reward_kwargs: options of ``envs.reward`` (as the recipe's ``reward_kwargs``).
     Returns:
-        the dict of the row's family's reward (``envs.family.row_env_family``: ``envs.tool_use.task.compute_score``
+        the dict of the row's family's reward (``envs.families.row_env_family``: ``envs.tool_use.task.compute_score``
         for tool-use rows, which scores ``model_response_text``; ``envs.reward.compute_score`` for the CoT rows).
     Raises:
         ValueError: invalid reward options.
     """
     from envs.contract import MODEL_TEXT_KEY
-    from envs.family import row_env_family
+    from envs.families import row_env_family
 
     fam = row_env_family(problem.extra_info.get("family"), problem.tool_use)
     extra = {**problem.extra_info, **info}

@@ -50,7 +50,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envs.contract import AGENT_NAME
-from envs.family import is_tool_family
+from envs.families import is_tool_family
 from envs.tool_use.history import assistant_message, with_reasoning
 from stare_verl.jobs.evaluation.client import ChatClient, ChatResult, RequestFailed
 from stare_verl.jobs.evaluation.episode import (

@@ -1,12 +1,12 @@
-"""The jobs' family descriptor (:class:`JobFamily`) and its registry.
+"""The jobs' family descriptor (:class:`JobFamily`) and the problems its CPU default works on (:class:`Problem`).
 
-A job family is what ``--family`` names (``tooluse``, ``shortcot``, ``longcot``, or a registered new one): its
-environment family (``envs.family.EnvFamily``: names, agent loop, reward entry, row builder, prompts), the
-reasoning-gym task table and demonstrations of its CPU default, the cold-start SFT's defaults and the accuracy RL
-needs from it, its CPU and GPU recipes, the defaults of ``make compare`` and the held-out evaluation's turn handling.
-Code asks the descriptor (:func:`job_family`); no module compares the names. The built-ins live in
-``stare_verl.jobs.families.tooluse`` and ``.cot`` and are registered on first lookup; a new family is an ``envs``
-folder with its ``EnvFamily`` plus a ``JobFamily`` passed to :func:`register_job_family`.
+A job family is what ``--family`` names (``tooluse``, ``shortcot``, ``longcot``, or a registered new one): it holds
+its environment family (``envs.family.EnvFamily``: its one name and older aliases, agent loop, reward entry, row
+builder, prompts) and adds the reasoning-gym task table and demonstrations of its CPU default, the cold-start SFT's
+defaults and the accuracy RL needs from it, its CPU and GPU recipes, the defaults of ``make compare`` and the
+held-out evaluation's turn handling. Code asks the descriptor (``stare_verl.jobs.families.registry.job_family``);
+no module compares the names. The built-ins live in ``stare_verl.jobs.families.tooluse`` and ``.cot``; a new family
+is an ``envs`` folder with its ``EnvFamily`` plus a ``JobFamily`` passed to ``register_job_family``.
 """
 
 from __future__ import annotations
@@ -16,22 +16,55 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from envs.family import EnvFamily, env_family
+from envs.contract import TOOL_USE
+from envs.family import EnvFamily
 
 __all__ = [
+    "DATA_SOURCE_PREFIX",
     "DEFAULT_FAMILY",
+    "DemoError",
     "JobFamily",
     "PretrainedTask",
-    "job_families",
-    "job_family",
-    "job_family_names",
-    "register_job_family",
-    "row_job_family",
-    "unregister_job_family",
+    "Problem",
 ]
 
-DEFAULT_FAMILY = "tooluse"
+DEFAULT_FAMILY = TOOL_USE
 """The family of ``--family``'s default (``make train-tooluse``, ``make compare``, the SFT and evaluation CLIs)."""
+
+DATA_SOURCE_PREFIX = "rg"  # as envs.tool_use.task's offline rows
+
+
+class DemoError(RuntimeError):
+    """The sandbox failed, or printed something other than one line per expression."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reasoning-gym question with a Python expression that computes its answer.
+
+    Attributes:
+        task: generator name (a key of its family's :attr:`JobFamily.task_table`).
+        question: the question text as the generator wrote it.
+        answer: ground-truth answer (str, an integer for these tasks).
+        expression: ``metadata["expression"]``, valid Python.
+        index: position within the generator's dataset (under the split's seed).
+    """
+
+    task: str
+    question: str
+    answer: str
+    expression: str
+    index: int
+
+    @property
+    def data_source(self) -> str:
+        """``rg/<task>``: verl groups validation metrics by this."""
+        return f"{DATA_SOURCE_PREFIX}/{self.task}"
+
+    @property
+    def code(self) -> str:
+        """The program a correct demonstration runs."""
+        return f"print({self.expression})"
 
 
 def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -43,8 +76,9 @@ class JobFamily:
     """One family as the jobs see it.
 
     Attributes:
-        name: the job spelling (``--family``, run folders ``runs/<name>-<method>-seed<s>``, ``make train-<name>``).
-        env: the ``envs.family`` name of its rows and reward (``extra_info["family"]``), see :attr:`env_family`.
+        env: its environment family (rows, reward, agent loop, tool); its ``name`` is the family's one name
+            (:attr:`name`: ``--family``, ``extra_info["family"]``, run folders ``runs/<name>-<method>-seed<s>``,
+            ``make train-<name>``), its ``aliases`` the older spellings still accepted (:attr:`aliases`).
         task_table: reasoning-gym generator -> config of its CPU default's problems (mixed evenly).
         demonstrations: ``(problems, seed=, per_problem=) -> (demos, rejected)``: the cold-start SFT's
             demonstrations (objects with ``tools``, ``prompt()``, ``messages()``, ``assistant_texts()``: see
@@ -69,8 +103,7 @@ class JobFamily:
             asked in several wordings: the held-out problems must be sums RL never saw).
     """
 
-    name: str
-    env: str
+    env: EnvFamily
     task_table: Mapping[str, Mapping[str, Any]]
     demonstrations: Callable[..., tuple[list, list]]
     accepts: Callable[[str], bool] | None = None
@@ -89,6 +122,8 @@ class JobFamily:
     distinct_expressions: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.env, EnvFamily):
+            raise TypeError(f"JobFamily.env must be an envs.family.EnvFamily, got {type(self.env).__name__}")
         object.__setattr__(self, "task_table", _frozen({k: _frozen(v) for k, v in self.task_table.items()}))
         object.__setattr__(self, "sft_defaults", _frozen(self.sft_defaults))
         object.__setattr__(self, "reward_options", _frozen(self.reward_options))
@@ -103,15 +138,20 @@ class JobFamily:
             raise ValueError(f"family {self.name!r}: demos_per_problem must be >= 1")
 
     @property
-    def env_family(self) -> EnvFamily:
-        """Its environment family (``envs.family.env_family(self.env)``)."""
-        return env_family(self.env)
+    def name(self) -> str:
+        """Its one name (its environment family's)."""
+        return self.env.name
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Older spellings that still name it (its environment family's)."""
+        return self.env.aliases
 
     @property
     def multi_turn(self) -> bool:
         """Whether its episodes run the tool loop, so that ``--max-turns`` (assistant turns per episode) applies to
         its RL recipe and held-out evaluation (else one turn)."""
-        return self.env_family.tool_use
+        return self.env.tool_use
 
     def eval_turns(self, max_turns: int) -> int:
         """Assistant turns of one held-out episode given ``--max-turns``."""
@@ -165,74 +205,3 @@ class PretrainedTask:
     def __post_init__(self) -> None:
         if not self.recipe.endswith("_real"):
             raise ValueError(f"a pretrained task's recipe must end in _real, got {self.recipe!r}")
-
-
-_REGISTRY: dict[str, JobFamily] = {}
-_BUILTINS_LOADED = False
-
-
-def _builtins() -> None:
-    global _BUILTINS_LOADED
-    if _BUILTINS_LOADED:
-        return
-    _BUILTINS_LOADED = True
-    from stare_verl.jobs.families.cot import LONGCOT, SHORTCOT
-    from stare_verl.jobs.families.tooluse import TOOLUSE
-
-    for fam in (TOOLUSE, SHORTCOT, LONGCOT):  # tool use first: the jobs' default
-        _REGISTRY.setdefault(fam.name, fam)
-
-
-def register_job_family(family: JobFamily, *, replace: bool = False) -> JobFamily:
-    """Register ``family`` under its name (its ``env`` must be a registered ``envs.family``); returns it.
-
-    Raises:
-        ValueError: the name is taken by another family (unless ``replace``), or its environment family is unknown.
-    """
-    _builtins()
-    env_family(family.env)  # ValueError for an unknown one
-    old = _REGISTRY.get(family.name)
-    if old is not None and old is not family and not replace:
-        raise ValueError(f"family {family.name!r} is already registered")
-    _REGISTRY[family.name] = family
-    return family
-
-
-def unregister_job_family(name: str) -> None:
-    """Remove a registered family (tests; a built-in comes back only in a new process)."""
-    _builtins()
-    _REGISTRY.pop(name, None)
-
-
-def job_family(name: str | JobFamily) -> JobFamily:
-    """The family registered as ``name`` (a :class:`JobFamily` is returned as it is, so that a variant such as
-    :meth:`JobFamily.for_pretrained` passes through the functions that take a family). Raises ValueError, naming the
-    registered ones, for an unknown name."""
-    if isinstance(name, JobFamily):
-        return name
-    _builtins()
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown family {name!r}; expected one of {job_family_names()}") from None
-
-
-def job_families() -> tuple[JobFamily, ...]:
-    """Every registered family, the built-ins first."""
-    _builtins()
-    return tuple(_REGISTRY.values())
-
-
-def job_family_names() -> tuple[str, ...]:
-    """The registered names in registration order (``tooluse``, ``shortcot``, ``longcot``, then new ones)."""
-    return tuple(f.name for f in job_families())
-
-
-def row_job_family(env: str | None, tool_use: bool) -> JobFamily:
-    """The job family of an evaluation row with ``extra_info["family"] == env`` run with (``tool_use``) or without
-    the tool loop (``envs.family.row_env_family``): the first registered family of that environment family
-    (the tool-use family for tool-use rows, short CoT, the reward's default family, for other unknown ones)."""
-    from envs.family import row_env_family
-
-    target = row_env_family(env, tool_use).name
-    return next(f for f in job_families() if f.env == target)

@@ -7,11 +7,11 @@ per demonstration: addition commutes, so every order is a correct solution, and 
 freedom at a few decision tokens (which term comes next). That is the setting where plain GRPO can collapse
 the entropy of those decisions and STARE should keep it.
 
-Short CoT (family ``short_cot`` of ``envs.reward.compute_score``)::
+Short CoT (family ``shortcot`` of ``envs.reward.compute_score``)::
 
     4 + 7 = 11, 11 + 3 = 14. \\boxed{14}
 
-Long CoT (family ``long_cot``: the answer counts only after a closed ``</think>``)::
+Long CoT (family ``longcot``: the answer counts only after a closed ``</think>``)::
 
     <think>
     Terms: 4, 7, 3.
@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from itertools import permutations
 from typing import Any
 
-from envs.contract import LONG_COT, SHORT_COT
-from stare_verl.jobs.families.base import JobFamily, PretrainedTask, job_family
-from stare_verl.jobs.families.problems import Problem
+from envs.cot import LONG_COT_FAMILY, SHORT_COT_FAMILY
+from envs.family import EnvFamily
+from stare_verl.jobs.families.base import JobFamily, PretrainedTask, Problem
 
 __all__ = [
     "COT_DEMOS_PER_PROBLEM",
@@ -49,7 +49,6 @@ __all__ = [
     "SHORTCOT",
     "CotDemo",
     "CotDemonstrations",
-    "build_cot_demos",
     "cot_text",
     "sample_order",
     "terms_of",
@@ -169,14 +168,14 @@ class CotDemo:
 @dataclass(frozen=True)
 class CotDemonstrations:
     """``JobFamily.demonstrations`` of a chain-of-thought family: ``per_problem`` demonstrations per problem, each
-    with its own sampled order, checked by the family's reward (``env``: its ``envs.family`` name).
+    with its own sampled order, checked by the family's reward.
 
     Attributes:
-        env: the environment family whose reward checks each demonstration (``short_cot`` / ``long_cot``).
+        env: the environment family whose reward checks each demonstration (short or long CoT).
         long: the long-CoT form (think block with a check pass).
     """
 
-    env: str
+    env: EnvFamily
     long: bool = False
 
     def __call__(
@@ -185,11 +184,9 @@ class CotDemonstrations:
         """``(demos, rejected)``: a problem is rejected when its expression is not a sum of non-negative
         integers, or when a demonstration does not score as correct against the problem's answer.
         Raises ValueError for ``per_problem < 1``."""
-        from envs.family import env_family
-
         if per_problem < 1:
             raise ValueError(f"per_problem must be >= 1, got {per_problem}")
-        reward = env_family(self.env)
+        reward = self.env
         rng = random.Random(seed)
         demos: list[CotDemo] = []
         rejected: list[Problem] = []
@@ -215,29 +212,6 @@ class CotDemonstrations:
         return demos, rejected
 
 
-def build_cot_demos(
-    problems: Sequence[Problem], family: str, seed: int = 0, per_problem: int = 1
-) -> tuple[list[CotDemo], list[Problem]]:
-    """``per_problem`` demonstrations per problem, each with its own sampled order, checked by our scorer.
-
-    Args:
-        problems: ``+``-only problems (``sample_problems(..., family=family)``).
-        family: a chain-of-thought job family (``shortcot`` or ``longcot``).
-        seed: seed of the order sampling (deterministic for given problems, family and seed).
-        per_problem: demonstrations per problem (>= 1).
-    Returns:
-        ``(demos, rejected)``: a problem is rejected when its expression is not a sum of non-negative
-        integers, or when a demonstration does not score as correct against the problem's answer with
-        ``envs.reward.compute_score`` (family ``short_cot`` / ``long_cot``).
-    Raises:
-        ValueError: unknown or not a chain-of-thought family, or ``per_problem < 1``.
-    """
-    build = job_family(family).demonstrations
-    if not isinstance(build, CotDemonstrations):
-        raise ValueError(f"not a chain-of-thought family: {family!r}")
-    return build(problems, seed=seed, per_problem=per_problem)
-
-
 # CoT SFT defaults (stare_verl.jobs.demo.sft's docstring): steps where held-out greedy accuracy passes ~0.5 on the
 # 2-core machine; max_response_tokens: the family's CPU recipe's data.max_response_length.
 # The pretrained model's short CoT task (``--model``): chain_sum with two or three one-digit terms, ``+`` and ``-``,
@@ -252,10 +226,9 @@ SHORTCOT_PRETRAINED = PretrainedTask(
 )
 
 SHORTCOT = JobFamily(
-    name="shortcot",
-    env=SHORT_COT,
+    env=SHORT_COT_FAMILY,
     task_table=COT_TASKS,
-    demonstrations=CotDemonstrations(SHORT_COT),
+    demonstrations=CotDemonstrations(SHORT_COT_FAMILY),
     accepts=addition_only,
     demos_per_problem=COT_DEMOS_PER_PROBLEM,
     sft_defaults={"steps": 1000, "max_response_tokens": 48},
@@ -269,10 +242,9 @@ SHORTCOT = JobFamily(
     pretrained=SHORTCOT_PRETRAINED,
 )
 LONGCOT = JobFamily(
-    name="longcot",
-    env=LONG_COT,
+    env=LONG_COT_FAMILY,
     task_table=COT_TASKS,
-    demonstrations=CotDemonstrations(LONG_COT, long=True),
+    demonstrations=CotDemonstrations(LONG_COT_FAMILY, long=True),
     accepts=addition_only,
     demos_per_problem=COT_DEMOS_PER_PROBLEM,
     sft_defaults={"steps": 800, "max_response_tokens": 128},

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from stare_verl.jobs.families.base import DEFAULT_FAMILY, job_family
+from stare_verl.jobs.families.base import DATA_SOURCE_PREFIX, DEFAULT_FAMILY, DemoError, Problem
+from stare_verl.jobs.families.registry import job_family
 
 __all__ = [
     "DATA_SOURCE_PREFIX",
@@ -32,43 +33,8 @@ __all__ = [
     "write_rl_parquet",
 ]
 
-DATA_SOURCE_PREFIX = "rg"  # as envs.tool_use.task's offline rows
-
 # Each split draws from its own seed: sft_train, heldout (the validation set, before and after RL), rl_train.
 SPLIT_SEED_OFFSET = {"sft_train": 0, "heldout": 1_000_003, "rl_train": 2_000_006, "sft_dev": 3_000_009}
-
-
-class DemoError(RuntimeError):
-    """The sandbox failed, or printed something other than one line per expression."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One reasoning-gym question with a Python expression that computes its answer.
-
-    Attributes:
-        task: generator name (a key of :func:`task_table` of its family).
-        question: the question text as the generator wrote it.
-        answer: ground-truth answer (str, an integer for these tasks).
-        expression: ``metadata["expression"]``, valid Python.
-        index: position within the generator's dataset (under the split's seed).
-    """
-
-    task: str
-    question: str
-    answer: str
-    expression: str
-    index: int
-
-    @property
-    def data_source(self) -> str:
-        """``rg/<task>``: verl groups validation metrics by this."""
-        return f"{DATA_SOURCE_PREFIX}/{self.task}"
-
-    @property
-    def code(self) -> str:
-        """The program a correct demonstration runs."""
-        return f"print({self.expression})"
 
 
 def task_table(family: str = DEFAULT_FAMILY) -> dict[str, dict[str, Any]]:
@@ -177,7 +143,7 @@ def problem_row(
     ``agent_name`` None: the family's.
     """
     fam = job_family(family)
-    env = fam.env_family
+    env = fam.env
     base = {
         "data_source": p.data_source,
         "prompt": [{"role": "user", "content": p.question}],

@@ -25,11 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envs.contract import TOOL_USE
+from envs.tool_use import TOOL_USE_FAMILY
 from envs.tool_use.task import OFFLINE_TOOL_TASKS
 from envs.tools.schema import CODE_INTERPRETER_SCHEMA_JSON, TOOL_NAME, tool_call_text
-from stare_verl.jobs.families.base import JobFamily, PretrainedTask
-from stare_verl.jobs.families.problems import DemoError, Problem
+from stare_verl.jobs.families.base import DemoError, JobFamily, PretrainedTask, Problem
 
 __all__ = [
     "CODE_INTERPRETER_SCHEMA",
@@ -204,8 +203,7 @@ TOOLUSE_PRETRAINED = PretrainedTask(
 )
 
 TOOLUSE = JobFamily(
-    name="tooluse",
-    env=TOOL_USE,
+    env=TOOL_USE_FAMILY,
     task_table=TASKS,
     demonstrations=_demonstrations,
     # 2 layers instead of the calibrated 4: it leaves the copy plateau earlier at half the cost per step

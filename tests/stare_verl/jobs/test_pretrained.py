@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stare_verl.jobs.families.base import job_family
+from stare_verl.jobs.families import job_family
 from stare_verl.jobs.families.problems import problem_row, split_problems
 from stare_verl.jobs.train import build_parser, cached_eval_before, is_pretrained_recipe
 

@@ -1,0 +1,194 @@
+"""Every recipe composes on verl's ppo_trainer and passes verl's own config validation on CPU, from any working
+directory (the recipes are found as package data and name their files by absolute paths)."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from stare_verl.jobs.recipes import compose_recipe, recipe_names, validate_recipe
+
+pytestmark = pytest.mark.integration
+
+RECIPES = recipe_names()
+
+
+def test_every_family_has_stare_and_grpo_versions():
+    stare = {r[: -len("_stare")] for r in RECIPES if r.endswith("_stare")}
+    grpo = {r[: -len("_grpo")] for r in RECIPES if r.endswith("_grpo")}
+    assert stare == grpo
+    assert {s.split("_")[0] for s in stare} == {"shortcot", "longcot", "tooluse"}
+    assert len(stare) == 6
+    assert "shortcot_qwen2.5-math-1.5b" in stare  # the 1.5B pair (issue 32 item 4)
+
+
+def test_the_1_5b_shortcot_recipe_is_the_7b_one_scaled(monkeypatch, tmp_path):
+    """shortcot_qwen2.5-math-1.5b_{stare,grpo} differ from the 7B pair only in what their base recipe's comment
+    says (the model, GPUs per node, the micro-batch token budget) and the experiment name; verl derives the
+    log-prob budgets from the actor's."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MODEL", raising=False)
+    for method in ("stare", "grpo"):
+        small = OmegaConf.to_container(compose_recipe(f"shortcot_qwen2.5-math-1.5b_{method}", resolve=False))
+        big = OmegaConf.to_container(compose_recipe(f"shortcot_qwen2.5-math-7b_{method}", resolve=False))
+        diff = {k: (big_v, small_v) for k, big_v, small_v in _leaves(big, small) if big_v != small_v}
+        name = {"stare": "stare", "grpo": "grpo-ds"}[method]
+        assert diff == {
+            "actor_rollout_ref.model.path": ("${oc.env:MODEL,Qwen/Qwen2.5-Math-7B}",
+                                             "${oc.env:MODEL,Qwen/Qwen2.5-Math-1.5B}"),
+            "trainer.n_gpus_per_node": (8, 4),
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (16384, 32768),
+            "trainer.experiment_name": (f"shortcot_qwen2.5-math-7b-{name}", f"shortcot_qwen2.5-math-1.5b-{name}"),
+        }  # fmt: skip
+        cfg = compose_recipe(f"shortcot_qwen2.5-math-1.5b_{method}")
+        assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-Math-1.5B"
+        assert cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 32768
+        assert cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 32768
+        assert cfg.data.max_prompt_length + cfg.data.max_response_length == 4096  # the model's context
+
+
+def _leaves(a, b, prefix=""):
+    """(dotted key, value in a, value in b) of every leaf of two nested dicts (None where one lacks it)."""
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            yield from _leaves(x, y, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", x, y
+
+
+@pytest.mark.parametrize("name", [r for r in RECIPES if r.endswith(("_stare", "_grpo"))])
+def test_gpu_recipe_composes_and_validates(name, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_recipe(name)
+    stare = validate_recipe(cfg)
+    assert cfg.trainer.v1.trainer_mode == "token_stats_sync"
+    assert cfg.actor_rollout_ref.rollout.name == "sglang"
+    reward_module = "pkg://envs.tool_use.task" if name.startswith("tooluse") else "pkg://envs.reward"
+    assert cfg.reward.custom_reward_function.path == reward_module
+    if name.endswith("_grpo"):
+        assert (stare.reweight_w, stare.reweight_m) == (1.0, 1.0)
+        twin = compose_recipe(name[: -len("_grpo")] + "_stare", resolve=False)
+        raw = compose_recipe(name, resolve=False)
+        for key in ("algorithm.stare.reweight_w", "algorithm.stare.reweight_m", "trainer.experiment_name"):
+            OmegaConf.update(raw, key, OmegaConf.select(twin, key))
+        assert raw == twin  # identical but for reweighting
+    else:
+        assert stare.reweight_w > 1.0
+    if name.startswith("tooluse"):
+        assert cfg.actor_rollout_ref.rollout.multi_turn.enable
+        assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "stare_tool_agent"
+
+
+def test_a_broken_recipe_fails_validation(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_recipe("shortcot_qwen2.5-math-7b_stare", ["+algorithm.stare.top_p_raito=0.2"])
+    with pytest.raises(Exception, match="top_p_raito"):
+        validate_recipe(cfg)
+    cfg = compose_recipe("shortcot_qwen2.5-math-7b_stare", ["actor_rollout_ref.actor.loss_agg_mode=bogus"])
+    with pytest.raises(Exception, match="loss_agg_mode"):
+        validate_recipe(cfg)
+    for bad, key in (
+        ("trainer.v1.trainer_mode=sync", "trainer_mode"),
+        ("algorithm.rollout_correction.bypass_mode=true", "bypass_mode"),
+    ):
+        with pytest.raises(Exception, match=key):
+            validate_recipe(compose_recipe("shortcot_qwen2.5-math-7b_stare", [bad]))
+    cfg = compose_recipe("shortcot_qwen2.5-math-7b_stare", ["+actor_rollout_ref.rollout.max_tokenz=8"])
+    with pytest.raises(Exception, match="max_tokenz"):
+        validate_recipe(cfg)
+
+
+def test_cli_check_reports_ok_and_errors(capsys, monkeypatch, tmp_path):
+    from stare_verl.jobs.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=C2"]) == 0
+    assert "variant=C2" in capsys.readouterr().out
+    assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=X9"]) == 1
+    assert "algorithm.stare.variant" in capsys.readouterr().err
+    # an error is not preceded by verl's "All configuration checks passed" line
+    assert main(["check", "shortcot_qwen2.5-32b_stare", "trainer.v1.trainer_mode=sync"]) == 1
+    out, err = capsys.readouterr()
+    assert "checks passed" not in out and "token_stats_sync" in err
+    # recipes in a sub-folder, e.g. the CPU ones
+    assert main(["check", "cpu/longcot_tiny_grpo", "actor_rollout_ref.model.path=m"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout=hf" in out and "W=1.0 M=1.0" in out
+    # an unknown name is one line with a hint, not Hydra's search path
+    assert main(["check", "longcot_tiny_grpo"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "error: no recipe 'longcot_tiny_grpo'; did you mean cpu/longcot_tiny_grpo? (stare-verl recipes lists them)"
+    )
+    assert main(["check", "cpu/longcot_tiny_grpo.yaml", "actor_rollout_ref.model.path=m"]) == 0
+
+
+def test_cli_check_takes_a_path_or_a_users_own_verl_yaml_and_suggests_names(capsys, monkeypatch, tmp_path):
+    """Issue 32 item 2: a recipe by path (relative, ./, absolute), the user's own verl YAML (no defaults list:
+    composed on verl's ppo_trainer), and a did-you-mean for a misspelled name."""
+    from stare_verl.jobs.cli import main
+    from stare_verl.jobs.recipes import recipes_dir
+
+    monkeypatch.chdir(recipes_dir().parent)
+    for arg in ("recipes/cpu/tooluse_tiny_stare.yaml", "./recipes/cpu/tooluse_tiny_stare.yaml",
+                str(recipes_dir() / "cpu" / "tooluse_tiny_stare.yaml")):  # fmt: skip
+        assert main(["check", arg, "actor_rollout_ref.model.path=m"]) == 0, arg
+        assert "rollout=hf" in capsys.readouterr().out
+    own = tmp_path / "my_run.yaml"
+    own.write_text(
+        "algorithm: {adv_estimator: stare, stare: {variant: C2}}\n"
+        "trainer: {v1: {trainer_mode: stare_sync}}\n"
+        "actor_rollout_ref:\n"
+        "  actor: {ppo_micro_batch_size_per_gpu: 2}\n"
+        "  rollout: {name: sglang, log_prob_micro_batch_size_per_gpu: 2}\n"
+        "  ref: {log_prob_micro_batch_size_per_gpu: 2}\n"
+    )
+    assert main(["check", str(own), "actor_rollout_ref.model.path=m", "algorithm.stare.target_entropy=0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "variant=C2" in out and "target=0.25 nats" in out and "rollout=sglang" in out
+    # the user's file is checked as verl would: a key verl needs is reported, not passed over
+    own.write_text("algorithm: {adv_estimator: stare}\ntrainer: {v1: {trainer_mode: stare_sync}}\n")
+    assert main(["check", str(own), "actor_rollout_ref.model.path=m"]) == 1
+    assert "micro_batch_size" in capsys.readouterr().err
+    own.write_text("- not\n- a mapping\n")
+    assert main(["check", str(own)]) == 1
+    assert "no YAML mapping" in capsys.readouterr().err
+    assert main(["check", "tooluse_tiny_star"]) == 1
+    assert "did you mean cpu/tooluse_tiny_stare" in capsys.readouterr().err
+    assert main(["check", "shortcot_qwen25-math-7b_stare"]) == 1
+    assert "did you mean shortcot_qwen2.5-math-7b_stare" in capsys.readouterr().err
+    assert main(["check", "tooluse_tiny_stare.yaml"]) == 1
+    assert "did you mean cpu/tooluse_tiny_stare?" in capsys.readouterr().err
+    assert main(["check", "nothing/like/this.yaml"]) == 1
+    assert capsys.readouterr().err.startswith("error: no file 'nothing/like/this.yaml'")
+    assert main(["check", "zzzzzzzz"]) == 1
+    assert capsys.readouterr().err.strip() == "error: no recipe 'zzzzzzzz' (stare-verl recipes lists them)"
+
+
+def test_every_stare_recipe_writes_every_key_so_plain_overrides_work(capsys, monkeypatch, tmp_path):
+    """Issue 32 item 3: every recipe with an ``algorithm.stare`` section has every key of StareConfig, at the
+    model's default where the recipe does not choose one, so the README's ``algorithm.stare.KEY=value`` runs as
+    written on CPU and GPU recipes alike."""
+    from stare_verl.jobs.cli import main
+    from stare_verl.jobs.recipes import recipe_names, recipes_dir
+    from stare_verl.methods.stare.config import StareConfig
+
+    defaults = StareConfig().model_dump()
+    chosen = {"variant", "top_p_ratio", "reweight_w", "reweight_m", "target_entropy"}  # per family / recipe
+    cpu = recipes_dir() / "cpu"
+    names = recipe_names() + [f"cpu/{n}" for n in recipe_names(cpu) if "stare" in (cpu / f"{n}.yaml").read_text()]
+    seen = 0
+    for name in names:
+        stare = compose_recipe(name, ["actor_rollout_ref.model.path=m"]).algorithm.get("stare")
+        if stare is None:
+            continue
+        seen += 1
+        assert set(stare) == set(defaults), name
+        assert {k: stare[k] for k in defaults if k not in chosen} == {
+            k: v for k, v in defaults.items() if k not in chosen
+        }, name
+    assert seen >= 16
+    monkeypatch.chdir(tmp_path)
+    for name in ("shortcot_qwen2.5-math-7b_stare", "cpu/shortcot_tiny_stare"):
+        ov = ["actor_rollout_ref.model.path=m", "algorithm.stare.adaptive=true", "algorithm.stare.alpha=0.05",
+              "algorithm.stare.w_max=3", "algorithm.stare.scope=chunk", "algorithm.stare.chunk_size=4"]  # fmt: skip
+        assert main(["check", name, *ov]) == 0, capsys.readouterr().err
+        assert "ok:" in capsys.readouterr().out

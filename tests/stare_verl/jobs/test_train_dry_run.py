@@ -1,0 +1,256 @@
+"""``stare-verl train --dry-run`` on a machine without a GPU (a monkeypatched probe): the backend it would choose,
+the exact main_ppo command with its Hydra overrides, the composed config; nothing trained, written or launched
+(issue 32 items 4 and 6). Also the GPU options (--gpu, --gpu-recipe, --n-gpus, --nnodes, --logger) on real runs."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from stare_verl.jobs import train
+from stare_verl.jobs.backend import GpuProbe
+
+pytestmark = pytest.mark.integration
+
+NO_GPU = GpuProbe(gpu=False, name=None, sglang=False)
+
+
+class _NoLaunch(subprocess.Popen):
+    """subprocess.Popen that fails the test (a class: Ray subclasses Popen when it is first imported)."""
+
+    def __init__(self, cmd, *args, **kwargs):
+        pytest.fail(f"launched {cmd}")
+
+
+@pytest.fixture
+def cpu_machine(monkeypatch, tmp_path):
+    """A machine without a GPU, the working directory an empty folder; launching anything fails the test."""
+    monkeypatch.setattr(train, "probe_gpu", lambda: NO_GPU)
+    monkeypatch.setattr(train.subprocess, "Popen", _NoLaunch)
+    monkeypatch.setattr(train, "run_main_ppo", lambda *a, **k: pytest.fail("main_ppo launched"))
+    monkeypatch.delenv("MODEL", raising=False)
+    monkeypatch.delenv("RUN_DIR", raising=False)
+    monkeypatch.delenv("STARE_STALL_TIMEOUT_S", raising=False)
+    monkeypatch.setenv("STARE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _plan(out: str, name: str):
+    """(the composed config, the command as a list, the plan's own lines) of a dry run's stdout."""
+    lines = out.splitlines()
+    head = f"[{name}] composed config"
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(head)) + 1
+    end = next(i for i, ln in enumerate(lines) if i > start and ln.startswith(f"[{name}] backend: "))
+    cfg = OmegaConf.create("\n".join(lines[start:end]))
+    cmd = shlex.split(lines[lines.index(f"[{name}] command:") + 1])
+    return cfg, cmd, [ln for ln in lines[end:] if ln.startswith(f"[{name}]")]
+
+
+def test_dry_run_plans_the_gpu_recipe_on_a_cpu_machine(cpu_machine, capsys, monkeypatch):
+    rc = train.main(["--family", "shortcot", "--dry-run", "--gpu", "--n-gpus", "4", "--nnodes", "2",
+                     "--logger", "console,wandb", "--steps", "7", "algorithm.stare.target_entropy=0.25"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    cfg, cmd, plan = _plan(out, "train-shortcot")
+    assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and "main_ppo" in out
+    assert cmd[4] == "--config-name=shortcot_qwen2.5-math-7b_stare"
+    run = cpu_machine / "runs" / "shortcot-stare-seed0-sglang"
+    # verl's file logger beside the asked ones and Hydra's folder under logs/: the run folder is the CPU run's
+    assert cmd[5:] == ["trainer.logger=[console,wandb,file]", f"hydra.run.dir={run / 'logs' / 'hydra'}",
+                       f"trainer.default_local_dir={run / 'checkpoints'}", "trainer.total_training_steps=7",
+                       "trainer.n_gpus_per_node=4", "trainer.nnodes=2", "algorithm.stare.target_entropy=0.25"]  # fmt: skip
+    assert cfg.algorithm.adv_estimator == "stare" and cfg.algorithm.stare.target_entropy == 0.25
+    assert (cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes, list(cfg.trainer.logger)) == (
+        4,
+        2,
+        ["console", "wandb", "file"],
+    )
+    assert (
+        cfg.actor_rollout_ref.rollout.name == "sglang"
+        and cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-Math-7B"
+    )
+    assert cfg.data.train_files == "data/shortcot/dapo_math_train.parquet"
+    assert plan[0].startswith("[train-shortcot] backend: gpu-sglang (verl + SGLang, the GPU recipe): rollout backend "
+                              "sglang, platform cuda")  # fmt: skip
+    assert plan[1].startswith(
+        "[train-shortcot] chosen because: --gpu (a real run here: this machine has no GPU"
+    )
+    assert f"[train-shortcot] run folder (not created): {run}" in plan
+    assert (
+        "[train-shortcot] model Qwen/Qwen2.5-Math-7B; 4 GPU(s) per node x 2 node(s); logger ['console', "
+        "'wandb', 'file']; 7 steps" in plan
+    )
+    assert any(
+        "no data file data/shortcot/dapo_math_train.parquet here yet (make data-hf" in ln for ln in plan
+    )
+    ok = next(i for i, ln in enumerate(plan) if ln.startswith("[train-shortcot] ok: validates as verl would at "
+                                                                 "launch: adv_estimator=stare"))  # fmt: skip
+    # the stall watch of the CPU runs watches the GPU run too
+    assert "[train-shortcot] stall watch: exit 124 after 1800 s without an RL step (STARE_STALL_TIMEOUT_S)" in (
+        ", ".join(plan))
+    # --nnodes 2: what to run on the head, on the worker node, and the run itself
+    multi = [ln.removeprefix("[train-shortcot] ").strip() for ln in plan[ok + 1 :]]
+    assert multi[0].startswith("multi-node run on 2 nodes (trainer.nnodes=2)")
+    head = multi[multi.index("on the head node:") + 1]
+    assert head == "ray start --head --port=6379 --num-gpus=4 --dashboard-host=0.0.0.0 --dashboard-port=8265"
+    assert multi[multi.index("on each of the 1 worker node(s), once the head is up:") + 1] == (
+        "ray start --address=$HEAD_IP:6379 --num-gpus=4")
+    submit = shlex.split(next(ln for ln in multi if ln.startswith("ray job submit")))
+    assert submit[:4] == ["ray", "job", "submit", "--address=http://$HEAD_IP:8265"]
+    assert submit[5:8] == ["--", "python", "-m"] and submit[8:] == ["verl.trainer.main_ppo", *cmd[3:]]
+    runtime_env = json.loads(submit[4].removeprefix("--runtime-env-json="))
+    assert set(runtime_env) == {"env_vars"} and not {"PYTHONPATH", "VERL_FILE_LOGGER_PATH", "STARE_VERL_RUN_TAG",
+                                                     "VERL_PLATFORM"} & set(runtime_env["env_vars"])  # fmt: skip
+    driver = next(ln for ln in multi if ln.startswith("env RAY_ADDRESS="))
+    assert shlex.split(driver) == ["env", "RAY_ADDRESS=$HEAD_IP:6379", "stare-verl", "train", "--gpu", "--family",
+                                   "shortcot", "--steps", "7", "--n-gpus", "4", "--nnodes", "2", "--logger",
+                                   "console,wandb", "algorithm.stare.target_entropy=0.25"]  # fmt: skip
+    assert any("every node advertises 4 GPU(s)" in ln for ln in multi)
+    assert not any("bubblewrap" in ln for ln in multi)  # short CoT has no tool
+    assert sorted(p.name for p in cpu_machine.iterdir()) == []  # no run folder, no cache, nothing
+    # one node: no multi-node part; the tool family names the sandbox's needs per node
+    assert train.main(["--family", "shortcot", "--dry-run", "--gpu"]) == 0
+    assert "multi-node run" not in capsys.readouterr().out
+    assert train.main(["--family", "tooluse", "--dry-run", "--gpu", "--nnodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "on each of the 2 worker node(s)" in out and "every node needs bubblewrap" in out
+    assert "SandboxFusion URL reachable from every node" in out
+
+
+def test_dry_run_with_model_plans_the_gpu_run_where_a_real_run_is_an_error(cpu_machine, capsys, monkeypatch):
+    """MODEL=... without a GPU stays a clear error for a real run; with --dry-run it plans the GPU recipe (the 1.5B
+    pair here, with the GRPO-ds twin), MODEL as the model path, and says the folder is missing on this machine."""
+    monkeypatch.setenv("MODEL", "/models/qwen")
+    assert train.main(["--family", "shortcot"]) == 2
+    err = capsys.readouterr().err
+    assert "MODEL=/models/qwen is for GPU runs" in err and "make train-shortcot" in err and "--dry-run" in err
+    argv = [
+        "--family",
+        "shortcot",
+        "--dry-run",
+        "--gpu-recipe",
+        "shortcot_qwen2.5-math-1.5b",
+        "--method",
+        "grpo",
+    ]
+    assert train.main(argv) == 0
+    out = capsys.readouterr().out
+    cfg, cmd, plan = _plan(out, "train-shortcot")
+    assert (
+        "--config-name=shortcot_qwen2.5-math-1.5b_grpo" in cmd
+        and "actor_rollout_ref.model.path=/models/qwen" in cmd
+    )
+    assert "++algorithm.stare.reweight_w=1.0" in cmd  # the twin's pins
+    assert cfg.actor_rollout_ref.model.path == "/models/qwen" and cfg.trainer.n_gpus_per_node == 4
+    assert (cfg.algorithm.stare.reweight_w, cfg.algorithm.stare.reweight_m) == (1.0, 1.0)
+    assert plan[1].startswith("[train-shortcot] chosen because: MODEL=/models/qwen (a real run here:")
+    assert "[train-shortcot] note: a real run here would stop: MODEL=/models/qwen: no such folder" in plan
+    assert train.main(["--family", "shortcot", "--dry-run", "--cpu"]) == 2  # MODEL with --cpu: the same error
+    assert "--cpu was given" in capsys.readouterr().err
+    assert list(cpu_machine.iterdir()) == []
+
+
+def test_dry_run_of_the_cpu_default_prints_the_tiny_recipe_command(cpu_machine, capsys):
+    rc = train.main(
+        ["--family", "tooluse", "--dry-run", "--steps", "3", "--logger", "console", "--seed", "2"]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    cfg, cmd, plan = _plan(out, "train-tooluse")
+    run = cpu_machine / "runs" / "tooluse-stare-seed2"
+    assert cmd[3:5] == [f"--config-path={train.recipes_dir() / 'cpu'}", "--config-name=tooluse_tiny_stare"]
+    assert (
+        f"data.train_files={run / 'data' / 'train.parquet'}" in cmd
+        and "trainer.total_training_steps=3" in cmd
+    )
+    assert "trainer.logger=[console,file]" in cmd  # metrics.jsonl is read from verl's file logger
+    sft = cmd[5].removeprefix("actor_rollout_ref.model.path=")
+    assert sft.startswith(str(cpu_machine / "cache" / "sft-"))
+    assert cfg.algorithm.adv_estimator == "stare" and cfg.actor_rollout_ref.rollout.name == "hf"
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3 and cfg.data.seed == 2
+    assert plan[0].startswith(
+        "[train-tooluse] backend: cpu (verl on this CPU, the tiny recipe): rollout backend hf"
+    )
+    assert any(f"the cold-start SFT checkpoint {sft} is not cached yet" in ln for ln in plan)
+    assert "CPU rank(s) per node" in out and plan[-1].startswith("[train-tooluse] ok: validates")
+    assert "[train-tooluse] stall watch: exit 124 after 1800 s without an RL step (STARE_STALL_TIMEOUT_S), or 180 s " \
+        "without one after a Ray worker's death" in plan
+    assert list(cpu_machine.iterdir()) == []
+
+
+@pytest.mark.parametrize(("value", "line"), [
+    ("600", "stall watch: exit 124 after 600 s without an RL step (STARE_STALL_TIMEOUT_S), or 180 s without one "
+            "after a Ray worker's death"),
+    ("120", "stall watch: exit 124 after 120 s without an RL step (STARE_STALL_TIMEOUT_S)"),  # comes before 180 s
+    ("1234567", "stall watch: exit 124 after 1234567 s without an RL step"),
+    ("0", "stall watch: off (STARE_STALL_TIMEOUT_S=0)"),
+])
+def test_dry_run_says_when_the_run_would_be_stopped(cpu_machine, capsys, monkeypatch, value, line):
+    monkeypatch.setenv("STARE_STALL_TIMEOUT_S", value)
+    assert train.main(["--family", "tooluse", "--dry-run"]) == 0
+    plan = [ln for ln in capsys.readouterr().out.splitlines() if "stall watch" in ln]
+    assert len(plan) == 1 and plan[0].startswith(f"[train-tooluse] {line}")
+    assert ("Ray worker" in plan[0]) == (value in ("600", "1234567"))
+    monkeypatch.setenv("STARE_STALL_TIMEOUT_S", "5")  # too short: refused before any plan
+    assert train.main(["--family", "tooluse", "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert "stall watch" not in out and "STARE_STALL_TIMEOUT_S='5'" in err
+
+
+def test_dry_run_errors_are_one_line(cpu_machine, capsys):
+    assert train.main(["--family", "shortcot", "--dry-run", "--gpu", "algorithm.stare.variant=X9"]) == 2
+    out, err = capsys.readouterr()
+    assert "[train-shortcot] command:" in out and "would fail at launch" in err and "variant" in err
+    assert train.main(["--family", "shortcot", "--dry-run", "--gpu", "--gpu-recipe", "shortcot_nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no GPU recipe shortcot_nope_stare" in err and "shortcot_qwen2.5-math-1.5b" in err
+    assert train.main(["--family", "shortcot", "--dry-run", "--gpu", "--n-eval", "5"]) == 2
+    assert "--n-eval only apply to the CPU" in capsys.readouterr().err
+    assert list(cpu_machine.iterdir()) == []
+
+
+def test_gpu_options_on_real_runs(cpu_machine, capsys, monkeypatch):
+    """--gpu without a usable GPU, --n-gpus on the CPU run and --gpu-recipe on the tiny recipe stop before anything
+    runs; --gpu --cpu and unknown loggers are usage errors."""
+    assert train.main(["--family", "shortcot", "--gpu"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--gpu asks for the GPU recipe" in err and "no NVIDIA GPU listed" in err and "--dry-run --gpu" in err
+    )
+    assert train.main(["--family", "shortcot", "--n-gpus", "2"]) == 2
+    assert "--n-gpus count GPUs and this is the CPU run" in capsys.readouterr().err
+    assert train.main(["--family", "shortcot", "--gpu-recipe", "shortcot_qwen2.5-math-1.5b"]) == 2
+    assert "--gpu-recipe applies to the GPU recipe" in capsys.readouterr().err
+    for argv, said in ((["--gpu", "--cpu"], "not allowed with"), (["--logger", "console,slack"], "unknown logger slack"),
+                       (["--n-gpus", "0"], "expected an integer >= 1")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            train.main(argv)
+        assert said in capsys.readouterr().err
+    assert list(cpu_machine.iterdir()) == []
+
+
+def test_gpu_run_takes_the_recipe_gpu_count_and_logger(monkeypatch, tmp_path):
+    """On a GPU node with SGLang the options reach main_ppo's command (the recipe, then the Hydra keys)."""
+    launched = []
+
+    real_popen = train.subprocess.Popen
+
+    class Fake:
+        def __new__(cls, cmd, **kwargs):
+            launched.append(cmd)
+            return real_popen([sys.executable, "-c", "pass"], **kwargs)
+
+    monkeypatch.setattr(train, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
+    monkeypatch.setattr(train.subprocess, "Popen", Fake)
+    monkeypatch.delenv("MODEL", raising=False)
+    assert train.main(["--family", "shortcot", "--gpu", "--run-dir", str(tmp_path / "r"), "--gpu-recipe",
+                       "shortcot_qwen2.5-math-1.5b", "--n-gpus", "2", "--logger", "console"]) == 0  # fmt: skip
+    cmd = launched[-1]
+    assert "--config-name=shortcot_qwen2.5-math-1.5b_stare" in cmd
+    assert cmd[-1] == "trainer.n_gpus_per_node=2" and "trainer.logger=[console,file]" in cmd
