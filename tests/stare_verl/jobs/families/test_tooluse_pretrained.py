@@ -40,7 +40,7 @@ def test_rows_disjoint_from_heldout_and_from_the_warm_start(tmp_path):
     assert len(train) == 40 and len(val) == 8
     row = train.iloc[0]
     assert [m["role"] for m in row["prompt"]] == ["user"]
-    assert row["agent_name"] == "stare_tool_agent" and row["extra_info"]["family"] == "tool_use"
+    assert row["agent_name"] == "stare_tool_agent" and row["extra_info"]["family"] == "tooluse"
     assert row["extra_info"]["reward_options"] == {"last_number": True}
     assert "code_interpreter" in row["extra_info"]["tools_kwargs"]
     expr = lambda df: {r["expression"] for r in df["extra_info"]}  # noqa: E731
