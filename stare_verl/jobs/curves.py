@@ -31,13 +31,18 @@ def _first(row: dict[str, Any], keys: tuple[str, ...]) -> float | None:
 
 def run_curves(run_dir: Path) -> dict[str, list]:
     """``{"step", "entropy", "target", "reward", "cov"}`` lists (equal lengths, None where a step lacks the value) of
-    the run at ``run_dir``, read from its verl metric parts (a resumed run's later part wins for a repeated step)."""
+    the run at ``run_dir``, read from its verl metric parts (a resumed run's later part wins for a repeated step).
+    The target is None throughout for STARE's GRPO-ds twin (``stare/w`` and ``stare/m`` 1 at every step), which logs
+    a target it never acts on."""
     rows = read_verl_jsonl(RunFolder(run_dir).verl_metric_parts())
     out: dict[str, list] = {"step": [], "entropy": [], "target": [], "reward": [], "cov": []}
+    # the GRPO-ds twin logs STARE's target with W = M = 1: a target it never acts on is not drawn
+    twin = bool(rows) and all(row.get("stare/w", 1.0) == 1.0 and row.get("stare/m", 1.0) == 1.0
+                              and "stare/w" in row for row in rows)  # fmt: skip
     for row in rows:
         out["step"].append(row["step"])
         out["entropy"].append(_first(row, ENTROPY_KEYS))
-        out["target"].append(_first(row, TARGET_KEYS))
+        out["target"].append(None if twin else _first(row, TARGET_KEYS))
         out["reward"].append(_first(row, REWARD_KEYS))
         out["cov"].append(_first(row, COV_KEYS))
     return out

@@ -33,6 +33,12 @@ def test_curves_read_the_parts_and_prefer_the_shared_namespace(tmp_path):
     assert c["entropy"] == [2.0, 1.7]  # the resumed part's step 2 wins over the first part's
     assert c["reward"] == [0.25, 0.75]
     assert c["target"] == [1.5, None] and c["cov"] == [0.01, None]
+    twin = _run(tmp_path, "twin", [[{"step": s, "stare/w": 1.0, "stare/m": 1.0, "stare/target_entropy": 1.5,
+                                     "actor/entropy": 2.0} for s in (1, 2)]])  # fmt: skip
+    assert run_curves(twin)["target"] == [None, None]  # GRPO-ds: a target it never acts on
+    acting = _run(tmp_path, "acting", [[{"step": 1, "stare/w": 1.0, "stare/target_entropy": 1.5},
+                                        {"step": 2, "stare/w": 1.5, "stare/target_entropy": 1.5}]])  # fmt: skip
+    assert run_curves(acting)["target"] == [1.5, 1.5]
 
 
 def test_plot_and_cli(tmp_path, capsys):
