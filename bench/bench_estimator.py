@@ -11,7 +11,9 @@ Also the cost of the entropy-dynamics metrics (Cov(log pi, A) and its quadrants,
 advantage): the estimator as shipped vs the same without the metrics, paired on CPU; target ratio <= 1.10.
 "Without" replaces the covariance sums by zeros and the compiled log-prob pass (stare_verl.methods.stare.kernels, which also
 gives the rows' high-surprisal counts and sums) by the pass the estimator needs anyway, the one that checks the
-model tokens' log-probs are finite (an einsum row sum, as before the metrics existed).
+model tokens' log-probs are finite (an einsum row sum, as before the metrics existed). Both on the step-by-step
+NumPy path (chunked scope and dtypes the fused path does not take): the fused whole-batch path
+(stare_verl.methods.stare.fused) accumulates the metrics' sums inside its two passes, with no pass of their own.
 """
 
 import statistics
@@ -93,6 +95,7 @@ def bench_covariance(b: int, t: int) -> None:
     """Paired time of the estimator with and without the covariance metrics (NumPy path, O1 and C2)."""
     from unittest import mock
 
+    import stare_verl.methods.stare.fused as fused_mod
     import stare_verl.methods.stare.kernels as kernels_mod
     import stare_verl.methods.stare.reweight as stare_mod
     from stare_verl.methods.stare.core import CovarianceSums, _row_sum
@@ -110,7 +113,8 @@ def bench_covariance(b: int, t: int) -> None:
         algo = OmegaConf.create({"norm_adv_by_std_in_grpo": True, "stare": {"variant": variant}})
 
         def run(algo=algo):
-            return compute_stare_advantage(rewards, mask, uid, algo, old_log_probs=logp, entropys=ent)
+            with mock.patch.object(fused_mod, "supports", lambda *a: False):  # the step-by-step path
+                return compute_stare_advantage(rewards, mask, uid, algo, old_log_probs=logp, entropys=ent)
 
         def run_without(algo=algo):
             with (

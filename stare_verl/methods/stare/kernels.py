@@ -68,3 +68,154 @@ def log_prob_row_stats(
     out = [np.empty(log_probs.shape[0]) for _ in range(3)]
     _row_stats(log_probs, mask.view(np.uint8), dtype(threshold), dtype(0), *out)
     return out[0], out[1], out[2]
+
+
+# --- the fused per-row passes of the CPU estimator (stare_verl.methods.stare.fused) --------------------------------
+# Two passes over [B, T], rows in parallel (prange). Pass A: per row the model and valid token counts, the entropy
+# and log-prob sums, and, for rows of a token set (advantage > 0 or < 0), the candidates below a window [lo, hi]
+# (counted) and inside it (copied into the row's segment of `window`, in row order). Pass B, with the selection
+# threshold known: the covariance metrics' high-surprisal sums, and the chosen tokens reweighted in place.
+# A token is valid when mask > 0 and its log-prob and entropy are finite; sums run in float64.
+
+
+@numba.njit(cache=True, nogil=True)
+def model_span(mask):  # pragma: no cover - compiled
+    """``(first, end)``: ``[B]`` int64, the position of each row's first model token (``mask > 0``) and one past its
+    last (-1 and 0 for a row without one): the row's tokens outside ``[first, end)`` are no model tokens."""
+    first = np.full(mask.shape[0], -1, dtype=np.int64)
+    end = np.zeros(mask.shape[0], dtype=np.int64)
+    for i in range(mask.shape[0]):
+        for j in range(mask.shape[1]):
+            if mask[i, j] > 0:
+                first[i] = j
+                break
+        if first[i] >= 0:
+            for j in range(mask.shape[1] - 1, -1, -1):
+                if mask[i, j] > 0:
+                    end[i] = j + 1
+                    break
+    return first, end
+
+
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath=_FASTMATH)
+def pass_a(log_probs, entropys, mask, end, row_set, lo, hi, window, n_model, n_valid, ent_sum, lp_sum, below,
+           n_window):  # pragma: no cover - compiled
+    """Pass A (see above). ``row_set[i]``: the set of row i (0 or 1), -1 for none; ``lo``/``hi``: ``[2]`` window
+    bounds of each set in the log-probs' dtype; ``window``: ``[B, T]`` scratch of the log-probs' dtype; ``end``: see
+    :func:`model_span`."""
+    for i in numba.prange(log_probs.shape[0]):
+        s = row_set[i]
+        a = lo[s] if s >= 0 else -np.inf
+        cm, cv, nb, es, ls = 0.0, 0.0, 0.0, 0.0, 0.0
+        # branch-free, float64 counters (selects, not jumps; no int/float mix): the form LLVM vectorises
+        for j in range(end[i]):
+            v = log_probs[i, j]
+            e = entropys[i, j]
+            m = mask[i, j] > 0
+            ok = m & ((v - v) == 0) & ((e - e) == 0)  # finite: inf - inf and NaN - NaN are NaN
+            cm += 1.0 if m else 0.0
+            cv += 1.0 if ok else 0.0
+            nb += 1.0 if ok & (v < a) else 0.0
+            es += e if ok else 0.0
+            ls += v if ok else 0.0
+        n_model[i], n_valid[i], ent_sum[i], lp_sum[i], below[i] = int(cm), int(cv), es, ls, int(nb)
+        nw = 0
+        if s >= 0:
+            b = hi[s]
+            for j in range(end[i]):
+                v = log_probs[i, j]
+                e = entropys[i, j]
+                inside = (mask[i, j] > 0) & ((v - v) == 0) & ((e - e) == 0) & (v >= a) & (v <= b)
+                window[i, nw] = v  # written always, kept when inside: no branch to mispredict
+                nw += inside
+        n_window[i] = nw
+
+
+@numba.njit(cache=True, nogil=True)
+def gather_window(window, n_window, rows):  # pragma: no cover - compiled
+    """The window values of ``rows`` (ascending), concatenated in row order: 1-D, a new array."""
+    total = 0
+    for r in rows:
+        total += n_window[r]
+    out = np.empty(total, dtype=window.dtype)
+    k = 0
+    for r in rows:
+        for j in range(n_window[r]):
+            out[k] = window[r, j]
+            k += 1
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def count_equal(window, n_window, rows, value):  # pragma: no cover - compiled
+    """``[len(rows)]`` int64: how many of each row's window values equal ``value``."""
+    out = np.zeros(rows.size, dtype=np.int64)
+    for k in range(rows.size):
+        r = rows[k]
+        c = 0
+        for j in range(n_window[r]):
+            c += 1 if window[r, j] == value else 0
+        out[k] = c
+    return out
+
+
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath=_FASTMATH)
+def pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, adv_in, adv_out,
+           n_high, s_high, n_sel, s_sel, n_sel_high, s_sel_high, n_above):  # pragma: no cover - compiled
+    """Pass B (see above). ``high_thr``: a token is high-surprisal when ``log_prob < high_thr`` (the log-probs'
+    dtype); ``thr``/``weight``: ``[2]`` per set (the k-th smallest log-prob, the weight in the advantages' dtype);
+    ``allow[i]``: how many tokens equal to the threshold row i may take (-1: all); ``end[i]``: past row i's last
+    model token (from pass A). Writes ``adv_out`` (which may be
+    ``adv_in``) only at the chosen tokens."""
+    one = adv_in.dtype.type(1)
+    for i in numba.prange(log_probs.shape[0]):
+        s = row_set[i]
+        t = thr[max(s, 0)]
+        w = weight[max(s, 0)]
+        left = allow[i]
+        all_ties = left < 0
+        c, sh = 0.0, 0.0
+        ns, ss, nsh, ssh, na = 0.0, 0.0, 0.0, 0.0, 0.0
+        if s < 0:
+            for j in range(end[i]):
+                v = log_probs[i, j]
+                e = entropys[i, j]
+                ok = (mask[i, j] > 0) & ((v - v) == 0) & ((e - e) == 0)
+                vz = v if ok else 0.0  # finite: products with the 0/1 flags below stay exact
+                h = 1.0 if ok & (v < high_thr) else 0.0
+                c += h
+                sh += vz * h
+        else:
+            for j in range(end[i]):
+                v = log_probs[i, j]
+                e = entropys[i, j]
+                ok = (mask[i, j] > 0) & ((v - v) == 0) & ((e - e) == 0)
+                vz = v if ok else 0.0
+                h = 1.0 if ok & (v < high_thr) else 0.0
+                c += h
+                sh += vz * h
+                # the tokens below the threshold, and those equal to it when every tie is taken (-1)
+                chosen = ok & ((v < t) | ((v == t) & all_ties))
+                sel = 1.0 if chosen else 0.0
+                adv_out[i, j] = adv_in[i, j] * (w if chosen else one)
+                ns += sel
+                ss += vz * sel
+                nsh += h * sel
+                ssh += vz * (h * sel)
+                na += sel if -v > e else 0.0
+            if left > 0:  # the row's share of the tied tokens: the earliest
+                for j in range(end[i]):
+                    v = log_probs[i, j]
+                    e = entropys[i, j]
+                    if left > 0 and v == t and (mask[i, j] > 0) and (e - e) == 0:
+                        left -= 1
+                        adv_out[i, j] = adv_in[i, j] * w
+                        ns += 1
+                        ss += v
+                        if v < high_thr:
+                            nsh += 1
+                            ssh += v
+                        if -v > e:
+                            na += 1
+        n_high[i], s_high[i] = c, sh
+        n_sel[i], s_sel[i], n_sel_high[i], s_sel_high[i], n_above[i] = int(ns), ss, int(nsh), ssh, int(na)

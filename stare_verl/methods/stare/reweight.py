@@ -99,6 +99,10 @@ def stare_reweight(
     cfg = controller.config
     adv_np, mask_np = _numpy(advantages), _numpy(response_mask)
     lp_np, ent_np = _numpy(old_log_probs), _numpy(entropys)
+    from stare_verl.methods.stare import fused  # numba: imported by the processes that compute an advantage
+
+    if (cfg.scope == "batch" or cfg.chunk_size >= adv_np.shape[0]) and fused.supports(adv_np, lp_np, ent_np, mask_np):
+        return _stare_reweight_fused(advantages, adv_np, mask_np, lp_np, ent_np, controller, inplace)
     masks = token_masks(mask_np, lp_np, ent_np)
     decision = controller.step(masks.batch_entropy)
     chunk = cfg.chunk_size if cfg.scope == "chunk" else None
@@ -128,6 +132,30 @@ def stare_reweight(
         cov_eff = reweighted_covariance_sums(cov_base, row_adv, lp_np, sets, decision.batch_entropy)
     above = (_above_entropy_np(l_plus, lp_np, ent_np), _above_entropy_np(l_minus, lp_np, ent_np))
     return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff, cov_base, cov_eff, above)
+
+
+def _stare_reweight_fused(advantages, adv_np, mask_np, lp_np, ent_np, controller, inplace):
+    """The NumPy path for whole-batch scope in two compiled passes (:mod:`stare_verl.methods.stare.fused`)."""
+    cfg = controller.config
+    decisions = []
+
+    def decide(batch_entropy):
+        decisions.append(controller.step(batch_entropy))
+        d = decisions[0]
+        return d.gate_on, d.w, d.m
+
+    from stare_verl.methods.stare import fused
+
+    # _numpy gives a view of `advantages` (same memory) or a copy of ours, which may always be overwritten
+    own = inplace or adv_np.ctypes.data != advantages.data_ptr()
+    out_np, step = fused.fused_reweight(adv_np, mask_np, lp_np, ent_np, decide, cfg.top_p_ratio, cfg.variant, own)
+    decision = decisions[0]
+    l_plus, l_minus = step.sets
+    w_eff = decision.w if decision.gate_on else 1.0
+    m_eff = decision.m if l_minus is not None else 1.0
+    out = torch.from_numpy(out_np).to(advantages.device) if decision.gate_on else advantages
+    above = tuple(-1.0 if s is None or s.count == 0 else s.above / s.count for s in (l_plus, l_minus))
+    return out, _metrics(cfg, decision, step, l_plus, l_minus, w_eff, m_eff, step.cov_base, step.cov_eff, above)
 
 
 def _above_entropy_np(selected, lp: np.ndarray, ent: np.ndarray) -> float:

@@ -167,3 +167,60 @@ def test_the_sampled_path_runs_and_matches_a_full_partition(monkeypatch):
     thr, at_most = core._kth_smallest_candidate(skewed, cand, n, k)
     assert below_bound == [n]  # every candidate was partitioned
     assert thr == np.sort(skewed.reshape(-1))[k - 1] and at_most == k
+
+
+# --- the fused CPU path (two compiled passes) against the step-by-step NumPy path it replaced for whole-batch scope --
+def _step_by_step_run(monkeypatch, batch, variant, scope="batch"):
+    import stare_verl.methods.stare.fused as fused
+
+    with monkeypatch.context() as m:
+        m.setattr(fused, "supports", lambda *a: False)
+        return _run(batch, variant, scope)
+
+
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+@pytest.mark.parametrize(
+    ("b", "t", "ties", "degenerate"),
+    [(16, 7, False, False), (64, 300, True, True), (96, 4096, False, True), (96, 4096, True, False),
+     (512, 1024, False, False)],
+)  # fmt: skip
+def test_the_fused_path_gives_the_step_by_step_results(monkeypatch, variant, b, t, ties, degenerate):
+    for seed in range(2):
+        batch = _batch(b, t, seed, ties=ties, degenerate=degenerate)
+        new = _run(batch, variant)
+        assert new[1]["stare/gate_on"] == 1.0 and new[1]["stare/frac_l_plus"] > 0
+        _same(new, _step_by_step_run(monkeypatch, batch, variant))
+
+
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+def test_a_window_that_misses_the_threshold_falls_back_to_every_candidate(monkeypatch, variant):
+    import stare_verl.methods.stare.fused as fused
+
+    batch = _batch(512, 1024, 3)
+    ref = _step_by_step_run(monkeypatch, batch, variant)
+    for lo, hi in ((-0.01, 0.0), (-100.0, -99.0)):  # above, below the threshold: the k-th smallest lies outside
+
+        def skewed(log_probs, *args, lo=lo, hi=hi):
+            return np.full(2, lo, dtype=log_probs.dtype), np.full(2, hi, dtype=log_probs.dtype)
+
+        calls = []
+
+        def counted(*args, calls=calls, real=fused.kernels.pass_a):
+            calls.append(1)
+            return real(*args)
+
+        monkeypatch.setattr(fused, "_windows", skewed)
+        monkeypatch.setattr(fused.kernels, "pass_a", counted)
+        _same(_run(batch, variant), ref)
+        assert len(calls) == 2  # the second pass A, with every candidate in the window
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32, torch.int64])
+def test_the_fused_path_across_dtypes(monkeypatch, dtype, mask_dtype):
+    rewards, mask, uid, logp, ent = _batch(64, 300, 5, ties=True, degenerate=True)
+    batch = (rewards.to(dtype), mask.to(mask_dtype), uid, logp.to(dtype), ent.to(dtype))
+    new = _run(batch, "C2")
+    assert new[0].dtype == dtype
+    _same(new, _step_by_step_run(monkeypatch, batch, "C2"))

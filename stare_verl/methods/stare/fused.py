@@ -1,0 +1,254 @@
+"""STARE steps 3-6 on CPU arrays in two compiled passes over ``[B, T]`` (whole-batch scope).
+
+The same results as the step-by-step NumPy path (:func:`stare_verl.methods.stare.core.token_masks`,
+:func:`~stare_verl.methods.stare.core.select_token_set`, :func:`~stare_verl.methods.stare.core.reweight_advantages`
+and the covariance sums), without its ``[B, T]`` temporaries: pass A (rows in parallel) counts the model and valid
+tokens and sums their entropy and log-probs, and copies the candidate log-probs that fall inside a window around the
+expected top-P threshold (taken from a strided sample); the exact threshold is the k-th smallest of those few values;
+pass B sums the covariance metrics' high-surprisal tokens and reweights the chosen ones in place. The window decides
+only the cost: when it misses the k-th smallest (a sample that misrepresents the batch) pass A runs again with a
+window that holds every candidate.
+
+Numba (``stare_verl.methods.stare.kernels``) is imported with this module: import it only where an advantage is
+computed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from stare_verl.methods.stare import kernels
+from stare_verl.methods.stare.core import (
+    SAMPLE_SIZE,
+    SAMPLED_SELECTION_MIN,
+    CovarianceSums,
+    class_sums,
+    top_count,
+)
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class SetSummary:
+    """What the metrics need of L+ or L-: ``count`` chosen tokens, ``threshold`` their smallest surprisal (nats;
+    None when empty), ``above`` how many of them have surprisal above their own state's entropy."""
+
+    count: int
+    threshold: float | None
+    above: int
+
+
+@dataclass(frozen=True)
+class FusedStep:
+    """The outcome of :func:`fused_reweight`.
+
+    Attributes:
+        n_model: model tokens. n_valid: those with finite log-prob and entropy.
+        batch_entropy: token-mean entropy over valid tokens (nats), None when there is none.
+        sets: ``[L+, L-]`` summaries (L- None for O1, both None with the gate off).
+        cov_base, cov_eff: covariance sums of the GRPO and the effective advantage.
+    """
+
+    n_model: int
+    n_valid: int
+    batch_entropy: float | None
+    sets: list[SetSummary | None]
+    cov_base: CovarianceSums
+    cov_eff: CovarianceSums
+
+    @property
+    def n_nonfinite(self) -> int:
+        """Model tokens left out because their log-prob or entropy was NaN or +-inf."""
+        return self.n_model - self.n_valid
+
+
+def supports(advantages: np.ndarray, log_probs: np.ndarray, entropys: np.ndarray, mask: np.ndarray) -> bool:
+    """Whether :func:`fused_reweight` takes these arrays: 2-D of one shape, float32/float64 advantages, log-probs
+    and entropies, a bool or real-number mask."""
+    shape = advantages.shape
+    if advantages.ndim != 2 or log_probs.shape != shape or entropys.shape != shape or mask.shape != shape:
+        return False
+    if any(a.dtype not in FLOAT_DTYPES for a in (advantages, log_probs, entropys)):
+        return False
+    return mask.dtype == np.bool_ or np.issubdtype(mask.dtype, np.integer) or np.issubdtype(mask.dtype, np.floating)
+
+
+def fused_reweight(
+    advantages: np.ndarray,
+    mask: np.ndarray,
+    log_probs: np.ndarray,
+    entropys: np.ndarray,
+    decide,
+    ratio: float,
+    variant: str,
+    inplace: bool,
+) -> tuple[np.ndarray | None, FusedStep]:
+    """STARE steps 3-6 for whole-batch scope: ``omega * advantages`` and what the metrics need.
+
+    Args:
+        advantages: ``[B, T]`` float32/float64 GRPO advantages, constant along each row's model tokens (each row's
+            advantage is read at its first model token).
+        mask: ``[B, T]`` bool or real numbers; a token is a model token when ``mask > 0``.
+        log_probs, entropys: ``[B, T]`` float32/float64 old log-probs and entropies (nats); a model token whose
+            value is NaN/inf in either is left out of the entropy, the selection and the covariance sums.
+        decide: called once with the batch entropy (nats, or None): returns ``(gate_on, w, m)``.
+        ratio: P in (0, 1]. variant: ``"O1"`` (L+ only) or ``"C2"`` (L+ and L-).
+        inplace: write into ``advantages`` (only the chosen tokens are written) instead of a copy.
+
+    Returns:
+        ``(effective, step)``: the ``[B, T]`` effective advantages (``advantages`` itself with ``inplace``; None with
+        the gate off: nothing is reweighted) and :class:`FusedStep`.
+
+    Raises:
+        ValueError: arrays :func:`supports` does not take.
+    """
+    if not supports(advantages, log_probs, entropys, mask):
+        raise ValueError(
+            f"fused_reweight takes [B, T] float32/float64 arrays of one shape, got advantages {advantages.shape} "
+            f"{advantages.dtype}, mask {mask.shape} {mask.dtype}, log_probs {log_probs.shape} {log_probs.dtype}, "
+            f"entropys {entropys.shape} {entropys.dtype}"
+        )
+    numba.set_num_threads(max(1, min(_torch_threads(), numba.config.NUMBA_NUM_THREADS)))
+    if mask.dtype == np.bool_:
+        mask = mask.view(np.uint8)
+    b, t = log_probs.shape
+    first, end = kernels.model_span(mask)
+    if t == 0:  # empty responses: no model token, every row's advantage is 0
+        row_adv = np.zeros(b, dtype=advantages.dtype)
+    else:  # outcome advantages are constant along a row's model tokens: read each row at its first
+        row_adv = np.where(first >= 0, advantages[np.arange(b), np.maximum(first, 0)], 0).astype(advantages.dtype)
+    sets = [np.flatnonzero(row_adv > 0)] + ([np.flatnonzero(row_adv < 0)] if variant == "C2" else [])
+    row_set = np.full(b, -1, dtype=np.int64)
+    for s, rows in enumerate(sets):
+        row_set[rows] = s
+    lp_type = log_probs.dtype.type
+    lo, hi = _windows(log_probs, entropys, mask, row_set, len(sets), ratio)
+    n_model, n_valid = np.empty(b, dtype=np.int64), np.empty(b, dtype=np.int64)
+    ent_sum, lp_sum = np.empty(b), np.empty(b)
+    below, n_window = np.empty(b, dtype=np.int64), np.empty(b, dtype=np.int64)
+    window = np.empty((b, t), dtype=log_probs.dtype)
+    a_args = (log_probs, entropys, mask, end, row_set)
+    a_out = (window, n_model, n_valid, ent_sum, lp_sum, below, n_window)
+    kernels.pass_a(*a_args, lo, hi, *a_out)
+    n_valid_all = int(n_valid.sum())
+    total_ent = float(ent_sum.sum())
+    batch_entropy = total_ent / n_valid_all if n_valid_all else None
+    gate_on, w, m = decide(batch_entropy)
+    high_thr = lp_type(-(total_ent / n_valid_all if n_valid_all else 0.0))
+
+    thr = np.zeros(2, dtype=log_probs.dtype)
+    allow = np.full(b, -1, dtype=np.int64)
+    ks = []
+    if gate_on:
+        ks = [top_count(ratio, int(n_valid[rows].sum())) for rows in sets]
+        missed = [
+            k > 0 and not (below[rows].sum() < k <= below[rows].sum() + n_window[rows].sum())
+            for k, rows in zip(ks, sets, strict=True)
+        ]
+        if any(missed):  # the sampled window does not hold the k-th smallest: every candidate into the window
+            lo, hi = np.full(2, -np.inf, dtype=log_probs.dtype), np.full(2, np.inf, dtype=log_probs.dtype)
+            kernels.pass_a(*a_args, lo, hi, *a_out)
+        for s, (k, rows) in enumerate(zip(ks, sets, strict=True)):
+            if k == 0:
+                row_set[rows] = -1
+                continue
+            thr[s] = _threshold(window, n_window, below, rows, k, allow)
+    else:
+        row_set[:] = -1
+    out = (advantages if inplace else advantages.copy()) if gate_on else None
+    weight = np.array([w, m], dtype=advantages.dtype)
+    n_high, s_high = np.empty(b), np.empty(b)
+    n_sel, n_sel_high, n_above = (np.zeros(b, dtype=np.int64) for _ in range(3))
+    s_sel, s_sel_high = np.zeros(b), np.zeros(b)
+    kernels.pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, advantages,
+                   advantages if out is None else out, n_high, s_high, n_sel, s_sel, n_sel_high, s_sel_high, n_above)  # fmt: skip
+
+    cov_base = class_sums(row_adv, n_high, s_high, n_valid.astype(np.float64), lp_sum)
+    adv_d, lp_adv_d = cov_base.adv.copy(), cov_base.lp_adv.copy()
+    summaries: list[SetSummary | None] = [None, None]
+    if gate_on:
+        for s, rows in enumerate(sets):
+            k = ks[s]
+            summaries[s] = SetSummary(k, -float(thr[s]) if k else None, int(n_above[rows].sum()))
+            weight_s = float(w if s == 0 else m)
+            if k == 0 or weight_s == 1.0:
+                continue
+            a = row_adv[rows].astype(np.float64)
+            delta = (weight_s - 1.0) * a  # what each chosen token adds to its advantage
+            cnt, nh = n_sel[rows].astype(np.float64), n_sel_high[rows].astype(np.float64)
+            lp_s, lp_h = s_sel[rows], s_sel_high[rows]
+            for q, part in ((0, a > 0), (2, a < 0)):
+                d = delta[part]
+                adv_d[q] += float(np.dot(d, nh[part]))
+                adv_d[q + 1] += float(np.dot(d, cnt[part] - nh[part]))
+                lp_adv_d[q] += float(np.dot(d, lp_h[part]))
+                lp_adv_d[q + 1] += float(np.dot(d, lp_s[part] - lp_h[part]))
+    cov_eff = CovarianceSums(n=cov_base.n, lp=cov_base.lp, adv=adv_d, lp_adv=lp_adv_d)
+    return out, FusedStep(int(n_model.sum()), n_valid_all, batch_entropy, summaries, cov_base, cov_eff)
+
+
+def _torch_threads() -> int:
+    """torch's intra-op thread count (the budget the driver gives its CPU work); 1 without torch."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 1
+    return torch.get_num_threads()
+
+
+def _windows(log_probs, entropys, mask, row_set, n_sets: int, ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)``: ``[2]`` bounds (log-probs' dtype) of each set's window, from a strided sample of the batch.
+
+    The bounds lie five standard errors of the sample quantile (plus two sample steps) on either side of the
+    ratio-quantile of the sampled candidates; with fewer than 1024 sampled candidates, or a batch too small for a
+    sample to pay (:data:`~stare_verl.methods.stare.core.SAMPLED_SELECTION_MIN`), the window holds every candidate.
+    """
+    dtype = log_probs.dtype
+    lo, hi = np.full(2, -np.inf, dtype=dtype), np.full(2, np.inf, dtype=dtype)
+    size = log_probs.size
+    if size == 0:
+        return lo, hi
+    t = log_probs.shape[1]
+    stride = max(size // SAMPLE_SIZE, 1)
+    pos = np.arange(stride // 2, size, stride)
+    r, c = pos // t, pos % t
+    lp, ent, mk = log_probs[r, c], entropys[r, c], mask[r, c] > 0
+    ok = mk & np.isfinite(lp) & np.isfinite(ent)
+    for s in range(n_sets):
+        sample = lp[ok & (row_set[r] == s)]
+        m = sample.size
+        if m < 1024 or m * stride < SAMPLED_SELECTION_MIN:
+            continue
+        q = min(float(ratio), 1.0)
+        margin = 5.0 * math.sqrt(q * (1.0 - q) / m) + 2.0 / m
+        j_lo, j_hi = math.floor((q - margin) * m) - 1, math.ceil((q + margin) * m)
+        want = [j for j in (j_lo, j_hi) if 0 <= j < m]
+        if want:
+            sample.partition(want)
+        if 0 <= j_lo < m:
+            lo[s] = sample[j_lo]
+        if 0 <= j_hi < m:
+            hi[s] = sample[j_hi]
+    return lo, hi
+
+
+def _threshold(window, n_window, below, rows, k: int, allow: np.ndarray):
+    """The k-th smallest candidate log-prob of a set (its window holds it) and, where candidates beyond the k-th
+    tie with it, how many of the tied tokens each row takes (``allow``, the earliest in row-major order win)."""
+    values = kernels.gather_window(window, n_window, rows)
+    n_below = int(below[rows].sum())
+    j = k - n_below - 1
+    values.partition(j)
+    thr = values[j]
+    n_at_most = k + int(np.count_nonzero(values[j + 1 :] == thr))
+    if n_at_most > k:
+        need = k - n_below - int(np.count_nonzero(values[:j] < thr))
+        ties = kernels.count_equal(window, n_window, rows, thr)
+        before = np.cumsum(ties) - ties
+        allow[rows] = np.clip(need - before, 0, ties)
+    return thr
