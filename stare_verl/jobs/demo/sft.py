@@ -33,82 +33,9 @@ Defaults follow the calibration (``docs/cpu-demo-calibration.md``): batch 32, Ad
 steps at a constant lr after warm-up; held-out greedy accuracy >= 0.5 is the check before RL. Tool use trains a
 2-layer model (0.44 M parameters; ``JobFamily.sft_defaults``), the CoT families the calibrated 4-layer one (0.84 M).
 
-Tool use since issue 30: numbers two digits a token (``digits_per_token=2``, 100 added tokens, vocabulary 484) and
-the anneal (``anneal_below_loss=0.1``: once the logged training loss falls below 0.1, the end of the copy plateau,
-the lr falls linearly over ``anneal_steps`` 300 steps to ``anneal_final_lr_ratio`` 0.15 x, 3e-4, the RL lr the
-CPU recipes had, and the SFT ends; ``steps`` 1300 is the most; RL from it runs at 1e-4, since 3e-4 lowered its
-accuracy: ``recipes/cpu/base/tooluse_tiny.yaml``). Why: the old checkpoints' held-out errors were mostly in
-copying the tool's output into ``\boxed{}`` (teacher-forced on 200 held-out episodes, seed 1 after 1025 steps:
-8.6 % of answer tokens wrong against 0.8 % of the code's; the wrong token was typically a digit that follows the
-same digit in the question), and the climb after the loss drop was slow at a constant lr. Alone, each helped part
-of the way (seed 1, held-out greedy on 200: constant lr 0.385; the anneal alone 0.55; two digits a token alone,
-1000 constant-lr steps, 0.765); together, every seed landed (1 torch thread, two runs side by side with other jobs
-beside them; init and data-order seed, anneal start, last step, held-out greedy / T = 1 on 200 problems):
-seed 0: 650, 950, 0.895 / 0.770; seed 1: 525, 825, 0.970 / 0.870; seed 2: 475, 775, 0.905 / 0.795; seed 3: 500,
-800, 0.915 / 0.820 (against 0.89 / 0.385 / 0.545 / 0.77 greedy after 1000 constant-lr steps with one digit a
-token). An earlier cut of the pairs (BPE merges instead of added tokens, which Qwen2Tokenizer's loader would have
-split again) gave seeds 1 / 2 0.945 / 0.955. Three digits a token (1536 tokens) left the plateau later (seed 1,
-constant lr: 0.72 at step 700 against 0.625 with two).
-
-Why 2 layers for tool use (issue 16; 1 torch thread each, two runs side by side, held-out greedy accuracy on 64
-problems every 100 steps): the 2-layer model left the copy plateau earlier, 0 / 0 / 2 / 34 / 56 / 64 / 69 / 84 /
-78 / 89 % at steps 100-1000 (init and data-order seed 0), at 2.6 steps/s against the 4-layer model's 1.1; after
-1000 steps, on 200 held-out problems, greedy 89 %, T = 1.0 73.5 %, and 30 STARE steps of the CPU recipe took it
-to greedy 95 %, T = 1.0 89 %. The 4-layer model of the same configuration ended its SFT at greedy 65-71.5 % (the
-outcome varies between machines) and RL at 79-88.5 % greedy. 3 layers was still on the plateau at step 600
-(greedy 1.6 %).
-The early stop (``stop_accuracy``, off by default): when the drop comes depends on the seed. Init and data-order
-seeds 1 / 2 / 3 ended 1000 steps at greedy 38.5 / 54.5 / 77 % (still rising), and 30 RL steps lift little from a
-checkpoint before the end of its drop (77 % -> 78 %, 54.5 % -> 50 %). With ``steps=1500, stop_accuracy=0.9,
-n_dev=128``, seeds 1 and 2 never stopped (dev checks 28 / 52 % at step 1000, 80 / 70 % at 1400) and ended at
-greedy 84 / 86.5 % (T = 1.0 71 / 75.5 %); seed 0 (2 threads) never stopped either (dev 85-90 % from step 800 on,
-89.8 % at its best) and ended at 92 % / 84.5 %, but its 14 checks cost 60 s and its 1500 steps 332 s, which breaks
-the first run's 10 minutes. So the default stays at 1000 steps without checks; a machine whose SFT misses the
-check before RL can train longer (``make train-tooluse ARGS="--sft-steps 1500"``), or stop early on a lower bar
-(``ARGS="--sft-steps 1500 --sft-stop-accuracy 0.85"``; untested as a default). A machine with another floating-point order (CPU,
-thread count, library versions) acts like another seed, which is also why the 4-layer checkpoint of one
-configuration measured 65 % on some machines and 71.5 % on others.
-Three more tries at an earlier end of the plateau (issue 30; 1 torch thread, two runs side by side, load 4-9, greedy
-on 200 held-out problems after 1000 steps; the defaults then measured 0.89 / 0.385 / 0.545 / 0.77 for seeds 0-3):
-AdamW beta2 0.95, seed 1: 0.43; 16384 demonstrations instead of 4096, seed 1: 0.25; and an initialisation with
-two previous-token heads (layer 0's query heads 0 and 1, which share key/value head 0, made to attend one and two
-tokens back: q and k weights 0, their biases set so that RoPE turns q.k into a sum of cos(theta_i (m - n - k))),
-the first half of an induction circuit, which copying needs: the loss drop came about 300 steps earlier (loss 0.38
-against 0.57 at step 500, seed 1) but accuracy then rose as slowly as before, seeds 0-3 0.89 / 0.495 / 0.69 / 0.775;
-with ``steps=2000, stop_accuracy=0.9`` seeds 1 and 2 ended at 0.815 / 0.815 (steps 1900 / 2000; the defaults
-0.875 / 0.885 at 1900 / 1700). None is adopted: the slow part is the climb after the drop, not the drop.
-The measurements below, up to the CoT families, are of the 4-layer model. ``decay_steps``
-ends the run with a linear decay of the lr to 0. Measured for tool use on 200 held-out problems (issue 16, the
-search for a shorter SFT): 600 steps with 200 of decay reached greedy 92.5 %, T = 1.0 47.5 %; 750 with 250 of
-decay 98 % / 83.5 %; 400 with 150 of decay 3 % / 0.5 % (before the loss drop). But RL from the 600-step
-checkpoint (the CPU recipe, 30 STARE steps) fell to greedy 57 %, T = 1.0 28.5 %: its entropy per model token
-was 0.09-0.16 nats, three to five times the constant-lr checkpoint's 0.03 and the recipe's target; and from the
-750-step one it fell to greedy 82.5 %, T = 1.0 72 % (a checkpoint annealed to lr 0 is knocked about by RL's
-constant lr). So the default stays at 1000 constant-lr steps, whose RL goes from 65 % to about 88 %.
-Batches of similar length (transformers' length grouping, with the batches' order shuffled) were tried too: 13 %
-fewer padded tokens, 10 % faster steps, but the loss never left its plateau (0.63-0.70 from step 300 to 1000,
-held-out greedy 0.5 %), so batches stay uniformly random. Batch 16 (1000 steps, 3.7 steps/s against 1.9 at 32
-in the same hour) also ended on the plateau (loss 0.60, greedy 2.5 %): the drop needs about 15-20 k demonstrations
-seen at batch 32, so a smaller batch saves no time.
-A higher constant lr does not bring the drop forward either (issue 16, 700 steps, 1 torch thread each, two
-runs side by side): lr 3e-3 and 4e-3 both ended on the plateau (loss 0.57 / 0.55, held-out greedy 1.5 %, T = 1.0
-1 % on 200 problems; 0-3 % on 64 problems at every 100 steps).
-
-Measured here (4-layer model, otherwise the defaults, 4096 demonstrations of 111 tokens on average, 41.5 of them model tokens, 0.84 M
-parameters; 2-core machine shared with other jobs, load average 4-17, 1 torch thread): 0.64 steps/s over the
-whole run; greedy accuracy on 64 held-out problems 0 / 3 / 5 / 36 / 47 / 58 / 61 / 70 / 70 % at steps
-200 / 300 / 400 / 500 / 600 / 700 / 800 / 900 / 1000 (loss ~0.5 -> ~0.05 between steps 450 and 650); after
-1000 steps, on 200 held-out problems: greedy 71.5 %, T = 1.0 52.5 %, 2.0 turns and 1.0 tool calls per episode.
-On a busy machine one torch thread was 5x faster than two (1.27 vs 0.26 steps/s, load ~4.5): set
-``num_threads=1`` when other jobs run.
-
-CoT families (``JobFamily.sft_defaults``; 4096 demonstrations = 1024 problems x 4 sampled orders; same model, batch and
-lr; 1 torch thread, 2-core machine shared with other jobs). Short CoT (59 tokens per demonstration, 30.5 model
-tokens): 2.9-4.5 steps/s; greedy accuracy on 64 held-out problems 0 / 11 / 17 / 16 / 31 / 36 / 41 / 47 % at
-steps 100-800; after 800 steps on 200 problems greedy 57.5 %, T = 1.0 40.5 %; after 1000 steps (341 s) greedy
-67.5 %, T = 1.0 47.5 %. Long CoT (113 tokens, 84 model tokens): 1.7 steps/s under load; greedy accuracy on 64
-problems 5 / 11 / 20 / 30 / 48 / 55 / 52 / 50 % at steps 100-800; after 800 steps on 200 problems greedy 51 %,
-T = 1.0 44 %.
+Tool use trains with two digits a token (``digits_per_token=2``) and an lr anneal after the copy plateau
+(``anneal_below_loss``); the measurements behind these defaults (seeds, layers, early stop, lr, batch size, the CoT
+families' speeds and accuracies) are in ``docs/results/tiny-sft-calibration.md``.
 """
 
 from __future__ import annotations
