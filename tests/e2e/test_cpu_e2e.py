@@ -125,8 +125,8 @@ def test_stare_sync_two_ranks_end_to_end(assets, stare_probe_run):
         assert s["critic/score/max"] > s["critic/score/min"]
         assert s["critic/advantages/max"] > 0.1 and s["critic/advantages/min"] < -0.1
         # STARE ran on every step with the pre-update policy's entropy and log-probs
-        assert s["stare/model_tokens"] > 0
-        assert abs(s["stare/batch_entropy"] - s["actor/entropy"]) < 1e-3
+        assert s["entropy_control/model_tokens"] > 0
+        assert abs(s["entropy_control/batch_entropy"] - s["actor/entropy"]) < 1e-3
         assert s["stare/nonfinite_tokens"] == 0
         for key in (
             "timing_s/gen",

@@ -120,8 +120,8 @@ def _check_stare_steps(m: dict, max_probs_diff: float) -> None:
         assert 0.0 < s["actor/entropy"] < 20.0
         assert s["critic/score/max"] > s["critic/score/min"]  # rewards vary within groups
         assert s["stare/gate_on"] == 1.0
-        assert s["stare/model_tokens"] > 0 and s["stare/nonfinite_tokens"] == 0
-        assert abs(s["stare/batch_entropy"] - s["actor/entropy"]) < 1e-3
+        assert s["entropy_control/model_tokens"] > 0 and s["stare/nonfinite_tokens"] == 0
+        assert abs(s["entropy_control/batch_entropy"] - s["actor/entropy"]) < 1e-3
         assert 0.0 < s["stare/frac_l_plus"] <= 0.11  # top 10 % of the positive-advantage tokens
         assert s["stare/surprisal_threshold_plus"] > 0
         assert s["training/rollout_probs_diff_mean"] < max_probs_diff, (

@@ -34,8 +34,8 @@ def test_cot_cpu_default_run_writes_run_folder(tmp_path, monkeypatch, family):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     for r in rows:
-        assert r["stare/target_entropy"] == TARGET[family]
-        assert r["stare/model_tokens"] > 0 and r["stare/nonfinite_tokens"] == 0
+        assert r["entropy_control/target_entropy"] == TARGET[family]
+        assert r["entropy_control/model_tokens"] > 0 and r["stare/nonfinite_tokens"] == 0
         assert 0 <= r["critic/score/mean"] <= 1 and r["actor/entropy"] > 0
         assert r["reward/acc/mean"] == pytest.approx(r["critic/score/mean"])
         # one model turn, no tool (verl's single_turn_agent reports 2 turns: user + assistant)

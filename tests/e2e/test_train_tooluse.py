@@ -43,8 +43,8 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch, ca
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
-        assert r["stare/target_entropy"] == 0.04
-        assert r["stare/model_tokens"] > 0 and r["stare/nonfinite_tokens"] == 0
+        assert r["entropy_control/target_entropy"] == 0.04
+        assert r["entropy_control/model_tokens"] > 0 and r["stare/nonfinite_tokens"] == 0
         assert 0 <= r["critic/score/mean"] <= 1 and r["actor/entropy"] > 0
         # the reward's own accuracy is logged per step; with 0/1 rewards it is the mean score
         assert r["reward/acc/mean"] == pytest.approx(r["critic/score/mean"])

@@ -42,7 +42,7 @@ RUN_TIMEOUT_S = 1500
 SYNCED_MAX_DIFF = 1e-5
 SYNCED_MAX_KL = 1e-4
 SYNCED_MIN_CORR = 0.999
-STARE_KEYS = ("stare/model_tokens", "stare/batch_entropy", "stare/gate_on", "stare/nonfinite_tokens")
+STARE_KEYS = ("entropy_control/model_tokens", "entropy_control/batch_entropy", "stare/gate_on", "stare/nonfinite_tokens")
 
 
 def _launch(root, steps: int, extra_env: dict[str, str] | None = None) -> dict:
@@ -93,8 +93,8 @@ def test_stare_sync_with_the_tool_agent_loop_through_vllm(vllm_run):
         s = m[step]
         for key in STARE_KEYS:
             assert key in s, (step, key)
-        assert s["stare/model_tokens"] > 0 and s["stare/nonfinite_tokens"] == 0
-        assert abs(s["stare/batch_entropy"] - s["actor/entropy"]) < 1e-3  # the pre-update policy's entropy
+        assert s["entropy_control/model_tokens"] > 0 and s["stare/nonfinite_tokens"] == 0
+        assert abs(s["entropy_control/batch_entropy"] - s["actor/entropy"]) < 1e-3  # the pre-update policy's entropy
         assert s["timing_s/update_weights"] > 0
 
 

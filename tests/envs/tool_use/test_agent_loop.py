@@ -380,8 +380,8 @@ def test_batch_through_stare_estimator_tool_tokens_get_nothing(run):
     assert torch.all(adv[mask == 0] == 0) and torch.all(adv[tool_tok] == 0)
     changed = adv != grpo
     assert int(changed.sum()) > 0 and torch.all(mask[changed] == 1)  # only model tokens were reweighted
-    assert metrics["stare/gate_on"] == 1.0 and metrics["stare/model_tokens"] == float(mask.sum())
-    assert metrics["stare/batch_entropy"] == pytest.approx(float(ent[mask == 1].mean()), rel=1e-5)
+    assert metrics["stare/gate_on"] == 1.0 and metrics["entropy_control/model_tokens"] == float(mask.sum())
+    assert metrics["entropy_control/batch_entropy"] == pytest.approx(float(ent[mask == 1].mean()), rel=1e-5)
     # L+ is the most surprising model tokens of the positive rows: tool tokens never displace them
     row_adv = grpo.sum(-1) / mask.sum(-1)
     pos = (row_adv > 0).unsqueeze(-1) & (mask == 1)

@@ -82,7 +82,7 @@ def test_tooluse_run_spans_two_nodes_and_resumes_on_a_fresh_cluster(tmp_path, mo
     rows = _rows(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
-        assert r["stare/target_entropy"] == 0.04 and r["stare/model_tokens"] > 0
+        assert r["entropy_control/target_entropy"] == 0.04 and r["entropy_control/model_tokens"] > 0
         assert 0 <= r["critic/score/mean"] <= 1 and r["num_turns/mean"] >= 1
     assert (run / "checkpoints" / "global_step_2" / "stare_state.json").exists()
     assert (run / "plots" / "dashboard.png").exists() and (run / "summary.json").exists()
@@ -105,7 +105,7 @@ def test_tooluse_run_spans_two_nodes_and_resumes_on_a_fresh_cluster(tmp_path, mo
     assert main(ref) == 0
     one = _rows(single / "metrics.jsonl")
     for a, b in zip(rows, one, strict=True):
-        keys = [k for k in a if k.startswith("stare/")] + ["critic/score/mean", "reward/acc/mean"]
+        keys = [k for k in a if k.startswith(("stare/", "entropy_control/"))] + ["critic/score/mean", "reward/acc/mean"]
         assert keys and {k: b[k] for k in keys} == pytest.approx({k: a[k] for k in keys}, rel=1e-5, abs=1e-6)
 
 

@@ -55,7 +55,8 @@ def test_the_recipes_list_covers_the_families_and_the_cpu_runs():
     assert len(gpu) == 12  # six STARE / GRPO-ds pairs
     assert {"shortcot_qwen2.5-math-1.5b_stare", "shortcot_qwen2.5-math-1.5b_grpo"} <= set(gpu)
     cpu_runs = {f"cpu/{f}_tiny_{m}" for f in ("shortcot", "longcot", "tooluse") for m in ("stare", "grpo")}
-    assert sorted(n for n in SHIPPED if n.startswith("cpu/")) == sorted([*cpu_runs, "cpu/tiny_grpo"])
+    pretrained = {f"cpu/{f}_real_{m}" for f in ("shortcot", "tooluse") for m in ("stare", "grpo")}  # --model runs
+    assert sorted(n for n in SHIPPED if n.startswith("cpu/")) == sorted([*cpu_runs, *pretrained, "cpu/tiny_grpo"])
 
 
 @pytest.mark.parametrize("name", recipe_names(recipes_dir() / "sft"))
