@@ -10,7 +10,6 @@ model starts between roughly 10% and 60% correct), how they are scored and which
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,19 +85,6 @@ class PretrainedRun:
                 "registered": self.model.entry is not None}  # fmt: skip
 
 
-def pretrained_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with the pretrained runs' defaults where the user gave none: 20 RL steps, 100 held-out problems,
-    4 samples per held-out problem at T = 1 (avg@4, pass@4), 512 RL problems."""
-    out = dict(vars(args))
-    for key, value in (("steps", 20), ("n_eval", 100), ("eval_samples", 4), ("n_train", 512)):
-        if out.get(key) is None:
-            out[key] = value
-    return argparse.Namespace(**out)
-
-
-def weights_stamp(model_dir: Path) -> list[list]:
-    """``[[file name, size, mtime_ns], ...]`` of the weight files in ``model_dir``: weights prepared again in place
-    (another conversion, a new warm start, a user's new checkpoint) change it, so a cached evaluation of the old ones
-    is not reused."""
-    files = sorted(p for pat in ("*.safetensors", "*.bin") for p in Path(model_dir).glob(pat))
-    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+PRETRAINED_DEFAULTS = {"steps": 20, "n_eval": 100, "eval_samples": 4, "n_train": 512}
+"""The defaults of a ``--model`` run where the user gave none: 20 RL steps, 100 held-out problems, 4 samples per
+held-out problem at T = 1 (avg@4, pass@4), 512 RL problems."""

@@ -468,7 +468,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
         return 0
     sft_cfg = sft_config(args, family)
     if pretrained is not None:
-        from stare_verl.jobs.pretrained import weights_stamp
+        from stare_verl.models.registry import model_identity
 
         phases: dict[str, float] = {}
         start_dir = pretrained.model.path
@@ -482,7 +482,7 @@ def train_cpu(args: argparse.Namespace, backend: RunBackend | None = None) -> in
             print(f"[{name}] --model {pretrained.model.name} ({pretrained.model.path}): RL on the family's pretrained "
                   "task, no cold-start SFT", flush=True)  # fmt: skip
         with _timed(phases, "eval_before"):
-            key = {"model": str(start_dir), "weights": weights_stamp(start_dir), "task": pretrained.family.cpu_recipe,
+            key = {"model": model_identity(start_dir), "task": pretrained.family.cpu_recipe,
                    "n_eval": args.n_eval, "eval_samples": args.eval_samples, "temperatures": [0, 1]}  # fmt: skip
             before = cached_eval_before(
                 run.eval_before, key, lambda: pretrained.evaluate(start_dir, args.n_eval, args.eval_samples)
@@ -1310,18 +1310,19 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED
 
 
-def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with the defaults of the options whose default depends on ``--model``: a pretrained model's
-    (:func:`stare_verl.jobs.pretrained.pretrained_defaults`), else the tiny model's (30 steps, 1024 RL problems,
-    200 held-out problems, one sample each)."""
-    if getattr(args, "model", None) not in (None, "tiny"):
-        from stare_verl.jobs.pretrained import pretrained_defaults
+TINY_DEFAULTS = {"steps": 30, "n_eval": 200, "eval_samples": 1, "n_train": 1024}
+"""The defaults of a tiny-model run where the user gave none (a ``--model`` run's:
+:data:`stare_verl.jobs.pretrained.PRETRAINED_DEFAULTS`)."""
 
-        return pretrained_defaults(args)
+
+def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the defaults of the options whose default depends on ``--model`` (:data:`TINY_DEFAULTS`, or
+    :data:`stare_verl.jobs.pretrained.PRETRAINED_DEFAULTS` for a pretrained model) where the user gave none."""
+    defaults = TINY_DEFAULTS
+    if getattr(args, "model", None) not in (None, "tiny"):
+        from stare_verl.jobs.pretrained import PRETRAINED_DEFAULTS as defaults
     out = dict(vars(args))
-    for key, value in (("steps", 30), ("n_eval", 200), ("eval_samples", 1), ("n_train", 1024)):
-        if out.get(key) is None:
-            out[key] = value
+    out.update({key: value for key, value in defaults.items() if out.get(key) is None})
     return argparse.Namespace(**out)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -152,3 +153,13 @@ def resolve_model(spec: str, root: Path | None = None, require_prepared: bool = 
         f"--model {text}: neither a registered model ({', '.join(MODELS)}) nor a model folder on this machine "
         "(runs are offline: give a local Hugging Face folder)"
     )
+
+
+def model_identity(model_dir: Path) -> dict[str, Any]:
+    """What identifies the weights of a model folder cheaply, for cache keys: its resolved path and each weight file's
+    size and modification time (seconds), so weights prepared again in place (another conversion, a new warm start, a
+    user's new checkpoint) are another key."""
+    model_dir = Path(model_dir)
+    files = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
+    return {"path": str(model_dir.resolve()),
+            "weights": {f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in files}}  # fmt: skip

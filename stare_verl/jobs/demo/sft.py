@@ -65,6 +65,7 @@ from envs.tiny_hf import (
 from stare_verl.jobs.demo.encode import encode_demo, render_demo
 from stare_verl.jobs.families import DEFAULT_FAMILY, family_arg, job_family, job_family_names
 from stare_verl.jobs.families.problems import split_problems
+from stare_verl.models.registry import model_identity
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
@@ -615,19 +616,11 @@ class WarmStartConfig(BaseModel):
 WARM_CONFIG_FILE = "warm_start.json"
 
 
-def _model_identity(model_dir: Path) -> dict[str, Any]:
-    """What identifies the weights of a model folder cheaply: its resolved path and each weight file's size and
-    modification time (a re-prepared model is another key)."""
-    files = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
-    return {"path": str(model_dir.resolve()),
-            "weights": {f.name: [f.stat().st_size, int(f.stat().st_mtime)] for f in files}}  # fmt: skip
-
-
 def warm_start_key(cfg: WarmStartConfig) -> dict[str, Any]:
     """The cache key of a warm start: the model's identity, every setting but ``num_threads`` / ``cache_dir``,
     and the library versions."""
     settings = cfg.model_dump(exclude={"num_threads", "cache_dir", "model_dir"})
-    return {"format": 1, "model": _model_identity(Path(cfg.model_dir)), **settings, "versions": _versions()}
+    return {"format": 1, "model": model_identity(Path(cfg.model_dir)), **settings, "versions": _versions()}
 
 
 def warm_start_dir(cfg: WarmStartConfig) -> Path:
