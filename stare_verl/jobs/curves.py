@@ -15,10 +15,7 @@ from typing import Any
 
 from stare_verl.jobs.runlog import RunFolder, read_verl_jsonl
 
-ENTROPY_KEYS = ("entropy_control/batch_entropy", "stare/batch_entropy", "actor/entropy")
-TARGET_KEYS = ("entropy_control/target_entropy", "stare/target_entropy")
 REWARD_KEYS = ("critic/score/mean", "reward/acc/mean")
-COV_KEYS = ("entropy_control/cov_logp_adv_eff", "entropy_control/cov_logp_adv")
 
 
 def _first(row: dict[str, Any], keys: tuple[str, ...]) -> float | None:
@@ -34,17 +31,23 @@ def run_curves(run_dir: Path) -> dict[str, list]:
     the run at ``run_dir``, read from its verl metric parts (a resumed run's later part wins for a repeated step).
     The target is None throughout for STARE's GRPO-ds twin (``stare/w`` and ``stare/m`` 1 at every step), which logs
     a target it never acts on."""
+    from stare_verl.methods import metric_names
+
     rows = read_verl_jsonl(RunFolder(run_dir).verl_metric_parts())
+    # the shared quantities under entropy_control/, or the names older runs logged them under (the registry's)
+    entropy_keys = (*metric_names("batch_entropy"), "actor/entropy")
+    target_keys = metric_names("target_entropy")
+    cov_keys = (*metric_names("cov_logp_adv_eff"), *metric_names("cov_logp_adv"))
     out: dict[str, list] = {"step": [], "entropy": [], "target": [], "reward": [], "cov": []}
     # the GRPO-ds twin logs STARE's target with W = M = 1: a target it never acts on is not drawn
     twin = bool(rows) and all(row.get("stare/w", 1.0) == 1.0 and row.get("stare/m", 1.0) == 1.0
                               and "stare/w" in row for row in rows)  # fmt: skip
     for row in rows:
         out["step"].append(row["step"])
-        out["entropy"].append(_first(row, ENTROPY_KEYS))
-        out["target"].append(None if twin else _first(row, TARGET_KEYS))
+        out["entropy"].append(_first(row, entropy_keys))
+        out["target"].append(None if twin else _first(row, target_keys))
         out["reward"].append(_first(row, REWARD_KEYS))
-        out["cov"].append(_first(row, COV_KEYS))
+        out["cov"].append(_first(row, cov_keys))
     return out
 
 
