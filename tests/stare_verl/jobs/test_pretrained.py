@@ -115,3 +115,16 @@ def test_cached_eval_before_is_keyed(tmp_path):
     assert cached_eval_before(path, key, evaluate(0.6))["T=0"]["accuracy"] == 0.6
     assert calls == [0.1, 0.5, 0.3, 0.4, 0.6]
     assert json.loads((tmp_path / "eval_before.key.json").read_text()) == key
+
+
+def test_the_stop_message_says_whether_a_checkpoint_exists(tmp_path):
+    from stare_verl.jobs.runlog import RunFolder
+    from stare_verl.jobs.train import _resume_clause
+
+    run = RunFolder(tmp_path / "run")
+    assert _resume_clause(run, 5) == ("No checkpoint was saved yet (the first comes at step 5): the same command "
+                                      "starts RL again from its first step.")  # fmt: skip
+    ckpts = tmp_path / "run" / "checkpoints"
+    (ckpts / "global_step_5").mkdir(parents=True)
+    (ckpts / "latest_checkpointed_iteration.txt").write_text("5")
+    assert _resume_clause(run, 5).startswith(f"The same command resumes from the last checkpoint in {ckpts}")
