@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any
 
+from stare_verl.jobs.failure import failure_report
 from stare_verl.jobs.procs import RUN_TAG_ENV
 from stare_verl.jobs.runlog import RunFolder
 
@@ -108,10 +109,11 @@ def run_gpu_recipe(name: str, run: RunFolder, cmd: list[str], summary: dict[str,
               f"command resumes from the last checkpoint in {run.checkpoints}{every}.", file=sys.stderr)  # fmt: skip
         return rc
     if rc != 0:
-        tail = run.train_log.read_text(errors="replace")[-3000:]
-        print(f"error: verl main_ppo exited with {rc}; last lines of {run.train_log}:\n{tail}", file=sys.stderr)
-        print(f"[{name}] the same command resumes from the last checkpoint in {run.checkpoints}{every}",
-              file=sys.stderr)  # fmt: skip
+        report, resumable = failure_report(rc, run.train_log)
+        print(report, file=sys.stderr)
+        if resumable:
+            print(f"[{name}] the same command resumes from the last checkpoint in {run.checkpoints}{every}",
+                  file=sys.stderr)  # fmt: skip
         return rc if rc > 0 else 1
     print("\n".join(f"[{name}] {line}" for line in format_entropy_report(report)), flush=True)
     print(f"[{name}] done in {out['wall_s']:.0f} s: {run.path}/metrics.jsonl, plots/, summary.json", flush=True)

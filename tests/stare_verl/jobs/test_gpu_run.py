@@ -32,6 +32,7 @@ with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as f:
     for i, r in enumerate(rows, 1):
         print(f"step:{i} - actor/entropy:{r['actor/entropy']}", flush=True)
         f.write(json.dumps({"step": i, "data": r}) + "\n")
+print(os.environ.get("FAKE_LOG", ""), file=sys.stderr, flush=True)
 sys.exit(int(os.environ.get("FAKE_RC", "0")))
 """
 
@@ -101,6 +102,22 @@ def test_a_failed_gpu_run_keeps_what_it_got_to_and_says_how_to_resume(gpu_node, 
     summary = json.loads((run / "summary.json").read_text())
     assert summary["exit_status"] == 3 and summary["steps"] == 2
     assert (run / "plots" / "dashboard.png").is_file()
+
+
+@pytest.mark.parametrize("log, cause, resumable", [
+    ("ray.exceptions.OutOfMemoryError: 4 worker(s) were killed due to the node running low on memory. Memory on the "
+     "node (IP: 10.0.0.2, ID: ab) was 77.1GB used / 79.0GB limit (0.98)",
+     "out of memory: Ray killed 4 worker(s) at 77.1 of 79.0 GB", True),
+    ("Could not override 'algorithm.stare.reweight_w'.", "a configuration error", False),
+])  # fmt: skip
+def test_a_failed_gpu_run_names_its_cause(gpu_node, tmp_path, capsys, monkeypatch, log, cause, resumable):
+    monkeypatch.setenv("FAKE_RC", "1")
+    monkeypatch.setenv("FAKE_LOG", log)
+    run = tmp_path / "run"
+    assert train.main(["--family", "shortcot", "--run-dir", str(run), "--steps", "5"]) == 1
+    err = capsys.readouterr().err
+    assert f"verl main_ppo exited with 1: {cause}" in err and f"main_ppo's output: {run / 'train.log'}" in err
+    assert ("resumes from the last checkpoint" in err) == resumable
 
 
 def test_logger_override_keeps_the_asked_loggers_and_adds_file():
