@@ -7,7 +7,7 @@ never learn that a tool exists. For such a template the tool list goes into the 
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` that ``envs.tool_use.parser`` reads (SmolLM2-Instruct
 was tuned on function calling with the schemas in a ``<tools>`` block of the system prompt and ``<tool_call>``
 JSON in its answer). The training loop (``envs.tool_use.agent_loop``), the held-out evaluation
-(``stare_verl.jobs.evaluation.engine``) and the warm-start SFT's encoding (``stare_verl.jobs.demo.sft``) all call it,
+(``stare_verl.jobs.evaluation.engine``) and the warm-start SFT's encoding (``stare_verl.jobs.demo.encode``) all call it,
 so the model sees one prompt everywhere. A template that renders the tools gets the messages unchanged.
 """
 

@@ -47,15 +47,15 @@ class PretrainedRun:
 
     def warm_start(self, steps: int, lr: float = 3e-5, n_demos: int = 256, num_threads: int | None = None
                    ) -> tuple[PretrainedRun, Path]:  # fmt: skip
-        """The warm-started model folder (``stare_verl.jobs.demo.sft.ensure_warm_start``: cached by the model and the
-        settings) and this run with its demonstrations' split left out of RL's problems.
+        """The warm-started model folder (``stare_verl.jobs.demo.warm_start.ensure_warm_start``: cached by the model
+        and the settings) and this run with its demonstrations' split left out of RL's problems.
 
         Raises:
             ValueError: ``steps`` below 1 or no demonstration; DemoError: the sandbox failed.
         """
         from dataclasses import replace
 
-        from stare_verl.jobs.demo.sft import WarmStartConfig, ensure_warm_start
+        from stare_verl.jobs.demo.warm_start import WarmStartConfig, ensure_warm_start
 
         cfg = WarmStartConfig(model_dir=str(self.model.path), family=self.family.name, steps=steps, lr=lr,
                               n_demos=n_demos, data_seed=DATA_SEED, n_heldout=N_HELDOUT, num_threads=num_threads,

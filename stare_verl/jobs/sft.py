@@ -18,7 +18,8 @@ Two subcommands::
         ``--options`` are passed to it), or with ``--cpu-verl`` verl's SFT trainer itself on the project's
         CPU platform (``stare_verl.cpu``, ``VERL_PLATFORM=cpu``; recipe ``tooluse_tiny_cpu``).
 
-Arguments of the form ``key=value`` (``+key=value``, ``~key``) are Hydra overrides for verl's trainer.
+Arguments of the form ``key=value`` (``+key=value``, ``~key``) are Hydra overrides for verl's trainer. The recipes
+are composed and checked by ``stare_verl.jobs.sft_recipes``, the data written by ``stare_verl.jobs.sft_data``.
 """
 
 from __future__ import annotations
@@ -31,12 +32,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-from omegaconf import DictConfig, OmegaConf
 
 from stare_verl.jobs.runlog import SFT_HF_SUBDIR, latest_hf_checkpoint
-from stare_verl.recipe_files import recipes_dir, register_resolver
+from stare_verl.jobs.sft_data import build_sft_data
+from stare_verl.jobs.sft_recipes import DEFAULT_RECIPE, compose_sft, validate_sft
+from stare_verl.recipe_files import recipes_dir
 
 __all__ = [
     "DEFAULT_LINK",
@@ -52,131 +52,9 @@ __all__ = [
     "validate_sft",
 ]
 
-DEFAULT_RECIPE = "tooluse_qwen2.5-7b"
 # Where recipes/base/tooluse_qwen2.5-7b-sft.yaml's actor_rollout_ref.model.path looks by default.
 DEFAULT_LINK = "checkpoints/sft/qwen2.5-7b-tooluse"
 _OVERRIDE = re.compile(r"^(~|\+\+?)?[A-Za-z_][\w.@/\-\[\]]*(=|$)")
-
-
-# ------------------------------------------------------------------------------------------- config
-
-
-def compose_sft(recipe: str = DEFAULT_RECIPE, overrides: list[str] | None = None, resolve: bool = True) -> DictConfig:
-    """Compose ``recipes/sft/<recipe>.yaml`` on verl's ``sft_trainer_engine`` config, as the trainer would.
-
-    Raises:
-        hydra.errors.MissingConfigException: no such recipe; hydra.errors.ConfigCompositionException: a bad
-            override.
-    """
-    from hydra import compose, initialize_config_dir
-
-    register_resolver()  # the ${stare_verl.recipe_file:...} paths, as compose_recipe
-    with initialize_config_dir(config_dir=str(recipes_dir() / "sft"), version_base=None):
-        cfg = compose(config_name=recipe, overrides=list(overrides or []))
-    if resolve:
-        OmegaConf.resolve(cfg)
-    return cfg
-
-
-def validate_sft(cfg: DictConfig, nproc: int, check_model: bool = False, check_files: bool = True) -> None:
-    """Validate a composed SFT config before launch: what verl's trainer builds first, plus the invariants
-    that otherwise fail only after the model is loaded on every rank.
-
-    Checks that ``model.path``, ``data.train_files`` and ``trainer.default_local_dir`` are set; the
-    ``engine``, ``optim``, ``checkpoint`` and ``profiler`` sections with verl's config dataclasses (``omega_conf_to_dataclass``: unknown keys and bad values raise); ``model`` too with
-    ``check_model`` (``HFModelConfig`` loads the model's config and tokenizer, so the path must be
-    reachable); that ``nproc`` ranks split into data-parallel groups of the Ulysses size and the global
-    batch into them; that dynamic batching can hold one ``max_length`` sequence; that the checkpoint
-    includes ``hf_model`` (RL loads that folder); and, with ``check_files``, that local data files exist and
-    give at least one batch and the steps asked for (and, with ``check_model``, that verl's dataset
-    tokenizes the first rows with the model's chat template).
-
-    Raises:
-        ValueError / FileNotFoundError: the first problem found; whatever verl's dataclasses raise.
-    """
-    from verl.utils.config import omega_conf_to_dataclass
-
-    unset = [k for k in ("model.path", "data.train_files", "trainer.default_local_dir")
-             if OmegaConf.select(cfg, k) in (None, "")]
-    if unset:
-        raise ValueError(f"set {', '.join(k + '=...' for k in unset)} (the recipe leaves them to the command line)")
-    for section in ("engine", "optim", "checkpoint", "profiler"):
-        omega_conf_to_dataclass(cfg[section])
-    model = omega_conf_to_dataclass(cfg.model) if check_model else None
-    if nproc < 1:
-        raise ValueError(f"nproc must be >= 1, got {nproc}")
-    sp = int(cfg.engine.get("ulysses_sequence_parallel_size", 1) or 1)
-    if nproc % sp:
-        raise ValueError(f"engine.ulysses_sequence_parallel_size={sp} must divide the {nproc} ranks")
-    dp = nproc // sp
-    if cfg.data.train_batch_size % dp:
-        raise ValueError(f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of the {dp} "
-                         f"data-parallel ranks ({nproc} ranks / Ulysses {sp})")
-    # verl packs up to max_token_len_per_gpu * sp tokens per micro-batch (verl/workers/engine/utils.py)
-    if cfg.data.use_dynamic_bsz and cfg.data.max_token_len_per_gpu * sp < cfg.data.max_length:
-        raise ValueError(f"data.max_token_len_per_gpu={cfg.data.max_token_len_per_gpu} cannot hold one "
-                         f"data.max_length={cfg.data.max_length} sequence split over Ulysses {sp}")
-    if cfg.data.pad_mode not in ("right", "no_padding") or cfg.data.truncation not in ("error", "left", "right"):
-        raise ValueError(f"data.pad_mode={cfg.data.pad_mode} / data.truncation={cfg.data.truncation} unsupported")
-    if "hf_model" not in cfg.checkpoint.save_contents:
-        raise ValueError("checkpoint.save_contents must include hf_model: the RL recipe loads that folder")
-    if check_files:
-        files = list(_as_list(cfg.data.train_files)) + list(_as_list(cfg.data.val_files))
-        for f in files:
-            if "://" not in str(f) and not Path(os.path.expanduser(str(f))).is_file():
-                raise FileNotFoundError(
-                    f"SFT data file {f} not found: build it with `python -m stare_verl.jobs.sft data --retool` "
-                    "(or pass data.train_files=... data.val_files=...)"
-                )
-        _check_steps(cfg, dp)
-        if model is not None:
-            _check_rows(cfg, model.tokenizer)
-
-
-def _check_rows(cfg: DictConfig, tokenizer, n: int = 4) -> None:
-    """Tokenize the first ``n`` training rows with verl's ``MultiTurnSFTDataset`` and the model's chat
-    template (verl asserts that message-by-message rendering equals the whole conversation's)."""
-    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
-
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(f"the tokenizer of {cfg.model.path} has no chat template (set model.custom_chat_template)")
-    first = str(_as_list(cfg.data.train_files)[0])
-    if "://" in first:
-        return
-    ds = MultiTurnSFTDataset([first], tokenizer, cfg.data, max_samples=n)
-    for i in range(len(ds)):
-        ds[i]
-
-
-def _check_steps(cfg: DictConfig, dp: int) -> None:
-    """verl's sampler and loader drop incomplete batches: with fewer rows than a batch it has no step, and
-    when ``total_training_steps`` exceeds the steps of ``total_epochs`` it stops without saving."""
-    import pyarrow.parquet as pq
-
-    train = [os.path.expanduser(str(f)) for f in _as_list(cfg.data.train_files)]
-    if any("://" in f for f in train):
-        return
-    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in train)
-    if cfg.data.get("train_max_samples", -1) and cfg.data.train_max_samples > 0:
-        rows = min(rows, cfg.data.train_max_samples)
-    per_epoch = (rows // dp) // (cfg.data.train_batch_size // dp)
-    if per_epoch == 0:
-        raise ValueError(f"{rows} training rows make no batch of data.train_batch_size={cfg.data.train_batch_size}")
-    total = cfg.trainer.get("total_training_steps")
-    if total is not None and total > per_epoch * cfg.trainer.total_epochs:
-        raise ValueError(
-            f"trainer.total_training_steps={total} exceeds the {per_epoch * cfg.trainer.total_epochs} steps of "
-            f"trainer.total_epochs={cfg.trainer.total_epochs} ({rows} rows / batch {cfg.data.train_batch_size}): "
-            "verl would stop early without saving a checkpoint; raise trainer.total_epochs"
-        )
-
-
-def _as_list(v: Any) -> list:
-    if v is None:
-        return []
-    if isinstance(v, str):
-        return [v]
-    return list(v)
 
 
 # ------------------------------------------------------------------------------------------- launch
@@ -388,85 +266,6 @@ def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str
     print(f"checkpoint (HF): {shown}" + (f" -> {hf}" if shown != hf else ""))
     print(f"RL from it: make train-tooluse MODEL={shown}")
     return 0
-
-
-# --------------------------------------------------------------------------------------------- data
-
-
-def build_sft_data(
-    out_dir: str | os.PathLike,
-    n_demos: int = 512,
-    demo_seed: int = 0,
-    retool: bool = False,
-    retool_file: str | None = None,
-    retool_limit: int | None = None,
-    n_val: int = 64,
-    seed: int = 0,
-    tokenizer: str | None = None,
-    max_length: int | None = None,
-) -> dict[str, Any]:
-    """Write ``tooluse_train.parquet`` and ``tooluse_val.parquet`` under ``out_dir``.
-
-    Rows: ``n_demos`` programmatic demonstrations (reasoning-gym questions, the code run in the project's
-    sandbox, its real output, ``\\boxed{}`` answer; the RL system prompt), plus ReTool-SFT conversations when
-    ``retool`` (``retool_file``: a local copy, else Hugging Face). With ``tokenizer`` and ``max_length``,
-    rows whose chat-template rendering is longer than ``max_length`` tokens are dropped (counted). ``n_val``
-    rows (at most a tenth) are held out for verl's ``val/loss``.
-
-    Returns:
-        ``{"train": path, "val": path, "counts": {...}}`` (kept/rejected per source).
-    Raises:
-        ValueError: no rows at all; envs.datasets.DatasetUnavailableError: ReTool-SFT unavailable.
-    """
-    from envs.tool_use.sft_data import (
-        ConversationError,
-        build_retool_sft,
-        conversation_from_demo,
-        load_retool_records,
-        sft_row,
-        split_rows,
-        write_sft_parquet,
-    )
-
-    rows: list[dict[str, Any]] = []
-    counts: dict[str, Any] = {}
-    if n_demos > 0:
-        from stare_verl.jobs.families.problems import sample_problems
-        from stare_verl.jobs.families.tooluse import build_demos
-
-        demos, wrong = build_demos(sample_problems(n_demos, demo_seed))
-        kept = 0
-        for d in demos:
-            try:
-                msgs = conversation_from_demo(d.problem.question, d.problem.code, d.tool_output,
-                                              f"\\boxed{{{d.tool_output}}}")
-            except ConversationError:
-                continue
-            rows.append(sft_row(msgs, f"demo/{d.problem.task}"))
-            kept += 1
-        counts["demos"] = {"kept": kept, "rejected": n_demos - kept, "wrong_output": len(wrong)}
-    if retool or retool_file:
-        rep = build_retool_sft(load_retool_records(retool_file), limit=retool_limit)
-        rows += rep.rows
-        counts["retool"] = {"kept": len(rep.rows), "rejected": len(rep.rejected), "duplicates": rep.duplicates,
-                            "reasons": dict(rep.reasons())}
-    if tokenizer and max_length:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(tokenizer)
-        before = len(rows)
-        rows = [r for r in rows if len(tok.apply_chat_template(r["messages"], tools=r["tools"], tokenize=True,
-                                                               return_dict=True)["input_ids"]) <= max_length]
-        counts["too_long"] = before - len(rows)
-    if not rows:
-        raise ValueError("no SFT rows: ask for demos (--demos N) and/or ReTool-SFT (--retool)")
-    n_val = min(n_val, len(rows) // 10)
-    train, val = split_rows(rows, n_val, seed)
-    out = Path(out_dir)
-    paths = {"train": write_sft_parquet(train, out / "tooluse_train.parquet")}
-    paths["val"] = write_sft_parquet(val, out / "tooluse_val.parquet") if val else None
-    counts["train"], counts["val"] = len(train), len(val)
-    return {**paths, "counts": counts}
 
 
 # ---------------------------------------------------------------------------------------------- CLI

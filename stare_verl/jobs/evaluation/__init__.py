@@ -4,9 +4,11 @@ Against any OpenAI-compatible chat-completions server (SGLang, vLLM) with the tr
 loop's tool-call handling and the real sandbox; or, without a server, a local checkpoint on CPU.
 
 Modules: ``episode`` (the one episode driver over a ``generate`` function, and the one record schema
-``EvalRecord``), ``metrics`` (pass@k estimator, avg@k), ``client`` (async httpx client), ``runner`` (data,
-the chat client's ``generate``, JSONL with resume), ``engine`` (the local engine's ``generate``), ``summary``
-(table and JSON), ``local`` (CPU checkpoint), ``cli`` (``python -m stare_verl.jobs.evaluation``; :func:`main`).
+``EvalRecord``), ``metrics`` (pass@k estimator, avg@k), ``client`` (async httpx client), ``settings`` (sampling
+and episode settings, seeds), ``data`` (the dataset, checked), ``tools`` (the tool config and runner), ``chat`` (the
+chat client's ``generate``), ``results`` (JSONL with resume), ``runner`` (the run against a server; every name of
+the pieces above importable from it), ``engine`` (the local engine's ``generate``), ``summary`` (table and JSON),
+``local`` (CPU checkpoint), ``cli`` (``python -m stare_verl.jobs.evaluation``; :func:`main`).
 """
 
 from stare_verl.jobs.evaluation.cli import main

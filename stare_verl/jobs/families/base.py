@@ -82,7 +82,7 @@ class JobFamily:
         task_table: reasoning-gym generator -> config of its CPU default's problems (mixed evenly).
         demonstrations: ``(problems, seed=, per_problem=) -> (demos, rejected)``: the cold-start SFT's
             demonstrations (objects with ``tools``, ``prompt()``, ``messages()``, ``assistant_texts()``: see
-            ``stare_verl.jobs.demo.sft.encode_demo``); ``rejected`` are the problems left without one.
+            ``stare_verl.jobs.demo.encode.encode_demo``); ``rejected`` are the problems left without one.
         accepts: whether a generated question (its ``metadata["expression"]``) belongs to the family (None: all).
         demos_per_problem: demonstrations per SFT problem (``SFTConfig.n_train`` demonstrations come from
             ``n_train // demos_per_problem`` problems).

@@ -197,7 +197,7 @@ def _demonstrations(
 # the prompt (the tool list reaches a template that ignores ``tools=`` through the system message:
 # ``envs.tool_use.tool_prompt``), scored on the answer's last number when there is no box. SmolLM2-135M-Instruct
 # writes no tool call on its own, with either this prompt or the function-calling prompt it was tuned with, so a
-# short warm start on the demonstrations (``stare_verl.jobs.demo.sft.ensure_warm_start``) runs before RL.
+# short warm start on the demonstrations (``stare_verl.jobs.demo.warm_start.ensure_warm_start``) runs before RL.
 TOOLUSE_PRETRAINED = PretrainedTask(
     task_table=TASKS, reward_options={"last_number": True}, recipe="tooluse_real", sft_warm_start=True,
 )

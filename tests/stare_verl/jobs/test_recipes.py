@@ -163,6 +163,37 @@ def test_cli_check_takes_a_path_or_a_users_own_verl_yaml_and_suggests_names(caps
     assert capsys.readouterr().err.strip() == "error: no recipe 'zzzzzzzz' (stare-verl recipes lists them)"
 
 
+def test_stares_defaults_are_written_once_and_are_stare_configs():
+    """STARE's defaults live in one recipe file, cpu/base/stare_defaults.yaml, equal to StareConfig's (the Python
+    defaults a missing key takes); the GPU and CPU common files include it, and no other recipe file writes an
+    ``algorithm.stare`` key at its default value (a file sets only what it changes)."""
+    from pathlib import Path
+
+    from stare_verl.jobs.recipes import recipes_dir
+    from stare_verl.methods.stare.config import StareConfig
+
+    root = recipes_dir()
+    shared = root / "cpu" / "base" / "stare_defaults.yaml"
+    algo = OmegaConf.to_container(OmegaConf.load(shared))["algorithm"]
+    assert algo["stare"] == StareConfig().model_dump()
+    assert {k: algo[k] for k in ("adv_estimator", "norm_adv_by_std_in_grpo", "use_kl_in_reward")} == {
+        "adv_estimator": "stare", "norm_adv_by_std_in_grpo": True, "use_kl_in_reward": False}  # fmt: skip
+    assert OmegaConf.load(root / "common" / "stare_reference.yaml").defaults[0] == "/cpu/base/stare_defaults"
+    assert OmegaConf.load(root / "cpu" / "base" / "cpu_common.yaml").defaults[0] == "stare_defaults"
+    defaults = StareConfig().model_dump()
+    for path in sorted(Path(root).rglob("*.yaml")):
+        own = OmegaConf.to_container(OmegaConf.load(path))
+        stare = (own.get("algorithm") or {}).get("stare") if isinstance(own, dict) else None
+        if path == shared or not stare:
+            continue
+        assert {k: v for k, v in stare.items() if defaults.get(k, object()) == v} == {}, path
+    for name in ("shortcot_qwen2.5-math-7b_stare", "cpu/shortcot_tiny_stare", "cpu/tooluse_real_stare"):
+        stare = compose_recipe(name, ["actor_rollout_ref.model.path=m"], resolve=False).algorithm.stare
+        assert stare.alpha == 0.01 and stare.reweight_m == 0.9, name  # from the shared file
+    assert compose_recipe("cpu/shortcot_tiny_stare", ["actor_rollout_ref.model.path=m"]).algorithm.stare == {
+        **defaults, "top_p_ratio": 0.02, "reweight_w": 3.0, "target_entropy": 0.11}  # the family's own on top
+
+
 def test_every_stare_recipe_writes_every_key_so_plain_overrides_work(capsys, monkeypatch, tmp_path):
     """Issue 32 item 3: every recipe with an ``algorithm.stare`` section has every key of StareConfig, at the
     model's default where the recipe does not choose one, so the README's ``algorithm.stare.KEY=value`` runs as

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from envs.reward import compute_score
 from envs.tiny_hf import TinyModelConfig, build_tokenizer
 from stare_verl.jobs.demo import sft as S
+from stare_verl.jobs.demo.sft_trainer import collate_demos
 from stare_verl.jobs.families import job_family
 from tests.support import cot as C
 from tests.support import demos as D
@@ -142,7 +143,7 @@ def test_sft_tokens_are_the_single_turn_agent_prompt_then_the_answer(splits, tok
         assert ids[:n] == prompt and mask[:n] == [0] * n
         assert mask[n:] == [1] * (len(ids) - n)
         assert tok.decode(ids[n:]) == d.text + "<|im_end|>"
-        batch = S._collate(tok.pad_token_id)([{"input_ids": ids, "loss_mask": mask}])
+        batch = collate_demos(tok.pad_token_id)([{"input_ids": ids, "loss_mask": mask}])
         assert batch["labels"][0].tolist() == [-100] * n + ids[n:]
 
 

@@ -10,6 +10,7 @@ import torch
 from envs.tiny_hf import TinyModelConfig, build_model, build_tokenizer
 from stare_verl.jobs.demo import sft as S
 from stare_verl.jobs.demo.evaluate import evaluate_checkpoint
+from stare_verl.jobs.demo.sft_trainer import collate_demos
 from tests.support.demos import CODE_INTERPRETER_SCHEMA, build_demos, sample_problems, split_problems
 
 pytestmark = pytest.mark.integration
@@ -51,7 +52,7 @@ def test_loss_mask_covers_exactly_the_assistant_tokens(demos_tok):
 def test_collate_pads_and_ignores_non_assistant_tokens(demos_tok):
     demos, tok = demos_tok
     rows = [S.encode_demo(d, tok) for d in demos[:3]]
-    batch = S._collate(tok.pad_token_id)([{"input_ids": i, "loss_mask": m} for i, m in rows])
+    batch = collate_demos(tok.pad_token_id)([{"input_ids": i, "loss_mask": m} for i, m in rows])
     width = max(len(i) for i, _ in rows)
     assert batch["input_ids"].shape == (3, width)
     for b, (ids, mask) in enumerate(rows):

@@ -186,7 +186,7 @@ def test_corrupt_records_are_skipped_counted_and_run_again(tmp_path, caplog):
     settings = EvalSettings(k=K, max_tokens=8)
     rf = ResultsFile(out, settings.fingerprint("m", data))
     try:
-        with caplog.at_level(logging.WARNING, logger="stare_verl.jobs.evaluation.runner"):
+        with caplog.at_level(logging.WARNING, logger="stare_verl.jobs.evaluation.results"):
             done, todo = resume_split(problems, settings, rf)
     finally:
         rf.close()

@@ -1,0 +1,57 @@
+"""The tools of tool-use episodes: loaded from a verl tool config (:func:`load_tools`) and run by the training
+loop's tool-call runner (:func:`tool_runner`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from stare_verl.jobs.evaluation.settings import EvalSettings
+
+__all__ = ["load_tools", "tool_runner"]
+
+
+def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
+    """The tools of a verl tool config YAML (``multi_turn.tool_config_path``), by name.
+
+    ``None``: the project's ``recipes/tool_use/tool_config.yaml`` when present, else ``code_interpreter`` with
+    its defaults. Tools are built with verl's ``initialize_tools_from_config``.
+
+    Raises:
+        FileNotFoundError: ``tool_config`` given but missing; envs.sandbox.SandboxUnavailable: no sandbox.
+    """
+    from verl.tools.tool_registry import initialize_tools_from_config
+
+    if tool_config is None:
+        from stare_verl.recipe_files import recipes_dir
+
+        default = recipes_dir() / "tool_use" / "tool_config.yaml"
+        if default.is_file():
+            tool_config = default
+    if tool_config is None:
+        from envs.tools.code_interpreter import CodeInterpreterTool
+
+        tool = CodeInterpreterTool({"type": "native", "session_key": "trajectory"})
+        return {tool.tool_schema.function.name: tool}
+    if not Path(tool_config).is_file():
+        raise FileNotFoundError(f"tool config {tool_config} does not exist")
+    with contextlib.redirect_stdout(sys.stderr):  # verl prints each tool schema
+        tools = initialize_tools_from_config(str(tool_config))
+    return {t.tool_schema.function.name: t for t in tools}
+
+
+def tool_runner(tools: dict[str, Any], settings: EvalSettings, tool_timeout_s: float | None = None) -> Any:
+    """The training loop's ``envs.tool_use.episode.ToolCallRunner`` over ``tools`` with the settings' per-turn
+    call limit, observation cut and deadline (``tool_timeout_s`` overrides ``settings.tool_timeout_s``)."""
+    from envs.tool_use.episode import ToolCallRunner
+
+    return ToolCallRunner(
+        tools,
+        max_parallel_calls=settings.max_parallel_calls,
+        tool_timeout_s=settings.tool_timeout_s if tool_timeout_s is None else tool_timeout_s,
+        max_tool_response_chars=settings.max_tool_response_chars,
+        truncate_side=settings.tool_response_truncate_side,
+    )
