@@ -257,10 +257,6 @@ class _TrainFields(BaseModel):
         except ValidationError as exc:
             raise OptionsError(explain(exc, cls)) from None
 
-    def replace(self, **changes: Any) -> TrainOptions:
-        """These options with ``changes`` (checked as :meth:`parse` does)."""
-        return type(self).parse({**self.model_dump(), **changes})
-
     def to_argv(self) -> list[str]:
         """The ``stare-verl train`` arguments that parse back to these options (:func:`parse_options`): each
         option off its default (the model kind's, for those that depend on it), then the Hydra overrides."""
