@@ -26,10 +26,13 @@ import statistics
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stare_verl.jobs.families import DEFAULT_FAMILY, family_arg, job_family, job_family_names
+from stare_verl.jobs.families import DEFAULT_FAMILY, job_family
 from stare_verl.jobs.runlog import RunFolder, heldout_curve, own_metric, shared_metric_key, step_axis
+
+if TYPE_CHECKING:
+    from stare_verl.jobs.train import TrainOptions
 
 # The defaults of a comparison per family (RL steps per run, seeds per method, output folder) are the family's
 # (stare_verl.jobs.families.JobFamily: compare_steps, compare_seeds, compare_dir; short CoT: 100 steps, seeds 0 1).
@@ -54,7 +57,7 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
     ``has_target`` says whether the method itself steers toward it (STARE, the adaptive coefficient). Raises
     FileNotFoundError when the run did not finish.
     """
-    from stare_verl.methods import parse_method_spec
+    from stare_verl.methods import recorded_method
 
     run = RunFolder(run_dir)
     rows = run.read_metrics()
@@ -74,11 +77,8 @@ def run_stats(run_dir: Path, pass_k: int | None = None) -> dict[str, Any]:
     if pass_k is not None and (str(pass_k) in passes or pass_k in passes):
         k = pass_k
     method = summary["method"]
-    try:
-        spec = parse_method_spec(method)
-        has_target = spec.target_key is not None
-    except ValueError:
-        has_target = False
+    recorded = recorded_method(method)
+    has_target = recorded is not None and recorded.target_key is not None
     e_first = statistics.fmean(first) if first else float("nan")
     e_last = statistics.fmean(last) if last else float("nan")
     report = summary.get("entropy_report")
@@ -125,30 +125,29 @@ def _baseline_text(g: Any) -> str:
     return f"{norm}, epsilon {g.epsilon:g}, zero_variance_tol {g.zero_variance_tol:g}"
 
 
-def baseline_mismatch(methods: list[str], family: str, overrides: list[str]) -> str | None:
-    """Why ``methods`` cannot be compared on ``family`` with ``overrides``: each method's run config (its CPU recipe
-    composed with the overrides it launches with, ``EntropyControl.compose_overrides``) gives the GRPO group
-    baseline its advantages start from (``stare_verl.methods.group_config_of``: std normalisation, epsilon,
-    zero-variance tolerance); a comparison of methods whose baselines differ would measure the baselines, so a
-    message naming each method's baseline is returned; None when all are equal. A method whose config does not
+def baseline_mismatch(runs: list[TrainOptions]) -> str | None:
+    """Why the methods of ``runs`` (one run's options per method) cannot be compared: each method's run config (its
+    family's CPU recipe composed with the overrides it launches with, ``EntropyControl.compose_overrides``) gives
+    the GRPO group baseline its advantages start from (``stare_verl.methods.group_config_of``: std normalisation,
+    epsilon, zero-variance tolerance); a comparison of methods whose baselines differ would measure the baselines,
+    so a message naming each method's baseline is returned; None when all are equal. A method whose config does not
     compose is left to the run's own check.
 
     Raises:
         stare_verl.methods.MethodConfigError: a boolean key (``norm_adv_by_std_in_grpo``) that holds no boolean.
     """
     from stare_verl.jobs.recipes import compose_recipe
-    from stare_verl.methods import group_config_of, parse_method_spec
+    from stare_verl.methods import group_config_of
 
-    fam = job_family(family)
     baselines = {}
-    for m in methods:
-        spec = parse_method_spec(m)
-        launch, _ = spec.compose_overrides(list(overrides))
+    for opts in runs:
+        method = opts.entropy_method
+        launch, _ = method.compose_overrides(list(opts.overrides))
         try:
-            cfg = compose_recipe(f"cpu/{fam.cpu_recipe}_{spec.recipe}", launch, resolve=False)
+            cfg = compose_recipe(f"cpu/{opts.job_family.cpu_recipe}_{method.recipe}", launch, resolve=False)
         except Exception:  # noqa: BLE001 - a bad override is the run's own check's to report
             continue
-        baselines[m] = group_config_of(cfg.algorithm)
+        baselines[opts.method] = group_config_of(cfg.algorithm)
     if len(set(baselines.values())) <= 1:
         return None
     each = "; ".join(f"{m}: {_baseline_text(g)}" for m, g in baselines.items())
@@ -354,37 +353,27 @@ def main(argv: list[str] | None = None) -> int:
     from stare_verl.jobs.train import (
         INTERRUPTED,
         SFT_SHARED_OPTIONS,
-        _method_arg,
-        add_sft_options,
+        OptionsError,
+        TrainOptions,
+        add_options,
         bad_option,
-        method_of,
         stopped_before_rl,
-        train_cpu,
     )
-    from stare_verl.jobs.train import build_parser as train_parser
+    from stare_verl.jobs.train import cpu as tiny_run  # its train_cpu looked up per run (a test's stand-in)
 
     interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal stop the current run
 
     p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", type=family_arg, choices=sorted(job_family_names()), default=DEFAULT_FAMILY, help="the CPU default task")
+    add_options(p, TrainOptions, ["family"])
     p.add_argument(
-        "--methods", type=_method_arg, nargs="+", default=["stare", "grpo"], metavar="METHOD[:KEY=VALUE,...]",
+        "--methods", nargs="+", default=["stare", "grpo"], metavar="METHOD[:KEY=VALUE,...]",
         help="the methods to compare (default: stare grpo); a setting after a colon, e.g. entropy_bonus:coef=0.01",
     )  # fmt: skip
-    p.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
-        default=None,
-        help="seeds per method (default: 0 1 for shortcot, 0 1 2 otherwise)",
-    )
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="RL steps per run (default: 100 for shortcot, where the entropy "
-        "of GRPO-ds and STARE separate only after ~50 steps; 30 otherwise)",
-    )
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="seeds per method (default: 0 1 for shortcot, 0 1 2 otherwise)")  # fmt: skip
+    p.add_argument("--steps", type=int, default=None,
+                   help="RL steps per run (default: 100 for shortcot, where the entropy of GRPO-ds and STARE separate "
+                        "only after ~50 steps; 30 otherwise)")  # fmt: skip
     p.add_argument("--n-eval", type=int, default=200)
     p.add_argument(
         "--eval-samples", type=int, default=4, help="samples per held-out problem at T = 1 (pass@k up to this k)"
@@ -397,22 +386,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)"
     )
-    add_sft_options(p)
-    p.add_argument("--sft-steps", type=int, default=None,
-                   help="the most cold-start SFT steps (default: the family's; the anneal's end may come later)")
+    add_options(p, TrainOptions, SFT_SHARED_OPTIONS)
     p.add_argument(
         "overrides", nargs="*", default=[], help="Hydra overrides for every run (the GRPO-ds twin keeps W = M = 1)"
     )
     args = p.parse_args(argv)
-    sft_variant = [arg for opt in (*SFT_SHARED_OPTIONS, "sft_steps") if getattr(args, opt) is not None
-                   for arg in ("--" + opt.replace("_", "-"), str(getattr(args, opt)))]  # fmt: skip
-    fam = job_family(args.family)
-    if args.steps is None:
-        args.steps = fam.compare_steps
+    shared = {k: v for k, v in vars(args).items() if k in ("family", *SFT_SHARED_OPTIONS)}  # the options given
+    fam = job_family(shared.get("family", DEFAULT_FAMILY))
+    steps = fam.compare_steps if args.steps is None else args.steps
     # a seed given twice would be one run counted twice in the table's mean and sd
-    args.seeds = list(
-        dict.fromkeys(list(fam.compare_seeds) if args.seeds is None else args.seeds)
-    )
+    seeds = list(dict.fromkeys(list(fam.compare_seeds) if args.seeds is None else args.seeds))
     methods = list(dict.fromkeys(args.methods))
     if args.mini_batches not in (1, 2, 4, 8):
         print("error: --mini-batches must divide the 8 prompts of a step: 1, 2, 4 or 8", file=sys.stderr)
@@ -428,51 +411,46 @@ def main(argv: list[str] | None = None) -> int:
     if args.lr is not None:
         regime_overrides.append(f"actor_rollout_ref.actor.optim.lr={args.lr}")
         regime += f", lr {args.lr:g}"
-    default_out = Path("runs") / fam.compare_dir
-    out = Path(args.out or default_out).resolve()
+    out = Path(args.out or Path("runs") / fam.compare_dir).resolve()
 
-    def run_args(method: str, seed: int, run_dir: Path) -> argparse.Namespace:
-        return train_parser().parse_args(
-            ["--cpu", "--family", args.family, "--method", method, "--seed", str(seed),
-             "--steps", str(args.steps), "--n-eval", str(args.n_eval), "--run-dir", str(run_dir),
-             "--eval-samples", str(args.eval_samples), *sft_variant, *regime_overrides, *args.overrides]
-        )  # fmt: skip
+    def run_options(method: str, seed: int) -> TrainOptions:
+        """One run's options: the CPU default of the family, its folder ``<method label>-seed<seed>`` under out."""
+        opts = TrainOptions.parse({**shared, "cpu": True, "method": method, "seed": seed, "steps": steps,
+                                   "n_eval": args.n_eval, "eval_samples": args.eval_samples,
+                                   "overrides": [*regime_overrides, *args.overrides]})  # fmt: skip
+        return opts.model_copy(update={"run_dir": str(out / f"{opts.entropy_method.label}-seed{seed}")})
 
-    # options are checked once, up front (a finished run folder would skip the per-run check)
-    problem = bad_option(run_args(methods[0], args.seeds[0], out / f"{method_of(methods[0]).label}-seed{args.seeds[0]}"))
-    if not problem:
-        try:
-            problem = baseline_mismatch(methods, args.family, [*regime_overrides, *args.overrides])
-        except ValueError as err:  # a boolean key that holds no boolean
-            problem = str(err)
+    # every run's options are checked once, up front (a finished run folder would skip the run's own check)
+    try:
+        runs = [run_options(method, seed) for seed in seeds for method in methods]
+        problem = bad_option(runs[0]) or baseline_mismatch(runs[: len(methods)])
+    except (OptionsError, ValueError) as err:  # ValueError: a boolean key that holds no boolean
+        problem = str(err)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    print(f"[compare] {args.family}: {', '.join(methods)} x seeds {args.seeds}, {args.steps} steps each, {regime}",
+    print(f"[compare] {fam.name}: {', '.join(methods)} x seeds {seeds}, {steps} steps each, {regime}",
           flush=True)  # fmt: skip
     stats = []
-    for seed in args.seeds:
-        for method in methods:
-            run_dir = out / f"{method_of(method).label}-seed{seed}"
-            if not RunFolder(run_dir).is_finished():
-                try:
-                    rc = train_cpu(run_args(method, seed, run_dir))
-                except KeyboardInterrupt as exc:  # before the run's RL (its SFT, its evaluation): one line, 130
-                    print(stopped_before_rl(f"compare {run_dir.name}", exc) + "; finished runs are kept",
-                          file=sys.stderr)  # fmt: skip
-                    return INTERRUPTED
-                if rc != 0:
-                    print(
-                        f"error: run {run_dir.name} failed ({rc}); the comparison stops here", file=sys.stderr
-                    )
-                    return rc
-            other = reuse_mismatch(RunFolder(run_dir).read_summary(), args.steps, args.n_eval, args.eval_samples)
-            if other:  # a finished folder of another comparison: never reported as if it were this one's
-                print(f"error: {run_dir} holds a finished run of other settings ({other}); use another --out, or "
-                      "delete that folder to run it again", file=sys.stderr)  # fmt: skip
-                return 2
-            stats.append(run_stats(run_dir, pass_k=args.eval_samples))
-    print(write_report(stats, out, args.family, regime))
+    for opts in runs:
+        run_dir = Path(opts.run_dir)
+        if not RunFolder(run_dir).is_finished():
+            try:
+                rc = tiny_run.train_cpu(opts)
+            except KeyboardInterrupt as exc:  # before the run's RL (its SFT, its evaluation): one line, 130
+                print(stopped_before_rl(f"compare {run_dir.name}", exc) + "; finished runs are kept",
+                      file=sys.stderr)  # fmt: skip
+                return INTERRUPTED
+            if rc != 0:
+                print(f"error: run {run_dir.name} failed ({rc}); the comparison stops here", file=sys.stderr)
+                return rc
+        other = reuse_mismatch(RunFolder(run_dir).read_summary(), steps, args.n_eval, args.eval_samples)
+        if other:  # a finished folder of another comparison: never reported as if it were this one's
+            print(f"error: {run_dir} holds a finished run of other settings ({other}); use another --out, or "
+                  "delete that folder to run it again", file=sys.stderr)  # fmt: skip
+            return 2
+        stats.append(run_stats(run_dir, pass_k=args.eval_samples))
+    print(write_report(stats, out, fam.name, regime))
     extra = [n for n in ("heldout_entropy_overlay.png", "cov_overlay.png") if (out / n).is_file()]
     print(f"\n{out}/table.md, table.json, entropy_overlay.png, accuracy_overlay.png" + "".join(f", {n}" for n in extra))
     return 0

@@ -148,14 +148,10 @@ def method_settings(run: RunFolder, summary: dict[str, Any]) -> dict[str, Any]:
     ``algorithm.<name>`` section of the run's Hydra config (``logs/hydra/.hydra/config.yaml``) when there is one,
     else the settings the spec gives explicitly (``coef=0.01``; the others may be the recipe's, not the method's
     defaults, so none is claimed). ``{}`` for a run without a known method. Never raises."""
-    spec = summary.get("method")
-    if not isinstance(spec, str):
-        return {}
-    try:
-        from stare_verl.methods import parse_method_spec
+    from stare_verl.methods import recorded_method
 
-        method = parse_method_spec(spec)
-    except Exception:  # noqa: BLE001 - an old or unknown method name: no settings shown
+    method = recorded_method(summary.get("method"))
+    if method is None:  # no method recorded, or an old or unknown one: no settings shown
         return {}
     try:
         import yaml
@@ -262,16 +258,11 @@ def run_title(
     when no settings are given, what the method's own metrics tell of its settings (``title_metrics``: STARE's
     weights W / M from ``stare/w`` / ``stare/m``, a range when they moved; every method's for an unknown one).
     Pure: reads nothing."""
+    from stare_verl.methods import recorded_method
+
     summary = summary or {}
     spec = summary.get("method")
-    method = None
-    if isinstance(spec, str):
-        try:
-            from stare_verl.methods import parse_method_spec
-
-            method = parse_method_spec(spec)
-        except Exception:  # noqa: BLE001 - an old spelling: shown as written
-            method = None
+    method = recorded_method(spec)  # None for an old spelling: shown as written
     head = [method.name if method is not None else spec if isinstance(spec, str) else "method not recorded"]
     if summary.get("seed") is not None:
         head.append(f"seed {summary['seed']}")

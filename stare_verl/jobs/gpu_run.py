@@ -2,7 +2,7 @@
 plots and the dashboard, ``summary.json`` with the entropy report, the stall watch, the resume message, one progress
 line per step on the console and main_ppo's output in ``train.log``.
 
-``stare_verl.jobs.train.train_gpu`` checks the options and builds the command; :func:`run_gpu_recipe` runs it.
+``stare_verl.jobs.train.gpu.train_gpu`` checks the options and builds the command; :func:`run_gpu_recipe` runs it.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def with_run_overrides(cmd: list[str], run: RunFolder, loggers: list[str] | None
 def run_gpu_recipe(name: str, run: RunFolder, cmd: list[str], summary: dict[str, Any], total_steps: int | None,
                    save_freq: Any = None) -> int:  # fmt: skip
     """Run ``cmd`` (from :func:`with_run_overrides`) into ``run`` as the CPU path does
-    (:func:`stare_verl.jobs.train.run_main_ppo`: the log, the progress line, the stall watch, the clean-up; with
+    (:func:`stare_verl.jobs.train.launch.run_main_ppo`: the log, the progress line, the stall watch, the clean-up; with
     ``RAY_ADDRESS`` set, on that Ray cluster), then write ``metrics.jsonl``, ``plots/`` (with the dashboard) and
     ``summary.json`` (``summary``'s keys, then ``steps``, ``exit_status``, ``wall_s``, ``entropy_report``,
     ``rl_checkpoint``, ``plots``), also after a failed or stopped run (what it got to). ``total_steps``: for the
@@ -66,7 +66,7 @@ def run_gpu_recipe(name: str, run: RunFolder, cmd: list[str], summary: dict[str,
         write_metrics_jsonl,
     )
     from stare_verl.jobs.stall import STALLED
-    from stare_verl.jobs.train import INTERRUPTED, _dashboard, run_main_ppo
+    from stare_verl.jobs.train import launch
 
     run.logs.mkdir(parents=True, exist_ok=True)
     part = run.new_verl_metric_part()
@@ -80,14 +80,14 @@ def run_gpu_recipe(name: str, run: RunFolder, cmd: list[str], summary: dict[str,
     with open(run.train_log, "ab") as log:
         log.write(f"[{name}] {time.strftime('%Y-%m-%d %H:%M:%S')} {summary.get('backend_line', '')}\n".encode())
     t0 = time.time()
-    rc = run_main_ppo(cmd, env, run.train_log, part, total_steps or 0)
+    rc = launch.run_main_ppo(cmd, env, run.train_log, part, total_steps or 0)
     rows = read_verl_jsonl(run.verl_metric_parts())
     write_metrics_jsonl(rows, run.metrics)
     known = {k: summary.get(k) for k in ("family", "method", "seed")}
     settings = method_settings(run, known)
     report = entropy_report(rows)
     plots = plot_run(rows, run.plots, title=run_title(rows, known, settings))
-    plots += _dashboard(rows, run, known, settings)
+    plots += launch.draw_dashboard(rows, run, known, settings)
     ckpt = run.latest_checkpoint()
     out = {k: v for k, v in summary.items() if k != "backend_line"}
     out.update({
@@ -100,7 +100,7 @@ def run_gpu_recipe(name: str, run: RunFolder, cmd: list[str], summary: dict[str,
     })  # fmt: skip
     run.write_summary(out)
     every = f" (saved every {save_freq} steps)" if save_freq else ""
-    if rc == INTERRUPTED:
+    if rc == launch.INTERRUPTED:
         print(f"[{name}] interrupted: main_ppo and its Ray processes were stopped. The same command resumes from the "
               f"last checkpoint in {run.checkpoints}{every}.", file=sys.stderr)  # fmt: skip
         return rc

@@ -10,6 +10,7 @@ model starts between roughly 10% and 60% correct), how they are scored and which
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,32 @@ class PretrainedRun:
     model: ResolvedModel
     cache_dir: Path
     n_sft_train: int = 0
+
+    @classmethod
+    def of(cls, model: str | None, family: JobFamily, cache_dir: str | None = None, planned: bool = False
+           ) -> PretrainedRun | None:  # fmt: skip
+        """The run of ``model`` (``--model``; None for the tiny model, the default) on ``family`` (``--family``), its
+        caches under ``cache_dir`` (``--sft-cache``), ``$STARE_CACHE_DIR`` or ``runs/cache``. ``planned`` (the dry
+        run): a registered model that is not prepared yet still plans (its folder is where ``make model`` puts it).
+
+        Raises:
+            ValueError: (``stare_verl.models.ModelError`` included) an unknown name that is no model folder, a
+                registered model not prepared yet (unless ``planned``), or a family without a pretrained task.
+        """
+        from stare_verl.jobs.demo.sft import DEFAULT_CACHE_DIR
+        from stare_verl.models import ModelError, lookup, resolve_model
+
+        if model in (None, "tiny") or resolve_model(model, require_prepared=False).is_tiny:
+            return None
+        variant = family.for_pretrained()  # a family without a pretrained task says so before the model is looked at
+        try:
+            resolved = resolve_model(model)
+        except ModelError:
+            if not (planned and lookup(model) is not None):
+                raise
+            return cls(family=variant, model=resolve_model(model, require_prepared=False), cache_dir=Path("."))
+        cache = Path(cache_dir or os.environ.get("STARE_CACHE_DIR") or DEFAULT_CACHE_DIR)
+        return cls(family=variant, model=resolved, cache_dir=cache)
 
     @property
     def needs_warm_start(self) -> bool:

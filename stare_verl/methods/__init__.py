@@ -44,7 +44,7 @@ ESTIMATORS: dict[str, type[EntropyControl]] = {cls.estimator: cls for cls in MET
 __all__ = ["ESTIMATORS", "METHODS", "SHARED_METRICS", "TOKEN_STATS_MODES", "TRAINER_MODE_ALIASES", "EntropyControl",
            "EntropyInputsMissing", "MethodConfigError", "check_runnable", "estimator_fn", "get_method",
            "group_config_of", "inputs_missing", "method_for_config", "metric_names", "metric_prefixes",
-           "parse_method_spec", "register"]  # fmt: skip
+           "parse_method_spec", "recorded_method", "register"]  # fmt: skip
 
 
 def get_method(name: str) -> type[EntropyControl]:
@@ -74,6 +74,18 @@ def parse_method_spec(spec: str) -> EntropyControl:
             raise MethodConfigError(f"method {spec!r}: settings are key=value separated by commas, got {item!r}")
         raw[key.strip()] = value.strip()
     return cls(cls.parse(raw, where=f"method {name}"))
+
+
+def recorded_method(spec: Any) -> EntropyControl | None:
+    """The method a run recorded (``summary.json``'s ``method``, a :func:`parse_method_spec` spelling), or None when
+    ``spec`` is no string or names no method this version reads (an old name, a setting since removed): for the
+    readers of finished runs (plots, tables), which show what they can and never fail on an old run."""
+    if not isinstance(spec, str):
+        return None
+    try:
+        return parse_method_spec(spec)
+    except ValueError:  # MethodConfigError (an unknown name, a malformed or invalid setting)
+        return None
 
 
 def method_for_config(algorithm_config: Any) -> EntropyControl | None:

@@ -95,7 +95,7 @@ def test_cpu_default_run_writes_run_folder_and_resumes(tmp_path, monkeypatch, ca
 def test_model_without_gpu_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setenv("MODEL", "/models/qwen")
     monkeypatch.setattr(
-        "stare_verl.jobs.train.probe_gpu", lambda: GpuProbe(gpu=False, name=None, sglang=True)
+        "stare_verl.jobs.train.entry.probe_gpu", lambda: GpuProbe(gpu=False, name=None, sglang=True)
     )
     assert main(["--family", "shortcot"]) == 2
     err = capsys.readouterr().err

@@ -24,8 +24,8 @@ def stubbed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(demo_sft, "ensure_sft_checkpoint", lambda cfg: state["sft"])
     monkeypatch.setattr(demo_sft, "read_report", lambda d: {"heldout": {"T=0.0": {"accuracy": 1.0}}})
-    monkeypatch.setattr(T, "_evaluate_sft", evaluate_sft)
-    monkeypatch.setattr(T, "_train_tiny_recipe", lambda *a, **k: 0)
+    monkeypatch.setattr(T.cpu, "evaluate_sft_cached", evaluate_sft)
+    monkeypatch.setattr(T.cpu, "train_tiny_recipe", lambda *a, **k: 0)
     monkeypatch.chdir(tmp_path)
     return calls, state, tmp_path
 

@@ -52,8 +52,8 @@ _REAL_POPEN = subprocess.Popen
 
 @pytest.fixture
 def gpu_node(monkeypatch):
-    monkeypatch.setattr(train, "probe_gpu", lambda: H200)
-    monkeypatch.setattr(train.subprocess, "Popen", _FakeVerl)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: H200)
+    monkeypatch.setattr(train.launch.subprocess, "Popen", _FakeVerl)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     _FakeVerl.launched.clear()
 

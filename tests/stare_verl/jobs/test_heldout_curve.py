@@ -66,19 +66,20 @@ def test_a_tiny_run_saves_up_to_six_checkpoints_at_least_five_steps_apart(steps,
 
 
 def test_the_save_freq_reaches_the_tiny_recipe_and_an_explicit_one_wins(tmp_path):
-    args = train.build_parser().parse_args(["--family", "tooluse", "--steps", "30"])
-    args.overrides = []
+    from stare_verl.jobs.train.cpu import TinyLaunch
+
     run = RunFolder(tmp_path / "run")
     data = {"train": tmp_path / "t.parquet", "val": tmp_path / "v.parquet"}
     backend = RunBackend("cpu", "hf", "cpu", "cpu", "bwrap")
-    cmd = train.tiny_recipe_command(args, backend, "tooluse", tmp_path, data, run, "tooluse_tiny", from_model=False)
-    assert "trainer.save_freq=5" in cmd
-    args.save_freq = 3
-    cmd = train.tiny_recipe_command(args, backend, "tooluse", tmp_path, data, run, "tooluse_tiny", from_model=False)
-    assert "trainer.save_freq=3" in cmd
-    args.save_freq = 0  # a user's MODEL (from_model): one checkpoint at the end, as before
-    cmd = train.tiny_recipe_command(args, backend, "tooluse", tmp_path, data, run, "tooluse_tiny", from_model=True)
-    assert "trainer.save_freq=30" in cmd
+
+    def command(argv, from_model=False):
+        job = TinyLaunch(train.parse_options(argv), backend, run, "tooluse_tiny", [], "t")
+        return train.tiny_recipe_command(job, tmp_path, data, from_model=from_model)
+
+    assert "trainer.save_freq=5" in command(["--family", "tooluse", "--steps", "30"])
+    assert "trainer.save_freq=3" in command(["--family", "tooluse", "--steps", "30", "--save-freq", "3"])
+    # a user's MODEL (from_model): one checkpoint at the end, as before
+    assert "trainer.save_freq=30" in command(["--family", "tooluse", "--steps", "30"], from_model=True)
 
 
 def test_train_reads_every_checkpoint_and_the_last_is_after(tmp_path, monkeypatch, capsys):
@@ -94,11 +95,11 @@ def test_train_reads_every_checkpoint_and_the_last_is_after(tmp_path, monkeypatc
     sft = tmp_path / "sft"
     sft.mkdir()
     ckpts = [(5, tmp_path / "s5"), (10, tmp_path / "s10"), (15, tmp_path / "s15")]
-    got = train._heldout_entropy(sft, ckpts, 3, "t")
+    got = train.heldout_entropy_curve(sft, ckpts, 3, "t")
     assert read == ["sft", "s5", "s10", "s15"]
     assert [(e["step"], e["entropy"]) for e in got["by_step"]] == [(0, 0.05), (5, 0.048), (10, 0.045), (15, 0.041)]
     assert got["before"] == _probe(0.05) and got["after"] == _probe(0.041)
-    assert train._heldout_entropy(sft, [], 3, "t") is None  # nothing to read: a warning, not a crash
+    assert train.heldout_entropy_curve(sft, [], 3, "t") is None  # nothing to read: a warning, not a crash
     assert "no held-out entropy (ValueError: no RL checkpoint with weights)" in capsys.readouterr().err
 
     bad = {"s10"}
@@ -109,13 +110,13 @@ def test_train_reads_every_checkpoint_and_the_last_is_after(tmp_path, monkeypatc
         return _probe(values[path.name])
 
     monkeypatch.setattr(ev, "heldout_entropy", damaged)
-    got = train._heldout_entropy(sft, ckpts, 3, "t")  # an earlier checkpoint that cannot be read: left out
+    got = train.heldout_entropy_curve(sft, ckpts, 3, "t")  # an earlier checkpoint that cannot be read: left out
     assert [e["step"] for e in got["by_step"]] == [0, 5, 15] and got["after"] == _probe(0.041)
     err = capsys.readouterr().err
     assert "held-out entropy of step 10 left out" in err and "OSError: truncated safetensors" in err
     assert "delete" not in err  # the cache is not at fault
     bad = {"s15"}  # the last one: no "after", no probe
-    assert train._heldout_entropy(sft, ckpts, 3, "t") is None
+    assert train.heldout_entropy_curve(sft, ckpts, 3, "t") is None
     err = capsys.readouterr().err
     assert "the last checkpoint" in err and "heldout_entropy_n3.json" in err
 

@@ -18,7 +18,7 @@ PLACEHOLDERS = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.va
 def test_every_method_validates_on_every_cpu_recipe(family):
     for name in METHODS:
         method = parse_method_spec(name)
-        cfg = compose_recipe(f"cpu/{family}_tiny_{method.recipe}", PLACEHOLDERS + method_overrides(name, []))
+        cfg = compose_recipe(f"cpu/{family}_tiny_{method.recipe}", PLACEHOLDERS + method_overrides(method, []))
         parsed = validate_recipe(cfg)
         assert parsed is not None, name  # every method runs through our trainer mode (shared metrics)
         if method.estimator:
@@ -29,7 +29,8 @@ def test_every_method_validates_on_every_cpu_recipe(family):
 
 def test_the_workers_actor_config_carries_the_methods_keys():
     def actor(spec):
-        cfg = compose_recipe(f"cpu/shortcot_tiny_{parse_method_spec(spec).recipe}", PLACEHOLDERS + method_overrides(spec, []))
+        method = parse_method_spec(spec)
+        cfg = compose_recipe(f"cpu/shortcot_tiny_{method.recipe}", PLACEHOLDERS + method_overrides(method, []))
         return cfg, omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # as verl's actor worker builds it
 
     _, a = actor("entropy_bonus:coef=0.003")

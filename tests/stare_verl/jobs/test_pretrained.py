@@ -13,7 +13,7 @@ import pytest
 
 from stare_verl.jobs.families import job_family
 from stare_verl.jobs.families.problems import problem_row, split_problems
-from stare_verl.jobs.train import build_parser, cached_eval_before, is_pretrained_recipe
+from stare_verl.jobs.train import cached_eval_before, is_pretrained_recipe, parse_options
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -52,11 +52,11 @@ def test_families_without_a_pretrained_task_say_so():
 
 
 def test_defaults_depend_on_the_model():
-    tiny = build_parser().parse_args([])
-    real = build_parser().parse_args(["--model", "smollm2-135m"])
+    tiny = parse_options([])
+    real = parse_options(["--model", "smollm2-135m"])
     assert (tiny.steps, tiny.n_eval, tiny.eval_samples) == (30, 200, 1)
     assert (real.steps, real.n_eval, real.eval_samples) == (20, 100, 4)
-    assert build_parser().parse_args(["--model", "smollm2-135m", "--steps", "2"]).steps == 2
+    assert parse_options(["--model", "smollm2-135m", "--steps", "2"]).steps == 2
     assert is_pretrained_recipe("shortcot_real_stare") and not is_pretrained_recipe("shortcot_tiny_stare")
 
 
@@ -119,12 +119,12 @@ def test_cached_eval_before_is_keyed(tmp_path):
 
 def test_the_stop_message_says_whether_a_checkpoint_exists(tmp_path):
     from stare_verl.jobs.runlog import RunFolder
-    from stare_verl.jobs.train import _resume_clause
+    from stare_verl.jobs.train import resume_clause
 
     run = RunFolder(tmp_path / "run")
-    assert _resume_clause(run, 5) == ("No checkpoint was saved yet (the first comes at step 5): the same command "
+    assert resume_clause(run, 5) == ("No checkpoint was saved yet (the first comes at step 5): the same command "
                                       "starts RL again from its first step.")  # fmt: skip
     ckpts = tmp_path / "run" / "checkpoints"
     (ckpts / "global_step_5").mkdir(parents=True)
     (ckpts / "latest_checkpointed_iteration.txt").write_text("5")
-    assert _resume_clause(run, 5).startswith(f"The same command resumes from the last checkpoint in {ckpts}")
+    assert resume_clause(run, 5).startswith(f"The same command resumes from the last checkpoint in {ckpts}")

@@ -63,11 +63,11 @@ interrupt_on_termination()
 out = Path(sys.argv[1])
 if len(sys.argv) > 3:  # a slow log set-up: the signal lands after the launch, before the wait loop
     import time
-    class SlowFilter(train.RepeatedWarningFilter):
+    class SlowFilter(train.launch.RepeatedWarningFilter):
         def __init__(self, *a, **k):
             time.sleep(float(sys.argv[3]))
             super().__init__(*a, **k)
-    train.RepeatedWarningFilter = SlowFilter
+    train.launch.RepeatedWarningFilter = SlowFilter
 child = "import os, time, pathlib; pathlib.Path(%r).write_text(str(os.getpid())); time.sleep(120)" % str(out / "pid")
 env = {**os.environ, RUN_TAG_ENV: sys.argv[2]}
 rc = train.run_main_ppo([sys.executable, "-c", child], env, out / "log", out / "metrics.jsonl", 5)
@@ -143,7 +143,7 @@ def work(*a, **k):
 which = sys.argv[1]
 if which in ("train", "compare"):
     from stare_verl.jobs import train
-    train.train_cpu = work
+    train.cpu.train_cpu = work
     if which == "train":
         sys.exit(train.main(["--cpu"]))
     from stare_verl.jobs import compare
@@ -159,7 +159,7 @@ if which == "eval":
     sys.exit(cli.main([]))
 if which == "stare-verl":
     from stare_verl.jobs import cli, train
-    train.train_cpu = work
+    train.cpu.train_cpu = work
     sys.exit(cli.main(["train", "--cpu"]))
 """
 

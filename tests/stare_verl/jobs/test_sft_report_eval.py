@@ -1,11 +1,11 @@
-"""The evaluation before RL reuses the SFT's own held-out evaluation when it is the same one (train.py)."""
+"""The evaluation before RL reuses the SFT's own held-out evaluation when it is the same one (``stare_verl.jobs.train.heldout``)."""
 
 import json
 
 import pytest
 
 from stare_verl.jobs.demo.sft import SFTConfig
-from stare_verl.jobs.train import _evaluate_sft, _sft_report_eval
+from stare_verl.jobs.train.heldout import evaluate_sft_cached, sft_report_eval
 
 
 def _report(tmp_path, n=200, temps=("T=0.0", "T=1.0"), spp=1):
@@ -17,9 +17,9 @@ def _report(tmp_path, n=200, temps=("T=0.0", "T=1.0"), spp=1):
 def test_same_evaluation_is_reused(tmp_path):
     heldout = _report(tmp_path)
     cfg = SFTConfig(family="tooluse")
-    assert _sft_report_eval(tmp_path, cfg, 200, 3, 1) == {"T=0": heldout["T=0.0"], "T=1": heldout["T=1.0"]}
+    assert sft_report_eval(tmp_path, cfg, 200, 3, 1) == {"T=0": heldout["T=0.0"], "T=1": heldout["T=1.0"]}
     # CoT families have one turn whatever --max-turns says
-    assert _sft_report_eval(tmp_path, SFTConfig(family="shortcot"), 200, 5, 1) is not None
+    assert sft_report_eval(tmp_path, SFTConfig(family="shortcot"), 200, 5, 1) is not None
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,7 @@ def test_same_evaluation_is_reused(tmp_path):
 )
 def test_a_different_evaluation_is_not_reused(tmp_path, n, turns, samples, report_kw):
     _report(tmp_path, **report_kw)
-    assert _sft_report_eval(tmp_path, SFTConfig(family="tooluse"), n, turns, samples) is None
+    assert sft_report_eval(tmp_path, SFTConfig(family="tooluse"), n, turns, samples) is None
 
 
 @pytest.mark.parametrize(
@@ -53,24 +53,24 @@ def test_a_different_evaluation_is_not_reused(tmp_path, n, turns, samples, repor
 )
 def test_a_missing_or_broken_report_is_not_reused(tmp_path, content):
     cfg = SFTConfig(family="tooluse")
-    assert _sft_report_eval(tmp_path, cfg, 200, 3, 1) is None  # no report at all
+    assert sft_report_eval(tmp_path, cfg, 200, 3, 1) is None  # no report at all
     (tmp_path / "sft_report.json").write_text(content)
-    assert _sft_report_eval(tmp_path, cfg, 200, 3, 1) is None
+    assert sft_report_eval(tmp_path, cfg, 200, 3, 1) is None
 
 
 def test_the_reused_evaluation_is_cached_like_a_computed_one(tmp_path, monkeypatch):
     heldout = _report(tmp_path)
-    monkeypatch.setattr("stare_verl.jobs.train._evaluate", lambda *a, **k: pytest.fail("evaluated again"))
-    ev = _evaluate_sft(tmp_path, SFTConfig(family="tooluse"), 200, 3)
+    monkeypatch.setattr("stare_verl.jobs.train.heldout.evaluate_heldout", lambda *a, **k: pytest.fail("evaluated again"))
+    ev = evaluate_sft_cached(tmp_path, SFTConfig(family="tooluse"), 200, 3)
     assert ev["T=1"] == heldout["T=1.0"]
     assert json.loads((tmp_path / "eval_n200_turns3.json").read_text()) == ev
 
 
 def test_the_cli_default_turns_are_the_evaluations_default():
     from stare_verl.jobs.demo.evaluate import DEFAULT_MAX_ASSISTANT_TURNS
-    from stare_verl.jobs.train import build_parser
+    from stare_verl.jobs.train import parse_options
 
-    assert build_parser().parse_args(["--cpu"]).max_turns == DEFAULT_MAX_ASSISTANT_TURNS
+    assert parse_options(["--cpu"]).max_turns == DEFAULT_MAX_ASSISTANT_TURNS
 
 
 @pytest.mark.parametrize("field", ["lr", "weight_decay", "max_grad_norm"])

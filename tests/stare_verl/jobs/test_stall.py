@@ -105,7 +105,7 @@ def test_a_quoted_death_phrase_is_not_a_death(text):
 
 def test_train_refuses_a_bad_timeout_before_anything_runs(monkeypatch):
     monkeypatch.setenv(stall.STALL_ENV, "soon")
-    assert stall.STALL_ENV in train.bad_option(train.build_parser().parse_args([]))
+    assert stall.STALL_ENV in train.bad_option(train.parse_options([]))
 
 
 # main_ppo stand-ins: one whose worker dies and that then waits for ever (what verl's trainer does), one silent
@@ -129,7 +129,7 @@ def _run(tmp_path, code, tag):
 
 
 def test_run_main_ppo_stops_a_run_whose_worker_died(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(train, "StallWatch", functools.partial(StallWatch, after_death_s=3.0))
+    monkeypatch.setattr(train.launch, "StallWatch", functools.partial(StallWatch, after_death_s=3.0))
     rc, took, log = _run(tmp_path, _DIES_THEN_HANGS, "stall-test-death")
     assert rc == STALLED
     assert took < 60  # stopped, not waited on
@@ -140,7 +140,7 @@ def test_run_main_ppo_stops_a_run_whose_worker_died(tmp_path, monkeypatch, capsy
 
 
 def test_run_main_ppo_stops_a_run_without_steps(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(train, "no_step_timeout", lambda: 4.0)  # the variable's floor is 60 s
+    monkeypatch.setattr(train.launch, "no_step_timeout", lambda: 4.0)  # the variable's floor is 60 s
     rc, took, _ = _run(tmp_path, _SILENT, "stall-test-silent")
     assert rc == STALLED and took < 60
     assert "no RL step in" in capsys.readouterr().err

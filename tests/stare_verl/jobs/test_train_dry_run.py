@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from stare_verl.jobs import train
 from stare_verl.jobs.backend import GpuProbe
+from stare_verl.recipe_files import recipes_dir
 
 pytestmark = pytest.mark.integration
 
@@ -30,9 +31,9 @@ class _NoLaunch(subprocess.Popen):
 @pytest.fixture
 def cpu_machine(monkeypatch, tmp_path):
     """A machine without a GPU, the working directory an empty folder; launching anything fails the test."""
-    monkeypatch.setattr(train, "probe_gpu", lambda: NO_GPU)
-    monkeypatch.setattr(train.subprocess, "Popen", _NoLaunch)
-    monkeypatch.setattr(train, "run_main_ppo", lambda *a, **k: pytest.fail("main_ppo launched"))
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: NO_GPU)
+    monkeypatch.setattr(train.launch.subprocess, "Popen", _NoLaunch)
+    monkeypatch.setattr(train.launch, "run_main_ppo", lambda *a, **k: pytest.fail("main_ppo launched"))
     monkeypatch.delenv("MODEL", raising=False)
     monkeypatch.delenv("RUN_DIR", raising=False)
     monkeypatch.delenv("STARE_STALL_TIMEOUT_S", raising=False)
@@ -164,7 +165,7 @@ def test_dry_run_of_the_cpu_default_prints_the_tiny_recipe_command(cpu_machine, 
     assert rc == 0, out
     cfg, cmd, plan = _plan(out, "train-tooluse")
     run = cpu_machine / "runs" / "tooluse-stare-seed2"
-    assert cmd[3:5] == [f"--config-path={train.recipes_dir() / 'cpu'}", "--config-name=tooluse_tiny_stare"]
+    assert cmd[3:5] == [f"--config-path={recipes_dir() / 'cpu'}", "--config-name=tooluse_tiny_stare"]
     assert (
         f"data.train_files={run / 'data' / 'train.parquet'}" in cmd
         and "trainer.total_training_steps=3" in cmd
@@ -217,7 +218,7 @@ def test_dry_run_errors_are_one_line(cpu_machine, capsys):
 
 def test_gpu_options_on_real_runs(cpu_machine, capsys, monkeypatch):
     """--gpu without a usable GPU, --n-gpus on the CPU run and --gpu-recipe on the tiny recipe stop before anything
-    runs; --gpu --cpu and unknown loggers are usage errors."""
+    runs; --gpu --cpu is a usage error, unknown loggers and --n-gpus 0 are one-line errors of the options."""
     assert train.main(["--family", "shortcot", "--gpu"]) == 2
     err = capsys.readouterr().err
     assert (
@@ -227,11 +228,15 @@ def test_gpu_options_on_real_runs(cpu_machine, capsys, monkeypatch):
     assert "--n-gpus count GPUs and this is the CPU run" in capsys.readouterr().err
     assert train.main(["--family", "shortcot", "--gpu-recipe", "shortcot_qwen2.5-math-1.5b"]) == 2
     assert "--gpu-recipe applies to the GPU recipe" in capsys.readouterr().err
-    for argv, said in ((["--gpu", "--cpu"], "not allowed with"), (["--logger", "console,slack"], "unknown logger slack"),
-                       (["--n-gpus", "0"], "expected an integer >= 1")):  # fmt: skip
-        with pytest.raises(SystemExit):
-            train.main(argv)
-        assert said in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--gpu", "--cpu"])
+    assert "not allowed with" in capsys.readouterr().err
+    for argv, said in ((["--logger", "console,slack"], "error: --logger: unknown logger slack (verl's: "),
+                       (["--logger", ","], "error: --logger: expected logger names"),
+                       (["--n-gpus", "0"], "error: --n-gpus must be >= 1 (got 0)")):  # fmt: skip
+        assert train.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(said) and err.count("\n") == 1
     assert list(cpu_machine.iterdir()) == []
 
 
@@ -239,18 +244,43 @@ def test_gpu_run_takes_the_recipe_gpu_count_and_logger(monkeypatch, tmp_path):
     """On a GPU node with SGLang the options reach main_ppo's command (the recipe, then the Hydra keys)."""
     launched = []
 
-    real_popen = train.subprocess.Popen
+    real_popen = train.launch.subprocess.Popen
 
     class Fake:
         def __new__(cls, cmd, **kwargs):
             launched.append(cmd)
             return real_popen([sys.executable, "-c", "pass"], **kwargs)
 
-    monkeypatch.setattr(train, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
-    monkeypatch.setattr(train.subprocess, "Popen", Fake)
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
+    monkeypatch.setattr(train.launch.subprocess, "Popen", Fake)
     monkeypatch.delenv("MODEL", raising=False)
     assert train.main(["--family", "shortcot", "--gpu", "--run-dir", str(tmp_path / "r"), "--gpu-recipe",
                        "shortcot_qwen2.5-math-1.5b", "--n-gpus", "2", "--logger", "console"]) == 0  # fmt: skip
     cmd = launched[-1]
     assert "--config-name=shortcot_qwen2.5-math-1.5b_stare" in cmd
     assert cmd[-1] == "trainer.n_gpus_per_node=2" and "trainer.logger=[console,file]" in cmd
+
+
+@pytest.mark.parametrize(("family", "method", "recipe", "key"), [
+    ("short_cot", "grpo", "shortcot_tiny_grpo", "++algorithm.stare.reweight_w=1.0"),  # the alias; the twin's pins
+    ("tooluse", "entropy_bonus:coef=0.01", "tooluse_tiny_grpo", "++actor_rollout_ref.actor.entropy_coeff=0.01"),
+])  # fmt: skip
+def test_python_dash_m_plans_a_family_and_method(tmp_path, family, method, recipe, key):
+    """``python -m stare_verl.jobs.train --dry-run`` (the package's ``__main__``), a process of its own on this
+    machine: the plan of the family's tiny recipe for the method, validated, and nothing written."""
+    import os
+
+    env = {**os.environ, "STARE_CACHE_DIR": str(tmp_path / "cache")}
+    for name in ("MODEL", "RUN_DIR", "STARE_STALL_TIMEOUT_S", "RAY_ADDRESS"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-m", "stare_verl.jobs.train", "--cpu", "--dry-run", "--family", family,
+                           "--method", method, "--steps", "3"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    name = "train-" + family.replace("_", "")
+    _, cmd, plan = _plan(proc.stdout, name)
+    assert f"--config-name={recipe}" in cmd and key in cmd and "trainer.total_training_steps=3" in cmd
+    label = method.replace(":", "-").replace("=", "")
+    assert f"trainer.experiment_name={family.replace('_', '')}-{label}-seed0" in cmd
+    assert plan[-1].startswith(f"[{name}] ok: validates as verl would at launch")
+    assert list(tmp_path.iterdir()) == []  # no run folder, no cache

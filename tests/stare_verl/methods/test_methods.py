@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from stare_verl.methods import METHODS, MethodConfigError, get_method, method_for_config, parse_method_spec
+from stare_verl.methods import (
+    METHODS,
+    MethodConfigError,
+    get_method,
+    method_for_config,
+    parse_method_spec,
+    recorded_method,
+)
 from stare_verl.methods.adaptive_entropy import AdaptiveEntropy, AdaptiveEntropyConfig, next_coefficient
 from stare_verl.methods.base import top_share_mask
 from stare_verl.methods.entropy_adv import entropy_advantages
@@ -40,6 +47,15 @@ def test_every_method_is_registered_once_and_unknown_names_list_the_known_ones()
 def test_bad_settings_are_errors_that_name_the_key(spec, message):
     with pytest.raises(MethodConfigError, match=message):
         parse_method_spec(spec)
+
+
+def test_a_recorded_method_reads_back_or_is_none():
+    """What a finished run recorded: a spec with settings reads back as the method; an unknown name, a bad setting
+    or no string at all is None (a reader of old runs shows what it can)."""
+    method = recorded_method("entropy_bonus:coef=0.01")
+    assert (method.name, method.config.coef, method.label) == ("entropy_bonus", 0.01, "entropy_bonus-coef0.01")
+    assert recorded_method("stare:").name == "stare"  # no settings after the colon: the defaults
+    assert [recorded_method(s) for s in ("clipcov", "stare:nope=1", "entropy_bonus:coef", None, 3)] == [None] * 5
 
 
 def test_launch_overrides_set_the_methods_verl_keys():

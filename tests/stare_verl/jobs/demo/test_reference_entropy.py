@@ -133,21 +133,21 @@ def test_train_caches_the_episodes_and_survives_a_failing_probe(tmp_path, monkey
     monkeypatch.setattr(ev, "heldout_entropy", entropy)
     sft = tmp_path / "sft"
     sft.mkdir()
-    got = train._heldout_entropy(sft, [(30, tmp_path / "rl")], 3, "t")
+    got = train.heldout_entropy_curve(sft, [(30, tmp_path / "rl")], 3, "t")
     assert got["before"]["entropy"] == 0.05 and got["after"]["entropy"] == 0.04
     assert json.loads((sft / "heldout_entropy_n3.json").read_text())["episodes"] == [[[1, 2, 3], [0, 1, 1]]] * 3
-    again = train._heldout_entropy(sft, [(30, tmp_path / "rl2")], 3, "t")  # from the cache: no new episodes, no SFT read
+    again = train.heldout_entropy_curve(sft, [(30, tmp_path / "rl2")], 3, "t")  # from the cache: no new episodes, no SFT read
     assert (again["before"], again["after"]) == (got["before"], got["after"])
     assert calls["episodes"] == 1 and calls["entropy"] == [str(sft), str(tmp_path / "rl"), str(tmp_path / "rl2")]
     (sft / "heldout_entropy_n3.json").write_text("{torn")  # a torn cache is built again
-    assert train._heldout_entropy(sft, [(30, tmp_path / "rl")], 3, "t")["before"]["entropy"] == 0.05
+    assert train.heldout_entropy_curve(sft, [(30, tmp_path / "rl")], 3, "t")["before"]["entropy"] == 0.05
     assert calls["episodes"] == 2
     # so is JSON of another shape (a user's hand edit, another version's file): the run never loses the probe
     good = json.loads((sft / "heldout_entropy_n3.json").read_text())
     for n, foreign in enumerate([{"episodes": 5, "before": 1}, {"episodes": [], "before": {}},
                                  {**good, "before": 1}, {**good, "before": {"entropy": 0.05}}, [1, 2]], start=3):
         (sft / "heldout_entropy_n3.json").write_text(json.dumps(foreign))
-        assert train._heldout_entropy(sft, [(30, tmp_path / "rl")], 3, "t")["before"]["entropy"] == 0.05
+        assert train.heldout_entropy_curve(sft, [(30, tmp_path / "rl")], 3, "t")["before"]["entropy"] == 0.05
         assert calls["episodes"] == n
         assert json.loads((sft / "heldout_entropy_n3.json").read_text()) == good
 
@@ -155,6 +155,6 @@ def test_train_caches_the_episodes_and_survives_a_failing_probe(tmp_path, monkey
         raise RuntimeError("no sandbox backend")
 
     monkeypatch.setattr(ev, "heldout_episodes", no_sandbox)
-    assert train._heldout_entropy(sft, [(30, tmp_path / "rl")], 5, "t") is None
+    assert train.heldout_entropy_curve(sft, [(30, tmp_path / "rl")], 5, "t") is None
     err = capsys.readouterr().err
     assert "warning: no held-out entropy (RuntimeError: no sandbox backend)" in err and "delete" not in err

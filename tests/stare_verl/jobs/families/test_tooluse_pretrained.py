@@ -147,12 +147,18 @@ def test_warm_start_cache_key_and_hit(tmp_path, capsys):
 
 
 def test_warm_start_steps_option():
-    import argparse
+    from stare_verl.jobs.train import (
+        CPU_ONLY_OPTIONS,
+        WARM_START_STEPS,
+        OptionsError,
+        TrainOptions,
+        parse_options,
+    )
 
-    from stare_verl.jobs.train import CPU_ONLY_OPTIONS, WARM_START_STEPS, bad_option, build_parser
-
-    assert build_parser().parse_args([]).warm_start_steps is None and WARM_START_STEPS >= 1
-    assert build_parser().parse_args(["--warm-start-steps", "5"]).warm_start_steps == 5
-    assert bad_option(argparse.Namespace(warm_start_steps=0)) == "--warm-start-steps must be >= 1 (got 0)"
-    assert bad_option(argparse.Namespace(warm_start_steps=None)) is None
+    assert parse_options([]).warm_start_steps is None and WARM_START_STEPS >= 1
+    assert parse_options(["--warm-start-steps", "5"]).warm_start_steps == 5
+    with pytest.raises(OptionsError) as err:
+        TrainOptions.parse({"warm_start_steps": 0})
+    assert str(err.value) == "--warm-start-steps must be >= 1 (got 0)"
+    assert TrainOptions.parse({"warm_start_steps": None}).warm_start_steps is None
     assert "warm_start_steps" in CPU_ONLY_OPTIONS

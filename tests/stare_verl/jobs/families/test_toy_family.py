@@ -194,8 +194,8 @@ def test_evaluation_path_local_checkpoint_of_a_toy_sft(tmp_path):
 
 
 def test_the_clis_offer_it():
-    from stare_verl.jobs.train import build_parser
+    from stare_verl.jobs.train import parse_options
 
-    assert build_parser().parse_args(["--family", "toyguess"]).family == "toyguess"
-    assert build_parser().parse_args(["--family", "toy_guess"]).family == "toyguess"  # the alias
-    assert build_parser().parse_args(["--family", "short_cot"]).family == "shortcot"
+    assert parse_options(["--family", "toyguess"]).family == "toyguess"
+    assert parse_options(["--family", "toy_guess"]).family == "toyguess"  # the alias
+    assert parse_options(["--family", "short_cot"]).job_family.name == "shortcot"
