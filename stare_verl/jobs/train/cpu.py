@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stare_verl.jobs.backend import RunBackend, choose_backend, probe_gpu, sandbox_backend, stderr_to
+from stare_verl.jobs.failure import failure_report
 from stare_verl.jobs.pretrained import PretrainedRun
 from stare_verl.jobs.procs import RUN_TAG_ENV
 from stare_verl.jobs.runlog import RunFolder, entropy_report, format_entropy_report
@@ -337,8 +338,11 @@ def train_tiny_recipe(job: TinyLaunch, model_dir: Path, t0: float, before: dict 
         print(f"[{name}] {what} {resume_clause(run, every)}", file=sys.stderr)
         return rc
     if rc != 0:
-        tail = run.train_log.read_text(errors="replace")[-3000:]
-        print(f"error: verl main_ppo exited with {rc}; last lines of {run.train_log}:\n{tail}", file=sys.stderr)
+        report, resumable = failure_report(rc, run.train_log)
+        print(report, file=sys.stderr)
+        if resumable:
+            print(f"[{name}] {resume_clause(run, tiny_save_freq(opts, from_model and not pretrained))}",
+                  file=sys.stderr)  # fmt: skip
         return rc if rc > 0 else 1
 
     ckpt = run.latest_checkpoint()
