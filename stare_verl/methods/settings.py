@@ -94,7 +94,8 @@ def format_validation_error(err: ValidationError, where: str, model: type[BaseMo
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(config)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"{where}.{key}: unknown key; allowed keys: {', '.join(model.model_fields)}")
+            allowed = ", ".join(model.model_fields)
+            lines.append(f"{where}.{key}: unknown key; " + (f"allowed keys: {allowed}" if allowed else "it takes no settings"))
         else:
             lines.append(f"{where}.{key}: {e['msg']} (got {e.get('input')!r})")
     return f"invalid {where} config:\n  " + "\n  ".join(lines)

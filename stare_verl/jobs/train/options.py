@@ -435,15 +435,32 @@ def bad_option(opts: TrainOptions) -> str | None:
         return str(exc)
     run_dir = opts.run_dir or os.environ.get("RUN_DIR")
     if run_dir:
-        blocker = _file_on_path(Path(run_dir))
-        if blocker is not None:
-            return f"the run folder {run_dir} cannot be made: {blocker} is a file (--run-dir / RUN_DIR)"
+        problem = folder_problem(Path(run_dir))
+        if problem is not None:
+            return f"the run folder {run_dir} cannot be made: {problem} (--run-dir / RUN_DIR)"
     if opts.sft_cache:  # a typo here would silently start a fresh cold-start SFT (minutes): the folder must exist
         path = Path(opts.sft_cache)
         if not path.is_dir():
             what = "is a file" if path.exists() else "does not exist"
             return (f"--sft-cache {opts.sft_cache} {what}; give an existing SFT cache folder, or create an empty one "
                     "(mkdir -p) to start a new cache there")  # fmt: skip
+    return None
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why the folder ``path`` could not be made (or used), in a few words, or None when it can: a file on the path,
+    or a first existing parent where a folder cannot be created (a read-only file system, no permission, a virtual
+    file system such as /proc). Probes by making and removing an empty temporary folder in that parent."""
+    blocker = _file_on_path(path)
+    if blocker is not None:
+        return f"{blocker} is a file"
+    parent = next((p for p in [path, *path.parents] if p.exists()), None)
+    if parent is None or parent == path:
+        return None
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".stare-probe-", dir=parent))
+    except OSError as exc:
+        return f"no folder can be made in {parent} ({exc.strerror or exc})"
     return None
 
 

