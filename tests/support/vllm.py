@@ -1,4 +1,4 @@
-"""The marks of every test module under tests/vllm: marker ``vllm`` (``make test-vllm``), skipped cleanly where
+"""The marks of every vLLM test module (tests/stare_verl/cpu/test_vllm_*.py): marker ``vllm`` (``make test-vllm``), skipped cleanly where
 vLLM's CPU build is not installed (``make test``'s virtualenv)."""
 
 from importlib.metadata import PackageNotFoundError, version
