@@ -5,8 +5,10 @@ The pipeline's step is verl's (``python -m stare_verl.jobs.train --family shortc
 old log-prob and update from its ``timing_s/*`` metrics (the median over steps 2..S; step 1 warms up). The floor: HF
 ``generate`` of the same prompts x samples (T = 1, the recipe's response length), the reward, GRPO advantages, and
 one AdamW update with the recipe's micro-batches, where the update's forward gives the log-probs (no separate
-old-log-prob pass: one update per batch is on-policy). Prints both, the ratio pipeline / floor (goal <= 1.5x) and the
-floor's peak RSS. Both run in this one process's session, one after the other, so they see the same machine load.
+old-log-prob pass: one update per batch is on-policy), the responses sorted by length and each micro-batch cut after
+its longest response (no compute on padding). Prints both, the ratio pipeline / floor (goal <= 1.5x) and the
+floor's peak RSS. Both run in this one session, one after the other; the 1-minute load average at the end of each
+is printed beside it (a busy machine slows either, so compare only runs at similar load).
 
 Usage: ``python bench/bench_real_step.py [--model smollm2-135m] [--steps 3]``; skipped (exit 0, one line) when the
 model is not prepared (``make model``). Takes ~10 minutes on 2 idle cores.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -74,21 +77,25 @@ def floor_step(model_dir: Path, shape: dict, seed: int = 0) -> dict:
     r = rewards.view(shape["prompts"], shape["n"])
     adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).view(-1)
     mask = (resp != tok.pad_token_id).float()  # the end-of-turn token is a model token; padding (a token of its own) is not
+    t2 = time.perf_counter()
     model.train()
     opt.zero_grad(set_to_none=True)
-    full = out
     attn = torch.cat([enc.attention_mask, torch.ones_like(resp)], dim=1)
     n_tok = mask.sum()
-    for i in range(0, full.shape[0], shape["micro"]):
-        sl = slice(i, i + shape["micro"])
-        logits = model(input_ids=full[sl], attention_mask=attn[sl]).logits[:, enc.input_ids.shape[1] - 1 : -1]
-        logp = torch.log_softmax(logits.float(), -1).gather(-1, resp[sl].unsqueeze(-1)).squeeze(-1)
+    p_len = enc.input_ids.shape[1]
+    # the floor wastes no compute on padding: responses sorted by length, each micro-batch cut after its longest
+    order = torch.argsort(mask.sum(1), descending=True)
+    for i in range(0, out.shape[0], shape["micro"]):
+        idx = order[i : i + shape["micro"]]
+        r_len = max(int(mask[idx].sum(1).max()), 1)
+        logits = model(input_ids=out[idx, : p_len + r_len], attention_mask=attn[idx, : p_len + r_len]).logits
+        logp = torch.log_softmax(logits[:, p_len - 1 : -1].float(), -1).gather(-1, resp[idx, :r_len, None]).squeeze(-1)
         ratio = torch.exp(logp - logp.detach())
-        loss = -(ratio * adv[sl, None] * mask[sl]).sum() / n_tok
+        loss = -(ratio * adv[idx, None] * mask[idx, :r_len]).sum() / n_tok
         loss.backward()
     opt.step()
-    t2 = time.perf_counter()
-    return {"gen_s": t1 - t0, "update_s": t2 - t1, "step_s": t2 - t0,
+    t3 = time.perf_counter()
+    return {"gen_s": t1 - t0, "reward_s": t2 - t1, "update_s": t3 - t2, "step_s": t3 - t0,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "tokens": int(n_tok)}  # fmt: skip
 
 
@@ -128,11 +135,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{shape['response']} response tokens, micro-batch {shape['micro']}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
         pipe = pipeline_steps(args.model, args.steps, Path(tmp) / "run")
+    load_pipe = os.getloadavg()[0]
     floor = floor_step(model_dir, shape)
+    load_floor = os.getloadavg()[0]
     parts = ", ".join(f"{k} {v:.1f} s" for k, v in pipe.items())
-    print(f"  pipeline (verl, median of steps 2-{args.steps}): {parts}")
-    print(f"  floor (plain torch GRPO step): generation {floor['gen_s']:.1f} s, update {floor['update_s']:.1f} s, "
-          f"step {floor['step_s']:.1f} s ({floor['tokens']} response tokens), peak RSS {floor['peak_rss_gb']:.1f} GB")
+    print(f"  pipeline (verl, median of steps 2-{args.steps}; 1-minute load at its end {load_pipe:.1f}): {parts}")
+    print(f"  floor (plain torch GRPO step; load at its end {load_floor:.1f}): generation {floor['gen_s']:.1f} s, "
+          f"reward {floor['reward_s']:.1f} s, update {floor['update_s']:.1f} s, step {floor['step_s']:.1f} s "
+          f"({floor['tokens']} response tokens), peak RSS {floor['peak_rss_gb']:.1f} GB")
     ratio = pipe["step"] / floor["step_s"]
     print(f"  step ratio pipeline / floor: {ratio:.2f}x (goal <= 1.5x)")
     return 0

@@ -2,7 +2,8 @@
 
 Greedy, fp32, 64 prompts x 64 new tokens in one batch (left-padded ``generate`` for transformers, one
 ``LLM.generate`` call for vLLM), on the CPU default families' tiny model (hidden 128, 2 layers, 0.44 M-parameter
-shape with a 384-token vocabulary) and a ~25 M-parameter one (hidden 512, 8 layers, 8 heads). Prints tokens/s of
+shape with a 384-token vocabulary), a ~25 M-parameter one (hidden 512, 8 layers, 8 heads) and, where ``make model``
+has prepared it, the real pretrained SmolLM2-135M-Instruct (``--model smollm2-135m``; its own tokenizer). Prints tokens/s of
 each, the engine's start-up time (model load, and for vLLM its KV cache and workers) and the peak resident memory
 of the engine's process and of its largest child process (vLLM's engine core runs in a process of its own, stopped
 after the generation so that its peak is counted); also whether the greedy tokens agree. Each engine runs in a process of its own (vLLM in
@@ -59,7 +60,7 @@ if __name__ == "__main__":
         model.generation_config.eos_token_id = None  # exactly __K__ tokens, none suppressed (vLLM: ignore_eos)
         start = time.perf_counter() - t0
         width = max(map(len, prompts))
-        pad = tok.pad_token_id
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
         t1 = time.perf_counter()
@@ -99,6 +100,32 @@ def _run(python: str, engine: str, model: str, script: Path, cache: Path) -> dic
     return json.loads(line[len("RESULT "):])
 
 
+def _real_model() -> tuple[str, int] | None:
+    """The prepared real model's folder and parameter count, or None (with a note) where it is not prepared."""
+    sys.path.insert(0, str(REPO))
+    from stare_verl.models import ModelError, resolve_model
+
+    try:
+        path = resolve_model("smollm2-135m").path
+    except ModelError as err:
+        print(f"SmolLM2-135M-Instruct: skipped ({err})")
+        return None
+    from safetensors import safe_open
+
+    n = 0
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            n += sum(_numel(st.get_slice(k).get_shape()) for k in st.keys())
+    return str(path), n
+
+
+def _numel(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= int(d)
+    return out
+
+
 def main() -> int:
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     have_vllm = VLLM_PYTHON.exists()
@@ -108,8 +135,11 @@ def main() -> int:
         root = Path(tmp)
         script = root / "engine.py"
         script.write_text(ENGINE)
-        for name, shape in SHAPES.items():
-            model, n_params = _build(root / name.split()[0].replace("~", ""), shape)
+        models = [(name, *_build(root / name.split()[0].replace("~", ""), shape)) for name, shape in SHAPES.items()]
+        real = _real_model()
+        if real is not None:
+            models.append(("SmolLM2-135M-Instruct (prepared by make model)", *real))
+        for name, model, n_params in models:
             print(f"== {name}, {n_params / 1e6:.2f} M parameters: {N_PROMPTS} prompts x {NEW_TOKENS} new tokens, greedy, fp32")
             res = {"hf": _run(sys.executable, "hf", model, script, root / "cache")}
             if have_vllm:
