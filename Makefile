@@ -160,9 +160,10 @@ sft-tooluse: install system-deps
 	$(BIN)/python -m stare_verl.jobs.sft train $(if $(MODEL),--model $(MODEL)) $(ARGS) $(OVERRIDES)
 
 # STARE vs GRPO-ds on a CPU default task: 3 seeds each (2 for shortcot) from one SFT checkpoint (runs/compare/, or
-# runs/compare-<family>/ with FAMILY=shortcot|longcot).
-compare: install system-deps
-	$(BIN)/python -m stare_verl.jobs.compare $(if $(FAMILY),--family $(FAMILY)) $(ARGS)
+# runs/compare-<family>/ with FAMILY=shortcot|longcot). ARGS="--methods grpo stare forking --seeds 0 1", Hydra
+# overrides for every run in OVERRIDES="key=value ..."; DRY_RUN=1: each run's plan, nothing run (as make train-*).
+compare: install $(if $(DRY_RUN),,system-deps)
+	$(BIN)/python -m stare_verl.jobs.compare $(if $(FAMILY),--family $(FAMILY)) $(DRY) $(ARGS) $(OVERRIDES)
 
 clean:
 	rm -rf $(VENV) $(SANDBOX_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -66,7 +66,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
     from stare_verl.jobs.backend import stderr_to
+    from stare_verl.jobs.recipes import override_problem
 
+    bad = next(filter(None, map(override_problem, args.overrides)), None)
+    if bad:  # an empty value composes (as the empty string): refused before it would pass the check
+        print(f"error: {bad}", file=sys.stderr)
+        return 1
     tmp = tempfile.TemporaryDirectory()
     source = _recipe_source(args.recipe, tmp.name)
     if isinstance(source, str):

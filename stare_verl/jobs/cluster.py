@@ -373,18 +373,19 @@ def cluster_plan(main_cmd: list[str], driver: list[str], nnodes: int, n_gpus: in
 
 DRIVER_OPTIONS = (("family", "--family"), ("method", "--method"), ("gpu_recipe", "--gpu-recipe"),
                   ("seed", "--seed"), ("steps", "--steps"), ("save_freq", "--save-freq"), ("n_gpus", "--n-gpus"),
-                  ("nnodes", "--nnodes"), ("logger", "--logger"), ("run_dir", "--run-dir"))  # fmt: skip
+                  ("nnodes", "--nnodes"), ("logger", "--logger"), ("run_dir", "--run-dir"), ("model", "--model"))  # fmt: skip
 """The ``stare-verl train`` options a GPU run takes, as ``(attribute, flag)``."""
 
 
 def driver_argv(args, defaults) -> list[str]:
     """The ``stare-verl train --gpu`` command line of ``args`` (a parsed ``stare-verl train`` namespace): the GPU
-    options of :data:`DRIVER_OPTIONS` that differ from ``defaults`` (the parser's), ``--family`` always, then the
+    options of :data:`DRIVER_OPTIONS` that differ from ``defaults`` (the parser's), ``--family`` and ``--model`` (when
+    given) always, then the
     Hydra overrides; ``--dry-run`` left out."""
     out = ["stare-verl", "train", "--gpu"]
     for attr, flag in DRIVER_OPTIONS:
         value = getattr(args, attr, None)
-        if value is None or (attr != "family" and value == getattr(defaults, attr, None)):
+        if value is None or (attr not in ("family", "model") and value == getattr(defaults, attr, None)):
             continue
         out += [flag, ",".join(value) if isinstance(value, list) else str(value)]
     return out + list(getattr(args, "overrides", []) or [])

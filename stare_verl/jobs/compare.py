@@ -341,67 +341,133 @@ def _heldout_overlay(stats: list[dict[str, Any]], methods: list[str], colors: di
     plt.close(fig)
 
 
+def _same_runs(methods: list[str], runs: list[TrainOptions]) -> str | None:
+    """Two ``--methods`` that are one run (the same method and settings given, so the same run folder: ``stare`` and
+    ``stare:``, ``stare:reweight_w=1.1`` and ``stare:reweight_w=1.10``), as one line naming them; None when there are
+    none (the second would reuse the first's finished run as its own)."""
+    seen: dict[str, str] = {}
+    for method, opts in zip(methods, runs, strict=True):
+        label = opts.entropy_method.label
+        if label in seen:
+            return (f"--methods {seen[label]} and {method} are one run (method {label}, the same settings): give "
+                    "each method once")  # fmt: skip
+        seen[label] = method
+    return None
+
+
+def _dry_run(runs: list[TrainOptions], family: str, steps: int, n_eval: int, eval_samples: int) -> int:
+    """``compare --dry-run``: each run's plan (:func:`stare_verl.jobs.train.dry_run`: the composed config, the
+    ``main_ppo`` command, validated as verl would at launch), or, for a finished run folder, whether it is reused;
+    nothing is trained, written or launched. Returns 0, or 2 when a run's plan or a finished folder would stop the
+    comparison."""
+    from stare_verl.jobs.backend import probe_gpu
+    from stare_verl.jobs.train import dry_run
+
+    probe = probe_gpu()
+    rc = 0
+    for i, opts in enumerate(runs, 1):
+        run_dir = Path(opts.run_dir)
+        print(f"[compare] dry run {i}/{len(runs)}: {run_dir.name} (stare-verl train {' '.join(opts.to_argv())})",
+              flush=True)  # fmt: skip
+        if RunFolder(run_dir).is_finished():
+            other = reuse_mismatch(RunFolder(run_dir).read_summary(), steps, n_eval, eval_samples)
+            if other:
+                print(f"error: {run_dir} holds a finished run of other settings ({other})", file=sys.stderr)
+                rc = 2
+            else:
+                print(f"[compare] {run_dir} is finished: reused, not run again", flush=True)
+            continue
+        rc = max(rc, dry_run(opts, probe))
+    print(f"[compare] dry run of {len(runs)} {family} runs: nothing was trained, written or launched", flush=True)
+    return rc
+
+
 def _rolling(ys: list[float], n: int) -> list[float]:
     if n <= 1:
         return list(ys)
     return [statistics.fmean(ys[max(0, i - n + 1) : i + 1]) for i in range(len(ys))]
 
 
+LR_MAX = 1.0
+"""The largest ``--lr`` (AdamW's learning rate; above 1 is a typo, not a schedule)."""
+COMPARE_FLAGS = {"seed": "--seeds", "method": "--methods"}
+"""compare's flags of the run options it sets per run (for the errors of :meth:`TrainOptions.parse`)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``stare-verl compare``'s parser (the family and the ``--sft-*`` options are :class:`TrainOptions` fields);
+    parse it with :func:`stare_verl.jobs.train.options.parse_command_line`, which ends ``--methods`` and
+    ``--seeds`` at the first Hydra override."""
+    from stare_verl.jobs.train import SFT_SHARED_OPTIONS, TrainOptions, add_options
+    from stare_verl.jobs.train.options import option_range
+
+    p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
+    add_options(p, TrainOptions, ["family"])
+    p.add_argument(
+        "--methods", nargs="+", action="extend", default=None, metavar="METHOD[:KEY=VALUE,...]",
+        help="the methods to compare (default: stare grpo); a setting after a colon, e.g. entropy_bonus:coef=0.01; "
+             "each once (two spellings of one run, as stare:reweight_w=1.1 and stare:reweight_w=1.10, are an error)",
+    )  # fmt: skip
+    p.add_argument("--seeds", type=int, nargs="+", action="extend", default=None, metavar="SEED",
+                   help="seeds per method (default: 0 1 for shortcot, 0 1 2 otherwise; each once; "
+                        f"{option_range('seed')})")  # fmt: skip
+    p.add_argument("--steps", type=int, default=None,
+                   help="RL steps per run (default: 100 for shortcot, where the entropy of GRPO-ds and STARE separate "
+                        f"only after ~50 steps; 30 otherwise; {option_range('steps')})")  # fmt: skip
+    p.add_argument("--n-eval", type=int, default=200,
+                   help=f"held-out problems evaluated before and after RL (default 200; {option_range('n_eval')})")
+    p.add_argument("--eval-samples", type=int, default=4,
+                   help=f"samples per held-out problem at T = 1 (pass@k up to this k; default 4; "
+                        f"{option_range('eval_samples')})")  # fmt: skip
+    p.add_argument(
+        "--mini-batches", type=int, default=1, choices=(1, 2, 4, 8),
+        help="actor updates per rollout batch, a divisor of the 8 prompts of a step (1: on-policy, the importance "
+             "ratio is 1; 2-8: off-policy)",
+    )  # fmt: skip
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"actor learning rate for every run, in (0, {LR_MAX:g}] (default: the recipe's)")
+    p.add_argument("--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check every run's options and print each run's plan (as stare-verl train --dry-run: the "
+                        "composed config, the main_ppo command, validated as verl would at launch), then stop: "
+                        "nothing is trained, written or launched")  # fmt: skip
+    add_options(p, TrainOptions, SFT_SHARED_OPTIONS)
+    p.add_argument(
+        "overrides", nargs="*", default=[],
+        help="Hydra overrides for every run (the GRPO-ds twin keeps W = M = 1); also after --methods / --seeds",
+    )  # fmt: skip
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status."""
+    """Run the comparison (``python -m stare_verl.jobs.compare``); returns the exit status: 2 for options that
+    cannot run (one ``error: ...`` line), a run's own status when it fails, 130 for a stop before a run's RL."""
+    import tempfile
+
+    from stare_verl.jobs.backend import stderr_to
     from stare_verl.jobs.procs import interrupt_on_termination
     from stare_verl.jobs.train import (
         INTERRUPTED,
         SFT_SHARED_OPTIONS,
         OptionsError,
         TrainOptions,
-        add_options,
         bad_option,
         stopped_before_rl,
     )
     from stare_verl.jobs.train import cpu as tiny_run  # its train_cpu looked up per run (a test's stand-in)
+    from stare_verl.jobs.train.options import parse_command_line
 
     interrupt_on_termination()  # Ctrl-C (even when inherited as ignored), kill, a closed terminal stop the current run
 
-    p = argparse.ArgumentParser(prog="stare-verl compare", description=__doc__.split("\n\n")[0])
-    add_options(p, TrainOptions, ["family"])
-    p.add_argument(
-        "--methods", nargs="+", default=["stare", "grpo"], metavar="METHOD[:KEY=VALUE,...]",
-        help="the methods to compare (default: stare grpo); a setting after a colon, e.g. entropy_bonus:coef=0.01",
-    )  # fmt: skip
-    p.add_argument("--seeds", type=int, nargs="+", default=None,
-                   help="seeds per method (default: 0 1 for shortcot, 0 1 2 otherwise)")  # fmt: skip
-    p.add_argument("--steps", type=int, default=None,
-                   help="RL steps per run (default: 100 for shortcot, where the entropy of GRPO-ds and STARE separate "
-                        "only after ~50 steps; 30 otherwise)")  # fmt: skip
-    p.add_argument("--n-eval", type=int, default=200, help="held-out problems evaluated before and after RL (default 200)")
-    p.add_argument(
-        "--eval-samples", type=int, default=4, help="samples per held-out problem at T = 1 (pass@k up to this k)"
-    )
-    p.add_argument(
-        "--mini-batches", type=int, default=1,
-        help="actor updates per rollout batch (1: on-policy, the importance ratio is 1; 2-4: off-policy)",
-    )  # fmt: skip
-    p.add_argument("--lr", type=float, default=None, help="actor learning rate for every run (default: the recipe's)")
-    p.add_argument(
-        "--out", default=None, help="output folder (default runs/compare, or runs/compare-<family>)"
-    )
-    add_options(p, TrainOptions, SFT_SHARED_OPTIONS)
-    p.add_argument(
-        "overrides", nargs="*", default=[], help="Hydra overrides for every run (the GRPO-ds twin keeps W = M = 1)"
-    )
-    args = p.parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     shared = {k: v for k, v in vars(args).items() if k in ("family", *SFT_SHARED_OPTIONS)}  # the options given
     fam = job_family(shared.get("family", DEFAULT_FAMILY))
     steps = fam.compare_steps if args.steps is None else args.steps
     # a seed given twice would be one run counted twice in the table's mean and sd
     seeds = list(dict.fromkeys(list(fam.compare_seeds) if args.seeds is None else args.seeds))
-    methods = list(dict.fromkeys(args.methods))
-    if args.mini_batches not in (1, 2, 4, 8):
-        print("error: --mini-batches must divide the 8 prompts of a step: 1, 2, 4 or 8", file=sys.stderr)
-        return 2
-    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
-        print(f"error: --lr must be a positive number (got {args.lr})", file=sys.stderr)
+    methods = list(dict.fromkeys(args.methods or ["stare", "grpo"]))
+    if args.lr is not None and not (math.isfinite(args.lr) and 0 < args.lr <= LR_MAX):
+        print(f"error: --lr must be in (0, {LR_MAX:g}] (got {args.lr:g})", file=sys.stderr)
         return 2
     regime_overrides = []
     regime = "on-policy (one update per batch)"
@@ -417,18 +483,23 @@ def main(argv: list[str] | None = None) -> int:
         """One run's options: the CPU default of the family, its folder ``<method label>-seed<seed>`` under out."""
         opts = TrainOptions.parse({**shared, "cpu": True, "method": method, "seed": seed, "steps": steps,
                                    "n_eval": args.n_eval, "eval_samples": args.eval_samples,
-                                   "overrides": [*regime_overrides, *args.overrides]})  # fmt: skip
+                                   "overrides": [*regime_overrides, *args.overrides]}, COMPARE_FLAGS)  # fmt: skip
         return opts.model_copy(update={"run_dir": str(out / f"{opts.entropy_method.label}-seed{seed}")})
 
-    # every run's options are checked once, up front (a finished run folder would skip the run's own check)
+    # every run's options are checked once, up front (a finished run folder would skip the run's own check); verl's
+    # import-time warnings (optional engines, the accelerator probe) are not the console's, as in train
     try:
-        runs = [run_options(method, seed) for seed in seeds for method in methods]
-        problem = bad_option(runs[0]) or baseline_mismatch(runs[: len(methods)])
+        with tempfile.TemporaryFile() as noise, stderr_to(noise):
+            runs = [run_options(method, seed) for seed in seeds for method in methods]
+            problem = (_same_runs(methods, runs[: len(methods)]) or bad_option(runs[0])
+                       or baseline_mismatch(runs[: len(methods)]))  # fmt: skip
     except (OptionsError, ValueError) as err:  # ValueError: a boolean key that holds no boolean
         problem = str(err)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        return _dry_run(runs, fam.name, steps, args.n_eval, args.eval_samples)
     print(f"[compare] {fam.name}: {', '.join(methods)} x seeds {seeds}, {steps} steps each, {regime}",
           flush=True)  # fmt: skip
     stats = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,42 @@ from omegaconf import DictConfig, OmegaConf
 
 from stare_verl.recipe_files import recipes_dir, register_resolver
 
-__all__ = ["compose_recipe", "recipe_names", "recipes_dir", "validate_recipe"]
+__all__ = ["compose_recipe", "is_override", "override_problem", "recipe_names", "recipes_dir", "validate_recipe"]
+
+_OVERRIDE = re.compile(r"^(~|\+\+?)?[A-Za-z_][\w.@/\-\[\]]*(=|$)")
+
+
+def is_override(text: str) -> bool:
+    """Whether a command-line word is written as a Hydra override (``key=value``, ``+key=value``, ``++key=value``,
+    ``~key``, ``~key=value``; the key a dotted name): what ends the values of a list option (``--seeds 0 1
+    key=value``). A method spec (``stare:reweight_w=2``) or a number is none."""
+    return bool(_OVERRIDE.match(text)) and ("=" in text or text.startswith("~"))
+
+
+def override_problem(text: str) -> str | None:
+    """Why ``text`` is no Hydra override a run should take, as one line naming it, or None when it is one.
+
+    Hydra's own grammar decides what parses (``hydra.core.override_parser``); on top of it an empty value
+    (``actor_rollout_ref.actor.optim.lr=``, which Hydra reads as the empty string and verl would meet only at
+    launch) is refused: ``key=null`` is the explicit null, ``key=''`` the explicit empty string; ``~key=`` (delete
+    only where the key is the empty string) likewise: ``~key`` deletes.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([text])[0]
+    except Exception as err:  # noqa: BLE001 - hydra's OverrideParseException: its reason, one line
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if not ln.startswith(("Error parsing", "See "))), lines[0] if lines else "")
+        return (f"override {text!r} is no Hydra override (key=value, +key=value, ++key=value or ~key)"
+                + (f": {why}" if why else ""))  # fmt: skip
+    head, eq, value = text.partition("=")
+    if eq and not value.strip():
+        key = parsed.key_or_group
+        if parsed.is_delete():
+            return f"override {text!r} has an empty value: ~{key} deletes {key}"
+        return f"override {text!r} gives {key} no value: write one, {head}=null for null or {head}='' for an empty string"
+    return None
 
 
 def recipe_names(folder: Path | None = None) -> list[str]:
@@ -39,10 +75,14 @@ def compose_recipe(
         FileNotFoundError: no recipes folder (see :func:`recipes_dir`).
         hydra.errors.MissingConfigException: no such recipe.
         hydra.errors.ConfigCompositionException: a bad override.
+        ValueError: a word that is no Hydra override, or one with an empty value (:func:`override_problem`).
         omegaconf.errors.InterpolationResolutionError: an interpolation does not resolve (e.g. a missing file).
     """
     from hydra import compose, initialize_config_dir
 
+    problem = next(filter(None, map(override_problem, overrides or [])), None)
+    if problem:
+        raise ValueError(problem)
     folder = Path(folder or recipes_dir())
     if "/" in name.removesuffix(".yaml"):  # e.g. "cpu/shortcot_tiny_stare": its folder is the config dir
         sub, name = name.removesuffix(".yaml").rsplit("/", 1)

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from stare_verl.jobs.recipes import is_override, override_problem
 from stare_verl.jobs.runlog import SFT_HF_SUBDIR, latest_hf_checkpoint
 from stare_verl.jobs.sft_data import build_sft_data
 from stare_verl.jobs.sft_recipes import DEFAULT_RECIPE, compose_sft, validate_sft
@@ -54,7 +54,6 @@ __all__ = [
 
 # Where recipes/base/tooluse_qwen2.5-7b-sft.yaml's actor_rollout_ref.model.path looks by default.
 DEFAULT_LINK = "checkpoints/sft/qwen2.5-7b-tooluse"
-_OVERRIDE = re.compile(r"^(~|\+\+?)?[A-Za-z_][\w.@/\-\[\]]*(=|$)")
 
 
 # ------------------------------------------------------------------------------------------- launch
@@ -185,6 +184,10 @@ def _last_loss(metrics: Path) -> tuple[int, float] | None:
 
 
 def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str]) -> int:
+    bad = next(filter(None, map(override_problem, overrides)), None)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     gpus = has_gpu()
     use_gpu = args.device == "gpu" or (args.device == "auto" and gpus > 0)
     if args.device == "gpu" and gpus == 0 and not args.dry_run:
@@ -272,7 +275,7 @@ def _train(args: argparse.Namespace, overrides: list[str], passthrough: list[str
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    overrides = [a for a in argv if _OVERRIDE.match(a) and ("=" in a or a.startswith("~"))]
+    overrides = [a for a in argv if is_override(a)]
     rest = [a for a in argv if a not in overrides]
     return overrides, rest
 
@@ -286,21 +289,25 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m stare_verl.jobs.sft", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("data", help="write the multi-turn SFT parquet files")
-    d.add_argument("--out", default=os.path.join(os.environ.get("DATA_DIR", "data"), "sft"))
+    d.add_argument("--out", default=os.path.join(os.environ.get("DATA_DIR", "data"), "sft"),
+                   help="folder of tooluse_train.parquet / tooluse_val.parquet (default $DATA_DIR/sft or data/sft)")
     d.add_argument("--demos", type=int, default=512, help="programmatic demonstrations (0: none)")
-    d.add_argument("--demo-seed", type=int, default=0)
+    d.add_argument("--demo-seed", type=int, default=0, help="seed of the programmatic demonstrations (default 0)")
     d.add_argument("--retool", action="store_true", help="add ReTool-SFT from Hugging Face")
     d.add_argument("--retool-file", default=None, help="a local copy of ReTool-SFT (parquet/jsonl)")
-    d.add_argument("--retool-limit", type=int, default=None)
-    d.add_argument("--n-val", type=int, default=64)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--retool-limit", type=int, default=None, help="the first N rows of ReTool-SFT (default: all)")
+    d.add_argument("--n-val", type=int, default=64, help="rows held out into tooluse_val.parquet (default 64)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the shuffle and the train / val split (default 0)")
     d.add_argument("--tokenizer", default=None, help="drop rows longer than --max-length tokens with it")
-    d.add_argument("--max-length", type=int, default=None)
+    d.add_argument("--max-length", type=int, default=None,
+                   help="most tokens a row may have, counted with --tokenizer (default: no limit)")
     t = sub.add_parser("train", help="run the SFT (verl on GPU; CPU default otherwise)")
     t.add_argument("--recipe", default=None, help=f"recipes/sft/<name>.yaml (GPU default {DEFAULT_RECIPE})")
     t.add_argument("--nproc", type=int, default=None, help="ranks (default: all GPUs; 1 on CPU)")
     t.add_argument("--model", default=None, help="base model path or hub id (model.path)")
-    t.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    t.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="auto (default): verl's SFT trainer where torch sees a GPU, else the CPU default SFT; gpu: "
+                        "verl's trainer (--dry-run plans it on any machine); cpu: the CPU default SFT")
     t.add_argument("--cpu-verl", action="store_true", help="without a GPU, run verl's SFT trainer on the CPU")
     t.add_argument("--link", default=None, help=f"symlink to the final HF checkpoint (default {DEFAULT_LINK})")
     t.add_argument("--dry-run", action="store_true", help="compose, validate and print the command only")

@@ -63,7 +63,8 @@ def parse_method_spec(spec: str) -> EntropyControl:
     """``"name"`` or ``"name:key=value,key=value"`` -> the method with those settings (validated).
 
     Raises:
-        MethodConfigError: an unknown method, a malformed ``key=value`` or an invalid setting (named).
+        MethodConfigError: an unknown method, a malformed ``key=value``, a setting given twice or an invalid
+            setting (named).
     """
     name, _, rest = spec.partition(":")
     cls = get_method(name.strip())
@@ -72,6 +73,8 @@ def parse_method_spec(spec: str) -> EntropyControl:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise MethodConfigError(f"method {spec!r}: settings are key=value separated by commas, got {item!r}")
+        if key.strip() in raw:  # never last-wins: one of the two values is a typo
+            raise MethodConfigError(f"method {spec!r}: setting {key.strip()} given twice; give each setting once")
         raw[key.strip()] = value.strip()
     return cls(cls.parse(raw, where=f"method {name}"))
 

@@ -445,13 +445,16 @@ def main(argv: list[str] | None = None) -> int:
 
     interrupt_on_termination()
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("checkpoint")
-    ap.add_argument("--n", type=int, default=None)
-    ap.add_argument("--data-seed", type=int, default=None)
-    ap.add_argument("--n-heldout", type=int, default=None)
+    ap.add_argument("checkpoint", help="a model folder (an SFT checkpoint, or any with --data-seed and --n-heldout)")
+    ap.add_argument("--n", type=int, default=None, help="the first N held-out problems (default: all --n-heldout)")
+    ap.add_argument("--data-seed", type=int, default=None,
+                    help="data seed of the held-out split (default: the checkpoint's sft_config.json)")
+    ap.add_argument("--n-heldout", type=int, default=None,
+                    help="size of the held-out split (default: the checkpoint's sft_config.json)")
     ap.add_argument("--family", type=family_arg, choices=sorted(job_family_names()), default=None,
                     help="task family (default: the checkpoint's sft_config.json, else tooluse)")
-    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0],
+                    help="sampling temperatures, one report each (0: greedy; default 0 1)")
     args = ap.parse_args(argv)
     import math
 

@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=0, help="greedy held-out check every N steps (0: off)")
     ap.add_argument("--threads", type=int, default=None, help=_field_help("num_threads"))
     ap.add_argument("--force", action="store_true", help="retrain even if cached")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no tqdm progress bar of the training")
     ap.add_argument("--min-accuracy", type=_accuracy_arg, default=None,
                     help="exit 2 when the greedy held-out accuracy is below this (in [0, 1])")
     a = ap.parse_args(argv)

@@ -112,21 +112,22 @@ def tiny_option_problem(opts: TrainOptions, backend: RunBackend) -> str | None:
     return None
 
 
-def model_problem(model: str, offline: bool = True) -> str | None:
+def model_problem(model: str, offline: bool = True, what: str | None = None) -> str | None:
     """Why ``MODEL`` cannot be loaded (None when it can): a folder needs ``config.json``; a path that does not exist
     is an error; any other value is a Hugging Face hub id, which an ``offline`` run (the tiny recipe's environment
     sets ``HF_HUB_OFFLINE=1``) finds only in the local cache. Checked before anything starts, instead of minutes
-    later in verl's workers."""
+    later in verl's workers. ``what``: how the message names the value (default ``MODEL=<model>``)."""
+    name = what or f"MODEL={model}"
     path = Path(model).expanduser()
     if path.exists():
-        return None if (path / "config.json").is_file() else f"MODEL={model} has no config.json (not a model folder)"
+        return None if (path / "config.json").is_file() else f"{name} has no config.json (not a model folder)"
     if model.startswith(("/", ".", "~")):
-        return f"MODEL={model}: no such folder"
+        return f"{name}: no such folder"
     if not offline:
         return None  # a hub id: the recipe's run downloads it
     if in_hf_cache(model):
         return None
     return (
-        f"MODEL={model} is neither a model folder nor in the Hugging Face cache, and runs are offline "
+        f"{name} is neither a model folder nor in the Hugging Face cache, and runs are offline "
         f"(HF_HUB_OFFLINE=1): download it first (huggingface-cli download {model}) or give a local folder"
     )

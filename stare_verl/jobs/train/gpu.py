@@ -27,8 +27,9 @@ CPU_ONLY_OPTIONS = ("n_train", "n_eval", "eval_samples", "max_turns", "min_sft_a
 def gpu_recipe_overrides(opts: TrainOptions) -> tuple[list[str], str | None]:
     """The Hydra overrides the options given to ``stare-verl train`` mean for a GPU recipe, or an error line for an
     option that only the CPU pipeline has (never silently dropped). Options left at their default are not passed,
-    so the recipe's own values (steps, seed, save frequency) stand."""
-    defaults = TrainOptions()
+    so the recipe's own values (steps, seed, save frequency) stand (the defaults of ``--model``'s kind: a pretrained
+    model's 20 steps are not passed either)."""
+    defaults = opts.kind_defaults()
     given = [o for o in CPU_ONLY_OPTIONS if getattr(opts, o) != getattr(defaults, o)]
     if given:
         flags = ", ".join("--" + o.replace("_", "-") for o in given)
@@ -38,6 +39,43 @@ def gpu_recipe_overrides(opts: TrainOptions) -> tuple[list[str], str | None]:
         )
     out = [f"{key}={getattr(opts, o)}" for o, key in GPU_RECIPE_OPTIONS.items() if getattr(opts, o) != getattr(defaults, o)]
     return out + placement_overrides(opts), None
+
+
+def gpu_model(opts: TrainOptions) -> tuple[str | None, str | None]:
+    """``(model, None)``: what a GPU-recipe run loads as ``actor_rollout_ref.model.path``: ``--model`` (a
+    registered pretrained model's prepared folder, else the folder or Hugging Face hub id as given), else ``MODEL``;
+    None: the recipe's own model. ``(None, error line)``: ``--model tiny`` (the CPU pipeline's from-scratch model),
+    or ``--model`` and ``MODEL`` naming different models. Whether the model is there is :func:`gpu_model_problem`'s."""
+    from stare_verl.models import MODELS, lookup
+    from stare_verl.models.registry import prepared_dir
+
+    env = os.environ.get("MODEL") or None
+    if opts.model is None:
+        return env, None
+    entry = lookup(opts.model)
+    if entry is not None and entry.kind == "tiny":
+        real = ", ".join(n for n, e in MODELS.items() if e.kind != "tiny")
+        return None, (f"--model {opts.model} is the CPU pipeline's from-scratch model; the GPU recipe (--gpu) takes a "
+                      f"registered pretrained model ({real}), a model folder or a Hugging Face hub id")  # fmt: skip
+    model = str(prepared_dir(entry).resolve()) if entry is not None else opts.model
+    if env and env not in (opts.model, model):
+        return None, f"--model {opts.model} and MODEL={env} name different models: give one of them"
+    return model, None
+
+
+def gpu_model_problem(opts: TrainOptions, model: str) -> str | None:
+    """Why the GPU recipe's ``model`` (:func:`gpu_model`) cannot be loaded here, or None: a registered model not
+    prepared yet (the command that prepares it), a folder without ``config.json`` or that does not exist (a hub id
+    is downloaded by the run)."""
+    from stare_verl.models import ModelError, lookup, resolve_model
+
+    if opts.model is not None and lookup(opts.model) is not None:
+        try:
+            resolve_model(opts.model)
+        except ModelError as err:
+            return str(err)
+        return None
+    return model_problem(model, offline=False, what=f"--model {opts.model}" if opts.model else None)
 
 
 def gpu_recipe_name(opts: TrainOptions) -> tuple[str | None, str | None]:
@@ -63,7 +101,7 @@ def gpu_run(opts: TrainOptions) -> RunFolder:
 
 
 def gpu_command(opts: TrainOptions, recipe: str, run: RunFolder, mapped: list[str], model: str | None) -> list[str]:
-    """The ``main_ppo`` command of GPU recipe ``recipe``: checkpoints into ``run``, ``MODEL`` (when set) as
+    """The ``main_ppo`` command of GPU recipe ``recipe``: checkpoints into ``run``, ``model`` (when set: :func:`gpu_model`) as
     ``actor_rollout_ref.model.path``, the options' Hydra keys ``mapped`` (:func:`gpu_recipe_overrides`), then the
     user's overrides with the method's (:func:`~stare_verl.jobs.train.launch.method_overrides`, which prints the
     GRPO-ds twin's note); verl's ``file`` logger and Hydra's run directory for the run folder
@@ -81,7 +119,8 @@ def gpu_command(opts: TrainOptions, recipe: str, run: RunFolder, mapped: list[st
 
 
 def train_gpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
-    """Launch ``main_ppo`` with the family's GPU recipe (``MODEL`` env var and overrides pass through).
+    """Launch ``main_ppo`` with the family's GPU recipe (``--model`` or the ``MODEL`` env var, :func:`gpu_model`, and
+    the overrides pass through).
 
     The run folder (``--run-dir``, ``RUN_DIR`` or ``runs/<family>-<method>-seed<seed>-sglang``) is laid out as a CPU
     run's (:func:`stare_verl.jobs.gpu_run.run_gpu_recipe`): the checkpoints (``trainer.default_local_dir``),
@@ -94,8 +133,8 @@ def train_gpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
     """
     from stare_verl.jobs.gpu_run import recipe_total_steps, run_gpu_recipe
 
-    model = os.environ.get("MODEL")
-    bad = bad_option(opts) or (model_problem(model, offline=False) if model else None)
+    model, bad = gpu_model(opts)
+    bad = bad or bad_option(opts) or (gpu_model_problem(opts, model) if model else None)
     mapped, err = gpu_recipe_overrides(opts)
     recipe, no_recipe = gpu_recipe_name(opts)
     if bad or err or no_recipe:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -34,6 +35,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
@@ -45,7 +47,7 @@ from stare_verl.jobs.backend import stderr_to
 from stare_verl.jobs.demo.sft import SFTConfig
 from stare_verl.jobs.families import DEFAULT_FAMILY, family_arg, job_family, job_family_names
 from stare_verl.jobs.families.base import JobFamily
-from stare_verl.jobs.pretrained import PRETRAINED_DEFAULTS
+from stare_verl.jobs.pretrained import N_HELDOUT, PRETRAINED_DEFAULTS
 from stare_verl.jobs.stall import no_step_timeout
 
 TINY_DEFAULTS = {"steps": 30, "n_eval": 200, "eval_samples": 1, "n_train": 1024}
@@ -54,6 +56,10 @@ TINY_DEFAULTS = {"steps": 30, "n_eval": 200, "eval_samples": 1, "n_train": 1024}
 WARM_START_STEPS = 60
 """Default steps of a pretrained model's warm start (``--warm-start-steps``)."""
 SEED_MAX = 2**32 - 1
+STEPS_MAX = 100_000
+"""The most steps of any step count (RL, SFT, warm start, the checkpoint interval): more is a typo, not a run."""
+HELDOUT_MAX = min(N_HELDOUT, SFTConfig.model_fields["n_heldout"].default)
+"""The held-out problems there are (the tiny model's SFT split and the pretrained task's): ``--n-eval``'s bound."""
 
 
 @dataclass(frozen=True)
@@ -127,32 +133,38 @@ class _TrainFields(BaseModel):
     model: Annotated[str | None, Cli(metavar="NAME|PATH")] = Field(
         None, description="the CPU run's model: tiny (default: the family's from-scratch model and its cold-start "
         "SFT), a registered pretrained model (smollm2-135m; make model prepares it offline), or a local Hugging Face "
-        "folder; a pretrained model trains on its family's pretrained task (recipes/cpu/<family>_real_*.yaml)")
+        "folder; a pretrained model trains on its family's pretrained task (recipes/cpu/<family>_real_*.yaml). With "
+        "--gpu: the GPU recipe's actor_rollout_ref.model.path (as MODEL=...): a registered model's prepared folder, "
+        "a local folder or a Hugging Face hub id (tiny is the CPU's; default: the recipe's model)")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="the RL run's seed: its data order, the actor's data loader "
                       "and the rollout's sampling")  # fmt: skip
     steps: int | None = Field(
-        None, ge=1, description=f"RL steps of the CPU run (tiny model: 8 prompts x 8 samples a step, --model: 8 x 4; "
+        None, ge=1, le=STEPS_MAX, description=f"RL steps of the CPU run (tiny model: 8 prompts x 8 samples a step, --model: 8 x 4; "
         f"{_kind_default('steps')})")
-    save_freq: int = Field(
-        0, ge=0, description="checkpoint every N steps (default: every steps / 6, at least 5, for the tiny CPU model, "
-        "the points of its held-out entropy curve; at the end for MODEL=...; a GPU recipe's own value)")
-    n_train: int | None = Field(None, ge=1, description=f"RL training problems ({_kind_default('n_train')})")
+    save_freq: int | None = Field(
+        None, ge=1, le=STEPS_MAX, description="checkpoint every N steps, and at the last (default: every steps / 6, "
+        "at least 5, for the tiny CPU model, the points of its held-out entropy curve; at the end for MODEL=...; a "
+        "GPU recipe's own value). 0 or less, verl's 'no checkpoint at all', is refused: the held-out evaluation "
+        "after RL and the resume read the checkpoints (a GPU run without any: the override trainer.save_freq=-1)")
+    n_train: int | None = Field(
+        None, ge=1, le=STEPS_MAX, description=f"RL training problems ({_kind_default('n_train')})")
     n_eval: int | None = Field(
-        None, ge=1, description=f"held-out problems evaluated before and after RL ({_kind_default('n_eval')})")
+        None, ge=1, le=HELDOUT_MAX, description=f"held-out problems evaluated before and after RL, at most the "
+        f"{HELDOUT_MAX} there are ({_kind_default('n_eval')})")
     eval_samples: int | None = Field(
-        None, ge=1, description="samples per held-out problem at T = 1 (k > 1 adds pass@k; greedy is always one; "
-        f"{_kind_default('eval_samples')})")
-    max_turns: int = Field(3, ge=1, description="assistant turns per episode (tool use)")
+        None, ge=1, le=256, description="samples per held-out problem at T = 1 (k > 1 adds pass@k; greedy is always "
+        f"one; {_kind_default('eval_samples')})")
+    max_turns: int = Field(3, ge=1, le=32, description="assistant turns per episode (tool use)")
     min_sft_accuracy: float | None = Field(
         None, ge=0, le=1, description="held-out greedy accuracy the SFT checkpoint needs before RL (default: the "
         "family's)")
     warm_start_steps: int | None = Field(
-        None, ge=1, description="--model runs of a family whose model needs one (tool use): steps of the warm start "
+        None, ge=1, le=STEPS_MAX, description="--model runs of a family whose model needs one (tool use): steps of the warm start "
         f"on the family's demonstrations, 8 a step, full fine-tuning at lr 3e-5 (default {WARM_START_STEPS}; cached "
         "by model and settings)")
-    sft_threads: int = Field(0, ge=0, description="torch threads of the SFT (0: torch's default)")
+    sft_threads: int = Field(0, ge=0, le=1024, description="torch threads of the SFT (0: torch's default)")
     sft_steps: int = Field(
-        0, ge=0, description="cold-start SFT steps, the most steps with --sft-stop-accuracy or the family's anneal "
+        0, ge=0, le=STEPS_MAX, description="cold-start SFT steps, the most steps with --sft-stop-accuracy or the family's anneal "
         "(0: the family's calibrated count)")
     sft_cache: str | None = Field(
         None, description="an existing SFT cache folder (default: $STARE_CACHE_DIR or runs/cache, made when missing)")
@@ -177,6 +189,31 @@ class _TrainFields(BaseModel):
     def _family_name(cls, value: str) -> str:
         return job_family(value).name  # ValueError naming the registered families; an alias gives its name
 
+    @field_validator("overrides")
+    @classmethod
+    def _hydra_overrides(cls, overrides: tuple[str, ...]) -> tuple[str, ...]:
+        """Each a Hydra override with a value (:func:`stare_verl.jobs.recipes.override_problem`): an empty one
+        (``key=``) would compose as the empty string and fail only in verl's workers, or train with it."""
+        from stare_verl.jobs.recipes import override_problem
+
+        problem = next(filter(None, map(override_problem, overrides)), None)
+        if problem:
+            raise ValueError(problem)
+        return overrides
+
+    @field_validator("method")
+    @classmethod
+    def _method_spec(cls, spec: str, info: ValidationInfo) -> str:
+        """A method spec that parses (:func:`stare_verl.methods.parse_method_spec`); the method goes to the
+        validation's context, where :meth:`_resolve` takes it (parsed once)."""
+        try:
+            method = methods.parse_method_spec(spec)
+        except methods.MethodConfigError as err:
+            raise ValueError(" ".join(str(err).split())) from None  # one line
+        if isinstance(info.context, dict):
+            info.context["method"] = method
+        return spec
+
     @field_validator("logger")
     @classmethod
     def _verl_loggers(cls, names: list[str] | None) -> list[str] | None:
@@ -194,13 +231,12 @@ class _TrainFields(BaseModel):
         return list(dict.fromkeys(names))
 
     @model_validator(mode="after")
-    def _resolve(self) -> _TrainFields:
-        """Look up the family, parse the method and build the SFT configuration, once."""
+    def _resolve(self, info: ValidationInfo) -> _TrainFields:
+        """Look up the family, parse the method (or take it from :meth:`_method_spec`) and build the SFT
+        configuration, once."""
         self._family = job_family(self.family)
-        try:
-            self._method = methods.parse_method_spec(self.method)
-        except methods.MethodConfigError as err:
-            raise ValueError("--method: " + " ".join(str(err).split())) from None  # one line
+        parsed = info.context.get("method") if isinstance(info.context, dict) else None
+        self._method = parsed or methods.parse_method_spec(self.method)
         self._sft = self._sft_config()
         return self
 
@@ -246,16 +282,24 @@ class _TrainFields(BaseModel):
         return self._sft
 
     @classmethod
-    def parse(cls, data: Mapping[str, Any]) -> TrainOptions:
+    def parse(cls, data: Mapping[str, Any], flags: Mapping[str, str] | None = None) -> TrainOptions:
         """The options of ``data`` (field name -> value; missing ones take their defaults).
+
+        ``flags``: the flag a field was given as, where a caller's command line names it otherwise (``compare``'s
+        ``--seeds`` sets ``seed``), for the errors.
 
         Raises:
             OptionsError: a value out of its bounds or that cannot run, as one line naming the flag.
         """
         try:
-            return cls.model_validate(dict(data))
+            return cls.model_validate(dict(data), context={})
         except ValidationError as exc:
-            raise OptionsError(explain(exc, cls)) from None
+            raise OptionsError(explain(exc, cls, flags)) from None
+
+    def kind_defaults(self) -> TrainOptions:
+        """The options a run of this model kind has when nothing else is given (``--model``'s defaults of the steps,
+        problems and samples): what an option is compared with to tell whether it was given."""
+        return type(self).parse({"model": self.model})
 
     def to_argv(self) -> list[str]:
         """The ``stare-verl train`` arguments that parse back to these options (:func:`parse_options`): each
@@ -298,8 +342,28 @@ def _sft_option(fields: tuple[str, ...]) -> tuple[Any, FieldInfo]:
     base = args[0] if len(args) == 1 and type(None) in typing.get_args(info.annotation) else info.annotation
     sets = "the cold-start SFT's " + " and ".join(f"SFTConfig.{f}" for f in fields)
     tail = "default: the family's; each value a checkpoint of its own"
-    description = f"{info.description} ({sets}; {tail})" if info.description else f"{sets} ({tail})"
-    return Annotated[(base, *info.metadata)] | None, Field(None, description=description)
+    text = info.description or ""
+    annotation: Any = Annotated[(base, *info.metadata)] | None
+    if "None: off" in text and all(job_family(f).sft_defaults.get(fields[0]) is None for f in job_family_names()):
+        # the field's None (off) is every family's value, so the option's "not given": 'off' or 'none' say it
+        text = text.replace("None: off", "'off' or 'none' (or not given): off")
+        annotation = Annotated[annotation, Cli(convert=_off_or(base))]
+    description = f"{text} ({sets}; {tail})" if text else f"{sets} ({tail})"
+    return annotation, Field(None, description=description)
+
+
+def _off_or(number: type) -> Callable[[str], Any]:
+    """The converter of an option whose None means off: ``off`` / ``none`` (any case) -> None, else ``number``."""
+
+    def convert(text: str) -> Any:
+        if text.strip().lower() in ("off", "none"):
+            return None
+        try:
+            return number(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, off or none, got {text!r}") from None
+
+    return convert
 
 
 TrainOptions = create_model(
@@ -331,6 +395,18 @@ def _value_type(annotation: Any) -> Any:
     return typing.get_args(annotation)[0] if typing.get_origin(annotation) is Annotated else annotation
 
 
+def _help(info: FieldInfo) -> str:
+    """An option's ``--help`` line: the field's description, then its bounds where the description does not say
+    them (``(allowed: >= 1)``)."""
+    text, bounds = info.description or "", _range(info)
+    return f"{text} (allowed: {bounds})" if bounds and bounds not in text else text
+
+
+def option_range(name: str) -> str:
+    """The bounds of :class:`TrainOptions` field ``name`` in words (``in [1, 100000]``), for a help line."""
+    return _range(TrainOptions.model_fields[name]) or "any value"
+
+
 def add_options(parser: argparse.ArgumentParser, model: type[BaseModel], names: Iterable[str] | None = None) -> None:
     """Add the fields of ``model`` (those in ``names``, when given) to ``parser``, one option each: ``--<name>``
     with ``-`` for ``_``, the field's description as its help, a flag for a bool, choices for a Literal, the
@@ -342,7 +418,7 @@ def add_options(parser: argparse.ArgumentParser, model: type[BaseModel], names: 
         if keep is not None and name not in keep:
             continue
         cli = _cli(info)
-        kw: dict[str, Any] = {"help": (info.description or "").replace("%", "%%"), "default": argparse.SUPPRESS}
+        kw: dict[str, Any] = {"help": _help(info).replace("%", "%%"), "default": argparse.SUPPRESS}
         if cli.positional:
             parser.add_argument(name, nargs="*", **kw)
             continue
@@ -374,20 +450,64 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_options(argv: list[str] | None = None) -> TrainOptions:
-    """The options of ``stare-verl train``'s arguments ``argv`` (default ``sys.argv[1:]``).
+    """The options of ``stare-verl train``'s arguments ``argv`` (default ``sys.argv[1:]``; Hydra overrides anywhere
+    among the options, :func:`parse_command_line`).
 
     Raises:
         SystemExit: 2 for a usage error (an unknown flag, a value of the wrong type; argparse's message).
         OptionsError: a value out of bounds or that cannot run (one line naming the flag).
     """
-    return TrainOptions.parse(vars(build_parser().parse_args(argv)))
+    return TrainOptions.parse(vars(parse_command_line(build_parser(), argv)))
+
+
+_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """``parser``'s namespace of ``argv`` (default ``sys.argv[1:]``), the positional Hydra overrides allowed
+    anywhere among the options (argparse's ``parse_intermixed_args``): ``--steps 5 a=1 --seed 2 b=2`` gives the
+    overrides ``a=1 b=2``, in their order.
+
+    A list option (``nargs="+"``: ``compare --seeds 0 1``, ``--methods``; its flag or an unambiguous prefix) takes
+    the words after it up to the next option or the first Hydra override (:func:`stare_verl.jobs.recipes.is_override`:
+    ``key=value``, ``+key=value``, ``~key``), which begins the overrides: ``--seeds 0 1 key=value`` is seeds 0 and 1
+    and the override. Such an option needs ``action="extend"`` (its words are handed over one flag each).
+
+    Raises:
+        SystemExit: 2 for a usage error (argparse's message).
+    """
+    import sys
+
+    from stare_verl.jobs.recipes import is_override
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    flags = {f: a for a in parser._actions for f in a.option_strings}  # argparse has no public listing
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word == "--":
+            out += words[i - 1 :]
+            break
+        named = [f for f in flags if f.startswith(word)] if word.startswith("--") and "=" not in word else []
+        flag = word if word in flags else named[0] if len(named) == 1 else None
+        if flag is None or flags[flag].nargs not in ("+", "*"):
+            out.append(word)
+            continue
+        values = []
+        while i < len(words) and (not words[i].startswith("-") or _NEGATIVE.match(words[i])) and not is_override(words[i]):
+            values.append(words[i])
+            i += 1
+        out += [f"{flag}={v}" for v in values] if values else [word]
+    return parser.parse_intermixed_args(out)
 
 
 _BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"}
 
 
 def _number(v: Any) -> str:
-    return "2**32 - 1" if v == SEED_MAX else f"{v:g}" if isinstance(v, float) else str(v)
+    return "2**32 - 1" if v == SEED_MAX and isinstance(v, int) else f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def _range(info: FieldInfo) -> str | None:
@@ -406,20 +526,25 @@ def _range(info: FieldInfo) -> str | None:
     return (lo or hi or (None, None))[1]
 
 
-def explain(exc: ValidationError, model: type[BaseModel]) -> str:
-    """One line for the errors of ``exc`` (building ``model``): each naming its flag, a value out of bounds as
-    ``--steps must be >= 1 (got 0)``."""
+def explain(exc: ValidationError, model: type[BaseModel], flags: Mapping[str, str] | None = None) -> str:
+    """One line for the errors of ``exc`` (building ``model``): each naming its flag (``flags``: field -> the flag
+    a caller's command line gives it as; default ``--<field>``), a value out of bounds as ``--steps must be >= 1
+    (got 0)``; the positional Hydra overrides' errors name the override themselves."""
     said = []
+    flags = flags or {}
     for e in exc.errors():
         msg = e["msg"].removeprefix("Value error, ")
         name = e["loc"][0] if e["loc"] else None
         info = model.model_fields.get(name) if isinstance(name, str) else None
+        flag = flags.get(str(name)) or _flag(str(name))
         if info is None:
-            said.append(f"{_flag(str(name))}: unknown option" if name is not None else msg)
+            said.append(f"{flag}: unknown option" if name is not None else msg)
+        elif _cli(info).positional:
+            said.append(msg)
         elif e["type"] in _BOUND_ERRORS and _range(info):
-            said.append(f"{_flag(name)} must be {_range(info)} (got {e['input']})")
+            said.append(f"{flag} must be {_range(info)} (got {e['input']})")
         else:
-            said.append(f"{_flag(name)}: {msg}")
+            said.append(f"{flag}: {msg}")
     return "; ".join(dict.fromkeys(said))
 
 

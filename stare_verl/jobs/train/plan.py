@@ -25,7 +25,14 @@ from stare_verl.jobs.train.engine import (
     tiny_option_problem,
     with_rollout,
 )
-from stare_verl.jobs.train.gpu import gpu_command, gpu_recipe_name, gpu_recipe_overrides, gpu_run
+from stare_verl.jobs.train.gpu import (
+    gpu_command,
+    gpu_model,
+    gpu_model_problem,
+    gpu_recipe_name,
+    gpu_recipe_overrides,
+    gpu_run,
+)
 from stare_verl.jobs.train.launch import method_overrides
 from stare_verl.jobs.train.options import TrainOptions, bad_option
 
@@ -88,12 +95,13 @@ def dry_run(opts: TrainOptions, probe) -> int:
         backend = RunBackend("gpu-sglang", rollout="sglang", platform="cuda", device=device)
     print(f"[{name}] dry run: nothing is trained, downloaded, written or launched", flush=True)
     if backend.path == "gpu-sglang":
+        model, no_model = gpu_model(opts)
         mapped, err = gpu_recipe_overrides(opts)
         recipe, no_recipe = gpu_recipe_name(opts)
-        if err or no_recipe:
-            print(f"error: {err or no_recipe}", file=sys.stderr)
+        if no_model or err or no_recipe:
+            print(f"error: {no_model or err or no_recipe}", file=sys.stderr)
             return 2
-        problem = model_problem(model, offline=False) if model else None
+        problem = gpu_model_problem(opts, model) if model else None
         if problem:
             notes.append(f"a real run here would stop: {problem}")
         run = gpu_run(opts)
@@ -174,7 +182,7 @@ def _print_cluster_plan(name: str, opts: TrainOptions, cmd: list[str], compose_n
 
         n_gpus = int(compose_recipe(compose_name, overrides).trainer.n_gpus_per_node)
     note = sandbox_note(opts.job_family.tool_config is not None)
-    plan = cluster_plan(cmd, driver_argv(opts, TrainOptions()), opts.nnodes, n_gpus, dict(os.environ), note)
+    plan = cluster_plan(cmd, driver_argv(opts, opts.kind_defaults()), opts.nnodes, n_gpus, dict(os.environ), note)
     print("\n".join(f"[{name}] {line}" for line in plan.lines(opts.nnodes)), flush=True)
 
 

@@ -32,3 +32,33 @@ def test_delegated_help_is_the_modules_own(capsys):
     assert "--logger" in out and "--gpu-recipe" in out
     out = _help(capsys, ["compare", "--help"])
     assert out.startswith("usage: stare-verl compare") and "--methods" in out
+
+
+@pytest.mark.parametrize(("module", "argv"), [
+    ("stare_verl.jobs.sft", ["data"]),
+    ("stare_verl.jobs.sft", ["train"]),
+    ("stare_verl.jobs.demo.sft", []),
+    ("stare_verl.jobs.demo.evaluate", ["ckpt"]),
+    ("stare_verl.jobs.compare", []),
+    ("stare_verl.jobs.train", []),
+])  # fmt: skip
+def test_every_option_of_the_job_commands_has_help(module, argv, monkeypatch):
+    """The parser a command parses with (caught at its parse): every argument has a help line."""
+    import argparse
+    import importlib
+
+    parsers = []
+
+    def caught(self, args=None, namespace=None):
+        parsers.append(self)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", caught)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_intermixed_args", lambda self, a=None, n=None: caught(self))
+    with pytest.raises(SystemExit):
+        importlib.import_module(module).main(argv)
+    sub = [p for parser in parsers for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+           for p in a.choices.values()]  # fmt: skip
+    actions = [a for parser in parsers + sub for a in parser._actions
+               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]  # fmt: skip
+    assert actions and [a.dest for a in actions if not (a.help or "").strip()] == []

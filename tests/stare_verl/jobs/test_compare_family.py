@@ -74,7 +74,7 @@ def test_compare_checks_options_before_any_run(tmp_path, monkeypatch, capsys):
                       (["--n-eval", "0"], "--n-eval")):  # fmt: skip
         assert compare.main(["--family", "shortcot", *bad]) == 2
         err = capsys.readouterr().err
-        assert f"error: {word} must be >= 1" in err and "failed" not in err
+        assert f"error: {word} must be in [1, " in err and "failed" not in err
 
 
 def test_compare_runs_every_named_method_with_its_settings_and_refuses_unknown_ones(tmp_path, monkeypatch, capsys):
@@ -107,7 +107,7 @@ def test_compare_runs_every_named_method_with_its_settings_and_refuses_unknown_o
     assert stats[1]["seconds_per_step"] == 4.5 and stats[1]["forking_entropy"] == 0.4
     seen.clear()
     assert compare.main(["--methods", "stare", "clipcov"]) == 2  # every method checked before any run
-    assert "error: --method: unknown method 'clipcov'; known methods: grpo, stare" in capsys.readouterr().err
+    assert "error: --methods: unknown method 'clipcov'; known methods: grpo, stare" in capsys.readouterr().err
     assert seen == []
 
 
@@ -264,3 +264,99 @@ def test_a_finished_run_of_other_settings_is_not_reused(tmp_path, monkeypatch, c
         assert rc == 2 and f"holds a finished run of other settings ({why})" in err
     else:
         assert rc == 0 and "other settings" not in err
+
+
+def _finishing_run(seen: list):
+    """A stand-in for train_cpu that records the run's options and writes what a finished run leaves behind."""
+
+    def run(args):
+        seen.append(args)
+        path = Path(args.run_dir)
+        path.mkdir(parents=True)
+        (path / "metrics.jsonl").write_text(json.dumps({"step": 1, "actor/entropy": 0.1}) + "\n")
+        ev = {"T=0": {"accuracy": 0.5}, "T=1": {"accuracy": 0.25, "pass_at_k": {"1": 0.25}}}
+        (path / "summary.json").write_text(json.dumps({"method": args.method, "seed": args.seed, "eval_before": ev,
+                                                       "eval_after": ev}))  # fmt: skip
+        return 0
+
+    return run
+
+
+def test_overrides_after_seeds_and_methods_end_them(tmp_path, monkeypatch):
+    """``--seeds 0 1 key=value``: argparse's nargs took the override as a seed (invalid int) or a method."""
+    seen = []
+    monkeypatch.setattr(T.cpu, "train_cpu", _finishing_run(seen))
+    monkeypatch.chdir(tmp_path)
+    argv = ["--family", "shortcot", "--steps", "1", "--seeds", "0", "1", "algorithm.stare.target_entropy=0.2",
+            "--methods", "grpo", "stare", "+trainer.val_before_train=false", "--eval-samples", "1"]  # fmt: skip
+    assert compare.main(argv) == 0
+    assert sorted((o.method, o.seed) for o in seen) == [("grpo", 0), ("grpo", 1), ("stare", 0), ("stare", 1)]
+    assert {o.overrides for o in seen} == {("algorithm.stare.target_entropy=0.2", "+trainer.val_before_train=false")}
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--seeds", "0", "-1"], "error: --seeds must be in [0, 2**32 - 1] (got -1)"),
+    (["--methods", "stare", "clipcov"], "error: --methods: unknown method 'clipcov'; known methods: grpo, stare, "),
+    (["--methods", "stare:reweight_w=1.5,reweight_w=2"], "error: --methods: method 'stare:reweight_w=1.5,reweight_w=2'"
+                                                         ": setting reweight_w given twice; give each setting once"),
+    (["--methods", "stare:reweight_w=1.1", "stare:reweight_w=1.10"], "error: --methods stare:reweight_w=1.1 and "
+     "stare:reweight_w=1.10 are one run (method stare-reweight_w1.1, the same settings): give each method once"),
+    (["--methods", "stare", "stare:"], "error: --methods stare and stare: are one run (method stare, the same "
+                                        "settings): give each method once"),
+    (["--lr", "5"], "error: --lr must be in (0, 1] (got 5)"),
+    (["--lr", "nan"], "error: --lr must be in (0, 1] (got nan)"),
+    (["--steps", str(10**9)], "error: --steps must be in [1, 100000] (got 1000000000)"),
+    (["actor_rollout_ref.actor.optim.lr="], "error: override 'actor_rollout_ref.actor.optim.lr=' gives "
+                                            "actor_rollout_ref.actor.optim.lr no value: write one, "),
+])  # fmt: skip
+def test_compare_errors_name_its_own_options(argv, said, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(T.cpu, "train_cpu", lambda args: pytest.fail("a run started"))
+    monkeypatch.chdir(tmp_path)
+    assert compare.main(["--family", "shortcot", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1
+
+
+def test_compare_help_gives_the_bounds_and_the_dry_run():
+    text = " ".join(compare.build_parser().format_help().split())
+    assert "actor learning rate for every run, in (0, 1]" in text and "(allowed: in [1, 100000])" not in text
+    assert "30 otherwise; in [1, 100000])" in text and "default 200; in [1, 200])" in text
+    assert "--dry-run check every run's options and print each run's plan" in text
+
+
+@pytest.mark.integration
+def test_compare_dry_run_plans_every_run_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    from stare_verl.jobs import backend
+    from stare_verl.jobs.backend import GpuProbe
+
+    monkeypatch.setattr(T.cpu, "train_cpu", lambda args: pytest.fail("a run started"))
+    monkeypatch.setattr(backend, "probe_gpu", lambda: GpuProbe(gpu=False, name=None, sglang=False))
+    monkeypatch.setenv("STARE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MODEL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert compare.main(["--family", "shortcot", "--dry-run", "--seeds", "3", "--steps", "2", "--lr", "0.01",
+                         "algorithm.stare.target_entropy=0.2"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "[compare] dry run 1/2: stare-seed3 (stare-verl train --family shortcot --cpu --run-dir " in out
+    assert "[compare] dry run 2/2: grpo-seed3 (" in out
+    commands = [ln for ln in out.splitlines() if "verl.trainer.main_ppo" in ln]
+    assert len(commands) == 2 and all("actor_rollout_ref.actor.optim.lr=0.01" in c for c in commands)
+    assert all("algorithm.stare.target_entropy=0.2" in c and "trainer.total_training_steps=2" in c for c in commands)
+    assert out.count("ok: validates as verl would at launch") == 2
+    assert out.rstrip().endswith("[compare] dry run of 2 shortcot runs: nothing was trained, written or launched")
+    assert list(tmp_path.iterdir()) == []  # no run folder, no output folder, no SFT cache
+
+
+def test_verl_import_warnings_stay_off_compare_s_console(tmp_path):
+    """A fresh process (verl not imported yet): the only line on stderr is the error, not verl's engine and
+    accelerator warnings (torchtitan, veomni, ... not available)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "stare_verl.jobs.compare", "--family", "shortcot", "--seeds", "0", "--out",
+         str(tmp_path / "cmp"), "--methods", "stare:norm_adv_by_std_in_grpo=false", "grpo"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: the methods' GRPO baselines differ") and done.stderr.count("\n") == 1

@@ -119,6 +119,16 @@ def test_cli_check_reports_ok_and_errors(capsys, monkeypatch, tmp_path):
         "error: no recipe 'longcot_tiny_grpo'; did you mean cpu/longcot_tiny_grpo? (stare-verl recipes lists them)"
     )
     assert main(["check", "cpu/longcot_tiny_grpo.yaml", "actor_rollout_ref.model.path=m"]) == 0
+    # an empty value would compose as the empty string and pass: one line naming the key (key=null is Hydra's null)
+    assert main(["check", "cpu/longcot_tiny_grpo", "actor_rollout_ref.model.path=m", "actor_rollout_ref.actor.optim.lr="]) == 1
+    assert capsys.readouterr().err == (
+        "error: override 'actor_rollout_ref.actor.optim.lr=' gives actor_rollout_ref.actor.optim.lr no value: write "
+        "one, actor_rollout_ref.actor.optim.lr=null for null or actor_rollout_ref.actor.optim.lr='' for an empty string\n"
+    )
+    from stare_verl.jobs.recipes import compose_recipe
+
+    with pytest.raises(ValueError, match="^override 'trainer.logger=' gives trainer.logger no value"):
+        compose_recipe("cpu/longcot_tiny_grpo", ["trainer.logger="])
 
 
 def test_cli_check_takes_a_path_or_a_users_own_verl_yaml_and_suggests_names(capsys, monkeypatch, tmp_path):

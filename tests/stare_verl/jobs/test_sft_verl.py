@@ -283,6 +283,9 @@ def test_train_without_gpu_falls_back_to_the_cpu_demo_sft(monkeypatch, capsys):
     assert L.main(["train", "--steps", "20"]) == 2  # an option verl's launcher does not know
     assert L.main(["train", "--dry-run", "--skip-model-check", "data.train_files=/nonexistent.parquet"]) == 2
     assert "python -m stare_verl.jobs.sft data" in capsys.readouterr().err
+    assert L.main(["train", "--dry-run", "--skip-model-check", "optim.lr="]) == 2  # an empty value: before anything
+    assert capsys.readouterr().err == ("error: override 'optim.lr=' gives optim.lr no value: write one, optim.lr=null "
+                                       "for null or optim.lr='' for an empty string\n")  # fmt: skip
 
 
 def test_gpu_dry_run_validates_and_prints_the_torchrun_command(tiny_model, monkeypatch, capsys, tmp_path):

@@ -284,3 +284,44 @@ def test_python_dash_m_plans_a_family_and_method(tmp_path, family, method, recip
     assert f"trainer.experiment_name={family.replace('_', '')}-{label}-seed0" in cmd
     assert plan[-1].startswith(f"[{name}] ok: validates as verl would at launch")
     assert list(tmp_path.iterdir()) == []  # no run folder, no cache
+
+
+def test_gpu_dry_run_loads_model_as_the_recipe_s_model_path(cpu_machine, capsys, monkeypatch):
+    """--gpu --model: verl's actor_rollout_ref.model.path (a folder as given, a registered model's prepared folder);
+    the CPU pipeline's defaults of a --model run (20 steps, 100 held-out problems) are not the GPU recipe's."""
+    folder = cpu_machine / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert train.main(["--family", "shortcot", "--dry-run", "--gpu", "--model", str(folder)]) == 0
+    cfg, cmd, plan = _plan(capsys.readouterr().out, "train-shortcot")
+    assert f"actor_rollout_ref.model.path={folder}" in cmd and cfg.actor_rollout_ref.model.path == str(folder)
+    assert not [c for c in cmd if c.startswith(("trainer.total_training_steps=", "data.seed="))]
+    assert not [p for p in plan if "would stop" in p]
+    assert train.main(["--family", "shortcot", "--dry-run", "--gpu", "--model", "smollm2-135m"]) == 0
+    cfg, cmd, plan = _plan(capsys.readouterr().out, "train-shortcot")
+    prepared = cpu_machine / "cache" / "models" / "smollm2-135m"
+    assert cfg.actor_rollout_ref.model.path == str(prepared)
+    assert any(p.startswith("[train-shortcot] note: a real run here would stop: model smollm2-135m is not prepared "
+                            f"in {prepared}: run `make model`") for p in plan)  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "env", "said"), [
+    (["--model", "tiny"], None, "error: --model tiny is the CPU pipeline's from-scratch model; the GPU recipe (--gpu) "
+                                "takes a registered pretrained model (smollm2-135m), a model folder or a Hugging Face "
+                                "hub id\n"),
+    (["--model", "Qwen/Qwen2.5-7B"], "/models/qwen", "error: --model Qwen/Qwen2.5-7B and MODEL=/models/qwen name "
+                                                     "different models: give one of them\n"),
+])  # fmt: skip
+def test_gpu_model_that_cannot_be_the_recipe_s_is_one_line(cpu_machine, capsys, monkeypatch, argv, env, said):
+    if env:
+        monkeypatch.setenv("MODEL", env)
+    assert train.main(["--family", "shortcot", "--dry-run", "--gpu", *argv]) == 2
+    assert capsys.readouterr().err == said
+
+
+def test_gpu_cluster_plan_passes_model_on(cpu_machine, capsys):
+    from stare_verl.jobs.cluster import driver_argv
+
+    opts = train.parse_options(["--gpu", "--model", "Qwen/Qwen2.5-7B", "--family", "shortcot"])
+    assert driver_argv(opts, opts.kind_defaults()) == ["stare-verl", "train", "--gpu", "--family", "shortcot",
+                                                       "--model", "Qwen/Qwen2.5-7B"]  # fmt: skip

@@ -64,7 +64,21 @@ def test_a_value_out_of_bounds_is_one_line_naming_the_flag(name):
 
 
 @pytest.mark.parametrize(("argv", "said"), [
-    (["--steps", "0"], "--steps must be >= 1 (got 0)"),
+    (["--steps", "0"], "--steps must be in [1, 100000] (got 0)"),
+    (["--steps", str(10**9)], "--steps must be in [1, 100000] (got 1000000000)"),
+    (["--save-freq", "0"], "--save-freq must be in [1, 100000] (got 0)"),
+    (["--n-eval", "201"], "--n-eval must be in [1, 200] (got 201)"),
+    (["--method", "stare:reweight_w=1.5,reweight_w=2"], "--method: method 'stare:reweight_w=1.5,reweight_w=2': setting "
+                                                        "reweight_w given twice; give each setting once"),
+    (["actor_rollout_ref.actor.optim.lr="], "override 'actor_rollout_ref.actor.optim.lr=' gives "
+                                            "actor_rollout_ref.actor.optim.lr no value: write one, "
+                                            "actor_rollout_ref.actor.optim.lr=null for null or "
+                                            "actor_rollout_ref.actor.optim.lr='' for an empty string"),
+    (["--steps", "3", "+trainer.x=", "a=1"], "override '+trainer.x=' gives trainer.x no value: write one, "
+                                             "+trainer.x=null for null"),
+    (["~trainer.logger="], "override '~trainer.logger=' has an empty value: ~trainer.logger deletes trainer.logger"),
+    (["trainer.logger"], "override 'trainer.logger' is no Hydra override (key=value, +key=value, ++key=value or "
+                         "~key): missing EQUAL at '<EOF>'"),
     (["--seed", "-1"], "--seed must be in [0, 2**32 - 1] (got -1)"),
     (["--sft-lr", "2"], "--sft-lr must be in (0, 1] (got 2.0)"),
     (["--sft-lr", "inf"], "--sft-lr must be in (0, 1] (got inf)"),
@@ -82,6 +96,43 @@ def test_bad_options_are_one_line_errors_with_status_2(argv, said, capsys):
     assert main(["--dry-run", *argv]) == 2
     out, printed = capsys.readouterr()
     assert printed == f"error: {err.value}\n" and out == ""
+
+
+def test_an_explicit_null_or_empty_string_override_is_hydras_own():
+    """``key=null`` (Hydra's null) and ``key=''`` (the empty string, written out) are overrides like any other."""
+    given = ("actor_rollout_ref.actor.optim.lr=null", "trainer.project_name=''", '+trainer.x=""', "~trainer.logger")
+    assert parse_options(list(given)).overrides == given
+
+
+def test_overrides_may_stand_anywhere_among_the_options():
+    """argparse alone took only the overrides at the end (``unrecognized arguments: b=2``); they keep their order."""
+    opts = parse_options(["a.b=1", "--steps", "5", "c.d=2", "--seed", "2", "e.f=3", "--", "g.h=4"])
+    assert (opts.steps, opts.seed, opts.overrides) == (5, 2, ("a.b=1", "c.d=2", "e.f=3", "g.h=4"))
+    assert parse_options(["--run-dir", "x=1"]).run_dir == "x=1"  # an option's value is never taken as an override
+
+
+def test_the_help_gives_each_bound_and_what_save_freq_0_means():
+    help_text = " ".join(build_parser().format_help().split())
+    assert "default 30; --model: 20) (allowed: in [1, 100000])" in help_text  # --steps
+    assert "at most the 200 there are (default 200; --model: 100) (allowed: in [1, 200])" in help_text  # --n-eval
+    assert "0 or less, verl's 'no checkpoint at all', is refused" in help_text
+    assert "'off' or 'none' (or not given): off" in help_text  # --sft-stop-accuracy
+    assert help_text.count("(allowed: in (0, 1])") == 0  # a description that gives its bounds is not repeated
+
+
+@pytest.mark.parametrize("word", ["off", "none", "OFF", "None"])
+def test_sft_stop_accuracy_off_is_the_family_s_default(word):
+    opts = parse_options(["--sft-stop-accuracy", word])
+    assert opts.sft_stop_accuracy is None and opts.sft_config == parse_options([]).sft_config
+    assert opts.sft_config.stop_accuracy is None and opts.to_argv() == []
+
+
+def test_sft_stop_accuracy_that_is_no_number_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as done:
+        parse_options(["--sft-stop-accuracy", "high"])
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert done.value.code == 2 and said.endswith("argument --sft-stop-accuracy: expected a number, off or none, got "
+                                                  "'high'")  # fmt: skip
 
 
 def test_usage_errors_stay_argparse_s(capsys):
@@ -138,7 +189,8 @@ def test_the_sft_options_are_the_sft_config_fields():
     for option, fields in SFT_OPTIONS.items():
         info, own = SFTConfig.model_fields[fields[0]], TrainOptions.model_fields[option]
         assert _bounds(own) == _bounds(info) and own.default is None, option
-        assert (info.description or "") in own.description and f"SFTConfig.{fields[0]}" in own.description
+        said = (info.description or "").replace("None: off", "'off' or 'none' (or not given): off")  # typeable
+        assert said in own.description and f"SFTConfig.{fields[0]}" in own.description
     assert parse_options(["--sft-stop-dev", "40", "--sft-stop-accuracy", "0.5"]).sft_config.n_dev == 40
     assert parse_options(["--sft-anneal-steps", "120"]).sft_config.anneal_steps == 120
     assert parse_options([]).sft_config == SFTConfig(family="tooluse")  # nothing given: the family's checkpoint

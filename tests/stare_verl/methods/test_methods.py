@@ -42,7 +42,10 @@ def test_every_method_is_registered_once_and_unknown_names_list_the_known_ones()
     [("forking:rho=0", "rho"), ("forking:rh=0.2", "unknown key; allowed keys: rho"), ("kl_cov:coef=-1", "coef"),
      ("entropy_adv:kappa=0", "kappa"), ("adaptive_entropy:coef_init=1", "coef_init"), ("entropy_bonus:coef=nan", "coef"),
      ("stare:reweight_w=0", "reweight_w"), ("forking:rho", "key=value"), ("repo_r:zeta=0.1", "zeta_max"),
-     ("repo_r:zeta_min=0", "zeta_min"), ("repo_r:zeta=inf", "zeta")],
+     ("repo_r:zeta_min=0", "zeta_min"), ("repo_r:zeta=inf", "zeta"),
+     ("stare:reweight_w=1.5,reweight_w=2", r"^method 'stare:reweight_w=1.5,reweight_w=2': setting reweight_w given "
+                                           "twice; give each setting once$"),
+     ("stare:reweight_w=1.5, reweight_w =1.5", "setting reweight_w given twice")],
 )  # fmt: skip
 def test_bad_settings_are_errors_that_name_the_key(spec, message):
     with pytest.raises(MethodConfigError, match=message):
