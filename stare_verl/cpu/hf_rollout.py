@@ -5,7 +5,9 @@
   accelerator platform (verl's CUDA platform) the server shares the GPU of that rank, as verl's SGLang replica
   does: it asks Ray for no GPU, is started with Ray's "do not set CUDA_VISIBLE_DEVICES" variables and picks
   the ranks' GPU among those it sees (:func:`~stare_verl.cpu.hf_server.server_cuda_ordinal`);
-  on the ``cpu`` platform nothing of this applies.
+  on the ``cpu`` platform nothing of this applies. With ``engine_kwargs.hf.resources`` set the server asks Ray
+  for those resources instead and runs wherever Ray finds them (e.g. rollout nodes apart from the actor's):
+  verl still sees a hybrid-engine replica, and the weight sync below crosses nodes through Ray.
 - :class:`HFServerAdapter` lives in every FSDP worker (hybrid engine). On each weight sync every rank
   drains verl's weight iterator (it all-gathers FSDP2 shards, so a rank that stopped early would hang
   the others); the replica's first rank sends the tensors to its server in buckets of
@@ -22,7 +24,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from stare_verl.cpu import verl_compat
-from stare_verl.cpu.hf_server import HFGenerationServer
+from stare_verl.cpu.hf_server import HFGenerationServer, hf_options
 
 logger = logging.getLogger(__name__)
 
@@ -113,15 +115,32 @@ class HFServerAdapter(_BaseRollout):
 
 
 def server_actor_options(
-    name: str, node_id: str, max_concurrency: int, platform_device: str, noset_envvars: list[str]
+    name: str,
+    node_id: str,
+    max_concurrency: int,
+    platform_device: str,
+    noset_envvars: list[str],
+    resources: dict[str, float] | None = None,
 ) -> dict:
     """Ray ``.options(...)`` of a replica's server actor.
 
-    No CPU or GPU is requested (the trainer ranks hold the replica's resources); it is pinned to the node of its
-    first trainer rank. On an accelerator platform (``platform_device != "cpu"``) the actor's environment sets
-    each of ``noset_envvars`` (e.g. ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) to "1" so that Ray leaves
-    the GPUs visible to it.
+    Without ``resources`` (``engine_kwargs.hf.resources``): no CPU or GPU is requested (the trainer ranks hold
+    the replica's resources); it is pinned to the node ``node_id`` of its first trainer rank. On an accelerator
+    platform (``platform_device != "cpu"``) the actor's environment sets each of ``noset_envvars`` (e.g.
+    ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) to "1" so that Ray leaves the GPUs visible to it.
+
+    With ``resources``: the actor asks for them (``"CPU"``/``"GPU"`` as ``num_cpus``/``num_gpus``, 0 CPUs
+    unless given) and is not pinned, so Ray places it on any node that has them; ``node_id`` and
+    ``noset_envvars`` are unused (a GPU it asks for is its own, which Ray makes visible).
     """
+    if resources:
+        custom = {k: float(v) for k, v in resources.items() if k not in ("CPU", "GPU")}
+        options = dict(name=name, num_cpus=resources.get("CPU", 0), max_concurrency=max_concurrency)
+        if "GPU" in resources:
+            options["num_gpus"] = resources["GPU"]
+        if custom:
+            options["resources"] = custom
+        return options
     options = dict(
         name=name,
         num_cpus=0,
@@ -137,7 +156,8 @@ class HFReplica(_RolloutReplica):
     """verl ``RolloutReplica`` of the ``hf`` backend: one generation server per replica (CPU or its ranks' GPU)."""
 
     async def launch_servers(self):
-        """Start this replica's server actor and load the model (hybrid mode: next to its trainer ranks)."""
+        """Start this replica's server actor and load the model (hybrid mode: next to its trainer ranks, or
+        where ``engine_kwargs.hf.resources`` are)."""
         mode = verl_compat.rollout_mode_enum()
         if self.rollout_mode != mode.HYBRID:
             raise NotImplementedError(
@@ -163,14 +183,18 @@ class HFReplica(_RolloutReplica):
         role = "reward" if self.is_reward_model else "teacher" if self.is_teacher_model else ""
         name = server_actor_name(self.replica_rank, self.name_suffix, role)
         server_cls = ray.remote(HFGenerationServer)
-        options = server_actor_options(name, node_id, self.max_concurrency, platform_device, noset_vars)
+        hf = hf_options(self.config)
+        options = server_actor_options(
+            name, node_id, self.max_concurrency, platform_device, noset_vars, resources=hf.resources
+        )
         server = server_cls.options(**options).remote(
             config=self.config,
             model_config=self.model_config,
             replica_rank=self.replica_rank,
             rollout_mode=self.rollout_mode,
             platform_device=platform_device,
-            cuda_visible_devices=[info[1] for info in infos if info[0] == node_id],
+            # a server placed by its own resources does not share the ranks' GPUs
+            cuda_visible_devices=None if hf.resources else [info[1] for info in infos if info[0] == node_id],
         )
         await server.launch.remote()
         self.servers = [server]

@@ -65,6 +65,35 @@ class HFServerOptions(BaseModel):
     attn_implementation: str = "sdpa"
     sync_weights: bool = True
     """False keeps the initial weights forever (a negative control for weight-sync tests)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Ray resources the server actor asks for, e.g. ``{"rollout_node": 1}`` with ``ray start
+    --resources='{"rollout_node": 8}'`` on the rollout nodes. Empty (the default): none, and the server runs on
+    the node of its replica's first trainer rank (sharing that rank's GPU on an accelerator). Set: Ray places
+    the server on a node that has them, so rollout can run on other nodes than the actor ranks; the weights
+    still go from the replica's first rank to the server through Ray's object store (no NCCL). ``"CPU"`` and
+    ``"GPU"`` become the actor's ``num_cpus``/``num_gpus``: a server on a GPU node of its own needs
+    ``"GPU": 1`` (it then uses the GPU Ray gives it)."""
+
+    @field_validator("resources")
+    @classmethod
+    def _positive_resources(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if not x > 0}
+        if bad:
+            raise ValueError(f"engine_kwargs.hf.resources amounts must be > 0, got {bad}")
+        return v
+
+
+def hf_options(rollout_config) -> HFServerOptions:
+    """The :class:`HFServerOptions` of a verl rollout config (dataclass or DictConfig): its
+    ``engine_kwargs.hf`` (OmegaConf containers made plain first). Raises pydantic's ValidationError on an
+    unknown key or a bad value."""
+    from omegaconf import DictConfig, OmegaConf
+
+    engine_kwargs = getattr(rollout_config, "engine_kwargs", None) or {}
+    hf = engine_kwargs.get("hf") or {}
+    if isinstance(hf, DictConfig):
+        hf = OmegaConf.to_container(hf, resolve=True)
+    return HFServerOptions(**dict(hf))
 
 
 _warned_ignored_keys: set[str] = set()
@@ -362,6 +391,20 @@ class GenerationEngine:
                 target.copy_(tensor)
                 count += 1
         return count
+
+    def weights_fingerprint(self, per_tensor: int = 4096) -> float:
+        """A cheap checksum of the served weights (float64 sum of up to ``per_tensor`` evenly strided elements of
+        every parameter and buffer, in ``state_dict`` order): it changes when an update changes the weights, and
+        costs a few thousand elements per tensor, not a pass over the model."""
+        total = 0.0
+        with self._model_lock, torch.no_grad():
+            for t in self.model.state_dict().values():
+                flat = t.reshape(-1)
+                if flat.numel() == 0 or not (flat.is_floating_point() or flat.is_complex()):
+                    continue
+                step = max(1, flat.numel() // per_tensor)
+                total += float(flat[::step][:per_tensor].double().sum())
+        return total
 
     def num_requests(self) -> int:
         """Queued plus running requests."""
@@ -769,8 +812,7 @@ class HFGenerationServer:
         self.model_config = verl_compat.to_dataclass(model_config, verl_compat.hf_model_config_cls())
         self.replica_rank = int(replica_rank)
         self.rollout_mode = rollout_mode
-        engine_kwargs = dict(self.config.engine_kwargs or {})
-        self.options = HFServerOptions(**dict(engine_kwargs.get("hf") or {}))
+        self.options = hf_options(self.config)
         self.platform_device = platform_device
         self.cuda_ordinal = 0
         if platform_device != "cpu" and self.options.device != "cpu" and cuda_visible_devices:
@@ -919,9 +961,15 @@ class HFGenerationServer:
         return n
 
     async def set_global_steps(self, global_steps) -> None:
-        """Record the weight version reported in ``extra_fields["global_steps"]``."""
+        """Record the weight version reported in ``extra_fields["global_steps"]`` (the end of a weight sync) and
+        print one line with the served weights' fingerprint (:meth:`GenerationEngine.weights_fingerprint`):
+        ``hf rollout replica R: weights of step S (N tensors loaded so far, fingerprint F)``."""
+        engine = self._require_engine()
         self.global_steps = global_steps
-        self._require_engine().global_steps = global_steps
+        engine.global_steps = global_steps
+        fingerprint = await asyncio.to_thread(engine.weights_fingerprint)
+        print(f"hf rollout replica {self.replica_rank}: weights of step {global_steps} "
+              f"({self._weights_loaded} tensors loaded so far, fingerprint {fingerprint:.12g})", flush=True)  # fmt: skip
 
     async def get_stats(self) -> dict[str, Any]:
         """Counters for tests and benchmarks."""

@@ -6,7 +6,8 @@ How verl spreads a run over nodes: ``trainer.nnodes`` x ``trainer.n_gpus_per_nod
 group per node (``STRICT_PACK`` bundles of one device each, ``verl.single_controller.ray.base.RayResourcePool``), so a
 node must advertise ``n_gpus_per_node`` devices (Ray's ``GPU`` resource; on the CPU backend a logical one per rank).
 The ``hf`` rollout's server actors follow the first rank of their replica (``stare_verl.cpu.hf_rollout``), so with
-one rank per replica every node that holds a rank also serves rollouts.
+one rank per replica every node that holds a rank also serves rollouts; with ``engine_kwargs.hf.resources`` they go
+wherever Ray finds those resources instead (rollout nodes apart from the actor's; weights still synced over Ray).
 
 A run joins a cluster when ``RAY_ADDRESS`` is set (Ray's own variable, as ``ray job submit`` and ``ray start`` use
 it): the recipe's local ``ray_init`` settings (``num_cpus``, ``num_gpus``, the dashboard switch), which Ray refuses
@@ -120,8 +121,9 @@ class LocalNode:
 @dataclass
 class LocalCluster:
     """A Ray cluster of ``n_nodes`` nodes on this host, each its own ``ray start --block`` process with ``num_cpus``
-    logical CPUs, ``num_gpus`` devices (Ray's ``GPU`` resource: verl places one trainer rank per device) and a
-    custom resource ``stare_node_<i>: 1`` that names it. Every process of the cluster carries the run tag
+    logical CPUs, ``num_gpus`` devices (Ray's ``GPU`` resource: verl places one trainer rank per device; node
+    ``i`` has ``gpus_per_node[i]`` instead when that list is given, e.g. ``[2, 0]``: trainer ranks on the head
+    only) and a custom resource ``stare_node_<i>: 1`` that names it. Every process of the cluster carries the run tag
     ``tag`` (``STARE_VERL_RUN_TAG``), so :meth:`stop` ends all of them, workers included, and nothing of them
     is left.
 
@@ -131,6 +133,7 @@ class LocalCluster:
     n_nodes: int = 2
     num_cpus: int = 16
     num_gpus: int = 1
+    gpus_per_node: list[int] | None = None
     env: dict[str, str] | None = None
     object_store_mb: int = 200
     start_timeout_s: float = 120.0
@@ -162,18 +165,22 @@ class LocalCluster:
         address."""
         if self.n_nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got n_nodes={self.n_nodes}")
+        if self.gpus_per_node is not None and (len(self.gpus_per_node) != self.n_nodes
+                                               or min(self.gpus_per_node) < 0):  # fmt: skip
+            raise ValueError(f"gpus_per_node needs {self.n_nodes} counts >= 0, got {self.gpus_per_node}")
         # a short path: Ray's socket names live under it (Unix sockets allow ~107 characters)
         self.temp_dir = tempfile.mkdtemp(prefix="stare-ray-", dir="/tmp")
         port = _free_port()
         self.address = f"127.0.0.1:{port}"
         for i in range(self.n_nodes):
             head = i == 0
+            gpus = self.num_gpus if self.gpus_per_node is None else self.gpus_per_node[i]
             args = [
                 sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
                 *(["--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
                    f"--temp-dir={self.temp_dir}"] if head else
                   [f"--address={self.address}", "--node-ip-address=127.0.0.1"]),
-                f"--num-cpus={self.num_cpus}", f"--num-gpus={self.num_gpus}",
+                f"--num-cpus={self.num_cpus}", f"--num-gpus={gpus}",
                 f"--resources={json.dumps({f'stare_node_{i}': 1})}",
                 f"--object-store-memory={self.object_store_mb * 1024 * 1024}",
                 "--disable-usage-stats",
@@ -182,7 +189,7 @@ class LocalCluster:
             proc = subprocess.Popen(args, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # fmt: skip
             log.close()
-            self.nodes.append(LocalNode(i, proc, self.num_cpus, self.num_gpus, f"stare_node_{i}"))
+            self.nodes.append(LocalNode(i, proc, self.num_cpus, gpus, f"stare_node_{i}"))
             self._wait_nodes(i + 1)
         return self.address
 

@@ -232,6 +232,32 @@ def test_weight_loading_and_bad_inputs(model_path):
     assert errors == ["KeyError", "ValueError", "ValueError", "ValidationError", "ValidationError"]
 
 
+def test_weight_sync_prints_the_served_weights_fingerprint(model_path, capsys):
+    """set_global_steps (the end of a sync) prints the fingerprint; it moves when a tensor changes, not otherwise."""
+
+    async def main():
+        server = await _launch(make_server(model_path))
+        await server.set_global_steps(0)
+        same = server.engine.weights_fingerprint()
+        await server.set_global_steps(0)
+        state = server.engine.model.state_dict()
+        name = "model.layers.0.mlp.down_proj.weight"
+        await server.load_weights([(name, state[name] + 0.25)])
+        await server.set_global_steps(1)
+        await server.shutdown()
+        return same
+
+    same = run(main())
+    lines = [x for x in capsys.readouterr().out.splitlines() if "weights of step" in x]
+    assert len(lines) == 3, lines
+    fps = [float(x.rsplit("fingerprint ", 1)[1].rstrip(")")) for x in lines]
+    assert lines[0].startswith("hf rollout replica 0: weights of step 0 (0 tensors loaded so far, fingerprint ")
+    assert lines[2].startswith("hf rollout replica 0: weights of step 1 (1 tensors loaded so far, fingerprint ")
+    assert fps[0] == fps[1] == pytest.approx(same, rel=1e-12)
+    # at most 4096 strided elements of the [64, 128] weight were sampled, each moved by exactly 0.25
+    assert fps[2] - fps[1] == pytest.approx(0.25 * 4096, rel=1e-9)
+
+
 def test_sampling_params_parse_vllm_conventions():
     p = SamplingParams.from_request({"max_new_tokens": 5, "top_k": -1, "stop_token_ids": None, "unknown": 1})
     assert p.max_tokens == 5 and p.top_k == -1 and p.stop_token_ids == [] and not p.greedy

@@ -17,6 +17,7 @@ from stare_verl.cpu.hf_server import (
     HFServerOptions,
     choose_device,
     choose_dtype,
+    hf_options,
     server_cuda_ordinal,
 )
 from tests.support.cpu import build_tiny_model, cpu_env
@@ -98,6 +99,31 @@ def test_server_actor_options():
     assert gpu["runtime_env"] == {"env_vars": {noset[0]: "1"}}
     assert "num_gpus" not in gpu  # shares the trainer ranks' GPU, as verl's SGLang replica does
     assert gpu["scheduling_strategy"].node_id == "ab" * 28 and gpu["scheduling_strategy"].soft is False
+
+
+def test_server_actor_options_with_resources_place_it_by_them():
+    """engine_kwargs.hf.resources: the server asks Ray for them and is not pinned beside the trainer rank."""
+    noset = ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+    for platform in ("cpu", "cuda"):
+        opts = server_actor_options("hf_server_1", "ab" * 28, 1016, platform, noset, resources={"stare_node_1": 0.5})
+        assert opts == {"name": "hf_server_1", "num_cpus": 0, "max_concurrency": 1016,
+                        "resources": {"stare_node_1": 0.5}}  # fmt: skip
+    gpu = server_actor_options("s", "ab" * 28, 8, "cuda", noset, resources={"GPU": 1, "CPU": 2, "rollout": 1})
+    assert gpu == {"name": "s", "num_cpus": 2, "num_gpus": 1, "max_concurrency": 8, "resources": {"rollout": 1.0}}
+    assert "resources" not in server_actor_options("s", "ab" * 28, 8, "cuda", noset, resources={"GPU": 1})
+
+
+def test_hf_options_from_a_rollout_config_and_bad_resources():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"engine_kwargs": {"hf": {"dtype": "float32", "resources": {"rollout": 1}}}})
+    opts = hf_options(cfg)
+    assert opts.resources == {"rollout": 1.0} and opts.dtype == "float32"
+    assert hf_options(OmegaConf.create({"engine_kwargs": {}})).resources == {}
+    with pytest.raises(ValueError, match="amounts must be > 0"):
+        HFServerOptions(resources={"rollout": 0})
+    with pytest.raises(ValueError):
+        HFServerOptions(resource={"rollout": 1})  # an unknown key
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import shlex
 import pytest
 
 from stare_verl.jobs.cluster import (
+    LocalCluster,
     cluster_overrides,
     cluster_plan,
     driver_argv,
@@ -95,3 +96,11 @@ def test_a_lost_actor_on_a_cluster_is_named_with_the_way_back():
     assert "resumes from the last checkpoint" in line
     assert lost_node_message(log, {}) is None  # one machine: verl's own error stands
     assert lost_node_message("ValueError: bad config\n", {"RAY_ADDRESS": "h:1"}) is None
+
+
+def test_local_cluster_refuses_a_bad_gpu_list_before_starting_anything():
+    for bad in ([1], [1, -1], [1, 0, 0]):
+        cluster = LocalCluster(n_nodes=2, gpus_per_node=bad)
+        with pytest.raises(ValueError, match="gpus_per_node needs 2 counts >= 0"):
+            cluster.start()
+        assert cluster.nodes == [] and cluster.temp_dir is None

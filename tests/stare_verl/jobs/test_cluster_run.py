@@ -4,7 +4,9 @@ Each node is its own ``ray start`` process with 16 logical CPUs and one logical 
 resource pool of ``trainer.nnodes=2`` x ``n_gpus_per_node=1`` puts one FSDP rank, and with it one ``hf`` rollout
 replica, on each node. The tool-use job (STARE, the sandboxed tool) runs 2 steps, then resumes on a fresh cluster for
 a third; where verl put its workers is read from Ray's state. A second case kills a node in the middle of a run: the
-run must end with an error and keep a checkpoint that a fresh cluster resumes from.
+run must end with an error and keep a checkpoint that a fresh cluster resumes from. A third puts both trainer ranks
+on the head and both ``hf`` rollout servers on the other node (``engine_kwargs.hf.resources``), with the weights
+synced across the nodes through Ray.
 
 Several verl launches: about 10-20 minutes on 2 busy cores.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 
@@ -153,3 +156,49 @@ def test_a_node_killed_mid_run_ends_it_with_an_error_and_a_resumable_checkpoint(
     assert cluster.stop() == []
     assert f"resuming from the checkpoint of step {latest} in {run / 'checkpoints'}" in capsys.readouterr().out
     assert (run / "checkpoints" / f"global_step_{latest + 1}" / "stare_state.json").exists()
+
+
+SYNC_LINE = re.compile(r"hf rollout replica (\d+): weights of step (\d+) \((\d+) tensors loaded so far, "
+                       r"fingerprint ([-+0-9.eE]+|nan|inf)\)")  # fmt: skip
+
+
+def test_actor_on_one_node_and_rollout_replicas_on_the_other(tmp_path, monkeypatch, tagged):
+    """Two trainer ranks on node 0 (the only node with devices), the two hf servers on node 1 (they ask for its
+    ``stare_node_1`` resource): 2 STARE steps, the weights synced to the other node after every update."""
+    run = tmp_path / "run"
+    args = [*_common(tmp_path), "--run-dir", str(run), "--steps", "2", *TWO_RANKS, "trainer.nnodes=1",
+            "trainer.n_gpus_per_node=2", "+actor_rollout_ref.rollout.engine_kwargs.hf.resources={stare_node_1:0.5}"]  # fmt: skip
+    with LocalCluster(n_nodes=2, gpus_per_node=[2, 0]) as cluster:
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+        assert main(args) == 0
+        actors = _actors(cluster)
+        actor_node, rollout_node = (n.node_id for n in cluster.nodes)
+        assert None not in (actor_node, rollout_node) and actor_node != rollout_node
+        ranks = [a["node"] for a in actors if "WorkerDict" in a["cls"]]
+        servers = sorted((a["name"], a["node"]) for a in actors if (a["name"] or "").startswith("hf_server"))
+        assert ranks == [actor_node, actor_node], actors
+        assert servers == [("hf_server_0", rollout_node), ("hf_server_1", rollout_node)], actors
+    assert cluster.stop() == []
+    assert leftover_processes(cluster.tag) == []
+
+    rows = _rows(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["entropy_control/target_entropy"] == 0.04 and r["entropy_control/model_tokens"] > 0
+        assert 0 <= r["critic/score/mean"] <= 1 and r["num_turns/mean"] >= 1
+        # the rollout's log-probs are the actor's (fp32 both sides): step 2 was generated on node 1 with the
+        # weights that step 1's update produced on node 0
+        assert r["training/rollout_probs_diff_mean"] < 1e-4, r["training/rollout_probs_diff_mean"]
+    # every server reported each sync: the first before step 1, then one after each update (verl may skip the one
+    # after the last step), with new weights each time
+    syncs: dict[int, list[tuple[int, int, float]]] = {}
+    for m in SYNC_LINE.finditer(RunFolder(run).train_log.read_text(errors="replace")):
+        syncs.setdefault(int(m[1]), []).append((int(m[2]), int(m[3]), float(m[4])))
+    assert sorted(syncs) == [0, 1], syncs
+    for replica, seen in syncs.items():
+        assert len(seen) in (2, 3), (replica, seen)
+        steps, loaded, fps = zip(*seen, strict=True)
+        assert list(steps) == sorted(set(steps)), seen  # one sync per weight version, in order
+        assert loaded[0] > 0 and list(loaded) == [loaded[0] * (i + 1) for i in range(len(seen))], seen
+        assert len(set(fps)) == len(seen), seen  # each update changed what the server serves
+    assert syncs[0] == syncs[1]  # both replicas serve the same weights after each sync
