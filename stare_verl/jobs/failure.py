@@ -27,7 +27,9 @@ class Diagnosis:
 
 _RAY_OOM = re.compile(r"(\d+) worker\(s\) were killed due to the node running low on memory")
 _RAY_OOM_USAGE = re.compile(r"was ([\d.]+)GB used / ([\d.]+)GB limit")
-_RAY_OOM_ANY = re.compile(r"killed due to memory pressure \(OOM\)|ray\.exceptions\.OutOfMemoryError")
+_RAY_OOM_ANY = re.compile(r"killed due to memory pressure \(OOM\)|ray\.exceptions\.OutOfMemoryError"
+                          r"|death context type = OOMContext")  # fmt: skip
+_RAY_OOM_RAYLET = re.compile(r"Killing (\d+) worker\(s\), kill details: Memory on the node")
 _TORCH_OOM = re.compile(r"(torch\.OutOfMemoryError|CUDA out of memory|torch\.cuda\.OutOfMemoryError)[^\n]*")
 _NODE_DIED = re.compile(r"NodeDiedError|node [0-9a-f]{8,}\S* (?:has been marked dead|died)|"
                         r"The node with node id:? ?\S+ .*(?:has been marked dead|died)", re.IGNORECASE)  # fmt: skip
@@ -55,7 +57,7 @@ def diagnose(log_text: str, returncode: int | None = None) -> Diagnosis | None:
         dead nodes and actors, a SIGKILL, and last any Python exception (the last one in the log).
     """
     text = log_text or ""
-    m = _RAY_OOM.search(text)
+    m = _RAY_OOM.search(text) or _RAY_OOM_RAYLET.search(text)
     if m or _RAY_OOM_ANY.search(text):
         usage = _RAY_OOM_USAGE.search(text)
         at = f" at {usage.group(1)} of {usage.group(2)} GB" if usage else ""

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 from stare_verl.jobs.logfilter import RepeatedWarningFilter
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_tagged, remove_orphan_shm
 from stare_verl.jobs.runlog import RunFolder
-from stare_verl.jobs.stall import STALLED, StallWatch, no_step_timeout
+from stare_verl.jobs.stall import STALLED, RayLogTail, StallWatch, no_step_timeout
 from stare_verl.methods import EntropyControl
 
 INTERRUPTED = 130
@@ -88,8 +90,13 @@ def run_main_ppo(
     unmapped are removed (:func:`stare_verl.jobs.procs.remove_orphan_shm`).
 
     A run that stops making progress is stopped (:class:`stare_verl.jobs.stall.StallWatch`: a Ray worker's death
-    followed by no step for 3 minutes, or no step for ``$STARE_STALL_TIMEOUT_S``, default 30 minutes), since verl's
-    trainer waits for a dead agent-loop worker's episodes for ever; the reason goes to stderr.
+    followed by no step for 3 minutes or twice the longest step, or no step for ``$STARE_STALL_TIMEOUT_S``, default
+    30 minutes), since verl's trainer waits for a dead agent-loop worker's episodes for ever; the reason goes to
+    stderr. A run that starts its own Ray keeps Ray's files in a folder of its own (``RAY_TMPDIR``, unless the
+    caller set one): its raylet and GCS logs are watched for the deaths main_ppo's output never shows
+    (:class:`stare_verl.jobs.stall.RayLogTail`: Ray's memory monitor killing idle actors, a SIGKILL), and no other
+    run on the machine can join its cluster by accident. The folder is removed after a run that ended well and kept
+    after one that did not (its path on stderr, unless the run was interrupted).
 
     With ``RAY_ADDRESS`` in ``env`` the run joins that Ray cluster instead of starting its own
     (:func:`stare_verl.jobs.cluster.join_cluster`).
@@ -107,6 +114,11 @@ def run_main_ppo(
 
     cmd = join_cluster(cmd, env)  # RAY_ADDRESS set: the run joins that Ray cluster (stare_verl.jobs.cluster)
     tag = env[RUN_TAG_ENV]
+    own_tmp = None
+    if not env.get("RAY_ADDRESS") and not env.get("RAY_TMPDIR"):  # its own Ray, its own files (a short path:
+        own_tmp = Path(tempfile.mkdtemp(prefix="stare-run-", dir="/tmp"))  # Ray's socket paths must stay short)
+        env = {**env, "RAY_TMPDIR": str(own_tmp)}
+    ray_logs = RayLogTail(env["RAY_TMPDIR"]) if not env.get("RAY_ADDRESS") and env.get("RAY_TMPDIR") else None
     seen = 0
     proc = reader = dedup = None
     watch = StallWatch(time.monotonic(), no_step_s=no_step_timeout())
@@ -137,7 +149,10 @@ def run_main_ppo(
                     bar.n = min(int(row["step"]), total_steps)
                     bar.set_postfix_str(_progress_line(row), refresh=False)
                     bar.refresh()
+                deaths = ray_logs.new_lines() if ray_logs is not None else []
                 with watch_lock:
+                    for line in deaths:
+                        watch.death(line, time.monotonic())
                     if len(rows) > seen:
                         watch.step(time.monotonic())
                     stalled = watch.verdict(time.monotonic())
@@ -163,6 +178,13 @@ def run_main_ppo(
                 dedup.finish()
             if proc is not None:
                 proc.stdout.close()
+    if own_tmp is not None:
+        if rc == 0 or not (own_tmp / "ray").exists():  # ended well, or Ray never started
+            shutil.rmtree(own_tmp, ignore_errors=True)
+        elif rc != INTERRUPTED:
+            sessions = sorted((own_tmp / "ray").glob("session_2*"))
+            logs = (sessions[-1] if sessions else own_tmp / "ray" / "session_latest") / "logs"
+            print(f"Ray's logs of this run: {logs}", file=sys.stderr, flush=True)
     if rc not in (0, INTERRUPTED, STALLED):
         with open(log_path, "rb") as f:  # the end of this run's output: what Ray raised
             f.seek(max(0, f.seek(0, os.SEEK_END) - 200_000))

@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +150,170 @@ def test_run_main_ppo_stops_a_run_without_steps(tmp_path, monkeypatch, capsys):
     assert rc == STALLED and took < 60
     assert "no RL step in" in capsys.readouterr().err
     assert tagged_processes("stall-test-silent") == []
+
+
+# --- deaths only Ray's own logs report (the run of 2026-12-06 that hung 16 minutes: Ray's memory monitor killed its
+# rollout server, load balancer and agent-loop worker between two steps, and main_ppo's output said nothing) ---------
+RAYLET_KILL = (
+    "[2026-12-06 05:45:19,854 I 7472 7472] (raylet) node_manager.cc:3199: Killing 4 worker(s), kill details: Memory "
+    "on the node (IP: 192.0.2.2, ID: f6593a3af401a4bcf5) was 23.36GB used / 23.54GB limit (0.992427)"
+)
+GCS_ACTOR_FAILED = (
+    "[2026-12-06 05:45:20,025 I 7397 7397] (gcs_server) gcs_actor_manager.cc:1515: Actor is failed on worker "
+    "160bc483b77a4521 at node f6593a3af401a4bc, need_reschedule = 1, death context type = OOMContext, "
+    "remaining_restarts = 0, num_restarts = 0, num_restarts_due_to_node_preemption = 0, preempted = 0 job_id=01000000"
+)
+RAY_LOG_NOISE = [
+    "[2026-12-06 05:33:32,561 I 7472 7472] (raylet) threshold_memory_monitor.cc:53: ThresholdMemoryMonitor initialized "
+    "with usage threshold at 24897052672 bytes (98.500000% of system memory)",
+    "[state-dump] 	RayletWorkerPool.deadline_timer.kill_idle_workers - 6801 total (1 active)",
+    "[state-dump] 	NodeManager.KillWorkersCallback - 1 total (0 active), Execution time: mean = 1795.93ms",
+    "[2026-12-06 05:45:20,024 W 7397 7397] (gcs_server) gcs_worker_manager.cc:70: Reporting worker exit, worker id = "
+    "160bc483, node id = f6593a3a, address = 192.0.2.2, exit_type = INTENDED_SYSTEM_EXIT",
+]
+
+
+def _session_logs(root, name="session_2026-12-06_05-33-29_985872_7001"):
+    logs = root / "ray" / name / "logs"
+    logs.mkdir(parents=True)
+    return logs
+
+
+def test_ray_log_tail_reads_only_new_death_lines(tmp_path):
+    tail = stall.RayLogTail(tmp_path)
+    assert tail.new_lines() == []  # no Ray session yet
+    logs = _session_logs(tmp_path)
+    (logs / "raylet.out").write_text("\n".join(RAY_LOG_NOISE) + "\n")
+    (logs / "gcs_server.out").write_text(RAY_LOG_NOISE[-1] + "\n")
+    assert tail.new_lines() == []
+    with open(logs / "gcs_server.out", "a") as f:
+        f.write(GCS_ACTOR_FAILED[:60])  # a line still being written: not yet
+    with open(logs / "raylet.out", "a") as f:
+        f.write(RAYLET_KILL + "\nOOM kill reason: Memory usage 24907833344B exceeded threshold\n")
+    assert tail.new_lines() == [RAYLET_KILL]
+    with open(logs / "gcs_server.out", "a") as f:
+        f.write(GCS_ACTOR_FAILED[60:] + "\n")
+    assert tail.new_lines() == [GCS_ACTOR_FAILED]
+    assert tail.new_lines() == []  # each line once
+    (logs / "worker-1.out").write_text(RAYLET_KILL + "\n")  # a worker's own output is main_ppo's business
+    assert tail.new_lines() == []
+
+
+def test_ray_log_tail_reads_a_later_session_and_big_logs_in_parts(tmp_path):
+    tail = stall.RayLogTail(tmp_path, max_read=100)
+    logs = _session_logs(tmp_path)
+    (logs / "raylet.out").write_text("x" * 250 + "\n" + RAYLET_KILL + "\n")
+    got = []
+    for _ in range(10):
+        got += tail.new_lines()
+    assert got == [RAYLET_KILL]
+    later = _session_logs(tmp_path, "session_2026-12-06_06-01-00_000000_9000")
+    (later / "gcs_server.out").write_text(GCS_ACTOR_FAILED + "\n")
+    assert tail.new_lines() == []  # 100 of its ~300 bytes so far
+    assert [line for _ in range(3) for line in tail.new_lines()] == [GCS_ACTOR_FAILED]
+
+
+def test_a_ray_log_death_names_the_memory_kill_and_its_remedy():
+    watch = StallWatch(0.0, no_step_s=1e9, after_death_s=10.0)
+    watch.death(RAYLET_KILL, 5.0)
+    watch.death(GCS_ACTOR_FAILED, 6.0)  # the first death is the one reported
+    assert watch.verdict(14.0) is None
+    why = watch.verdict(15.0)
+    assert "Killing 4 worker(s)" in why and "23.36GB used / 23.54GB limit" in why
+    assert "out of memory: Ray killed 4 worker(s) at 23.36 of 23.54 GB" in why and "ppo_micro_batch_size_per_gpu" in why
+
+
+def test_the_grace_after_a_death_is_twice_the_longest_step():
+    watch = StallWatch(0.0, no_step_s=1e9, after_death_s=180.0)
+    watch.step(400.0)  # the first step: start-up included, not a step's length
+    assert watch.death_grace_s == 180.0
+    watch.step(650.0)  # a 250 s step (a real model under load)
+    watch.step(700.0)
+    assert watch.death_grace_s == 500.0
+    watch.death(GCS_ACTOR_FAILED, 710.0)
+    assert watch.verdict(1205.0) is None  # a slow step may still come
+    assert "Actor is failed" in watch.verdict(1210.0)
+
+
+_KILLED_THEN_HANGS = (
+    "import os, pathlib, sys, time\n"
+    "logs = pathlib.Path(os.environ['RAY_TMPDIR']) / 'ray' / 'session_2026-12-06_05-33-29_985872_7001' / 'logs'\n"
+    "logs.mkdir(parents=True)\n"
+    "print('(TaskRunner pid=7) step:1 - actor/entropy:0.5', flush=True)\n"
+    f"(logs / 'raylet.out').write_text({RAYLET_KILL!r} + '\\n')\n"
+    "while True:\n"
+    "    print('(TaskRunnerV1 pid=7) INFO:pending: 0, running: 7, finished: 1, failure: 0', flush=True)\n"
+    "    time.sleep(0.5)\n"
+)
+
+
+def test_run_main_ppo_stops_a_run_whose_actor_ray_killed_silently(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(train.launch, "StallWatch", functools.partial(StallWatch, after_death_s=3.0))
+    rc, took, log = _run(tmp_path, _KILLED_THEN_HANGS, "stall-test-ray-log")
+    assert rc == STALLED and took < 60
+    assert "Killing 4 worker(s)" not in log  # main_ppo's output never said it: only Ray's log did
+    err = capsys.readouterr().err
+    assert "a Ray worker died" in err and "Killing 4 worker(s)" in err and "out of memory" in err
+    kept = [line.split(": ", 1)[1] for line in err.splitlines() if line.startswith("Ray's logs of this run: ")]
+    assert len(kept) == 1 and kept[0].startswith("/tmp/stare-run-")
+    assert RAYLET_KILL in (Path(kept[0]) / "raylet.out").read_text()  # kept for the post-mortem
+    shutil.rmtree(Path(kept[0]).parents[2])
+    assert tagged_processes("stall-test-ray-log") == []
+
+
+def test_a_run_that_ends_well_leaves_no_ray_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    code = "import os, pathlib; print(os.environ['RAY_TMPDIR']); pathlib.Path(os.environ['RAY_TMPDIR'], 'ray').mkdir()"
+    rc, _, log = _run(tmp_path, code, "stall-test-ray-clean")
+    folder = log.strip().splitlines()[-1]
+    assert rc == 0 and folder.startswith("/tmp/stare-run-") and not os.path.exists(folder)
+
+
+def test_a_caller_ray_tmpdir_is_kept_and_watched(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    own = tmp_path / "ray-tmp"
+    monkeypatch.setenv("RAY_TMPDIR", str(own))
+    monkeypatch.setattr(train.launch, "StallWatch", functools.partial(StallWatch, after_death_s=3.0))
+    log, part = tmp_path / "train.log", tmp_path / "verl_metrics.jsonl"
+    env = train.run_env("stall-test-ray-own", part)
+    rc = train.run_main_ppo([sys.executable, "-c", _KILLED_THEN_HANGS], env, log, part, total_steps=5)
+    assert rc == STALLED and (own / "ray").is_dir()
+    assert "Killing 4 worker(s)" in capsys.readouterr().err
+
+
+_KILL_AN_IDLE_ACTOR = """
+import os, signal, time, ray
+ray.init(num_cpus=1, include_dashboard=False)
+@ray.remote(max_restarts=0)
+class Idle:
+    def pid(self):
+        return os.getpid()
+actor = Idle.remote()
+os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)  # what the kernel's OOM killer does
+try:
+    ray.get(actor.pid.remote(), timeout=120)  # fails once the GCS has marked the actor dead
+    raise SystemExit("the killed actor answered")
+except ray.exceptions.RayActorError:
+    pass
+time.sleep(2)  # the GCS log line is flushed
+ray.shutdown()
+"""
+
+
+@pytest.mark.integration
+def test_ray_log_tail_sees_a_real_actor_killed_with_sigkill():
+    """Ray's own GCS log (Ray as installed) reports an idle actor killed with SIGKILL in the form RayLogTail reads."""
+    root = tempfile.mkdtemp(prefix="stare-test-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": root}
+        done = subprocess.run([sys.executable, "-c", _KILL_AN_IDLE_ACTOR], env=env, timeout=300, capture_output=True,
+                              text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        lines = stall.RayLogTail(root).new_lines()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert len(lines) == 1 and "Actor is failed on worker" in lines[0], (lines, done.stdout[-2000:])
+    assert "death context type = ActorDiedErrorContext" in lines[0]
