@@ -92,8 +92,8 @@ def run_main_ppo(
     A run that stops making progress is stopped (:class:`stare_verl.jobs.stall.StallWatch`: a Ray worker's death
     followed by no step for 3 minutes or twice the longest step, or no step for ``$STARE_STALL_TIMEOUT_S``, default
     30 minutes), since verl's trainer waits for a dead agent-loop worker's episodes for ever; the reason goes to
-    stderr. A run that starts its own Ray keeps Ray's files in a folder of its own (``RAY_TMPDIR``, unless the
-    caller set one): its raylet and GCS logs are watched for the deaths main_ppo's output never shows
+    stderr. A CPU run that starts its own Ray keeps Ray's files in a folder of its own (``RAY_TMPDIR``, unless the
+    caller set one; a GPU run keeps Ray's default, where ``ray.init()`` finds a cluster started with ``ray start``): its raylet and GCS logs are watched for the deaths main_ppo's output never shows
     (:class:`stare_verl.jobs.stall.RayLogTail`: Ray's memory monitor killing idle actors, a SIGKILL), and no other
     run on the machine can join its cluster by accident. The folder is removed after a run that ended well and kept
     after one that did not (its path on stderr, unless the run was interrupted).
@@ -115,8 +115,10 @@ def run_main_ppo(
     cmd = join_cluster(cmd, env)  # RAY_ADDRESS set: the run joins that Ray cluster (stare_verl.jobs.cluster)
     tag = env[RUN_TAG_ENV]
     own_tmp = None
-    if not env.get("RAY_ADDRESS") and not env.get("RAY_TMPDIR"):  # its own Ray, its own files (a short path:
-        own_tmp = Path(tempfile.mkdtemp(prefix="stare-run-", dir="/tmp"))  # Ray's socket paths must stay short)
+    # a CPU run that starts its own Ray gets its own files (a short path: Ray's socket paths must stay short); a GPU
+    # run keeps Ray's default folder, where ray.init() finds a cluster the user started with `ray start`
+    if env.get("VERL_PLATFORM") == "cpu" and not env.get("RAY_ADDRESS") and not env.get("RAY_TMPDIR"):
+        own_tmp = Path(tempfile.mkdtemp(prefix="stare-run-", dir="/tmp"))
         env = {**env, "RAY_TMPDIR": str(own_tmp)}
     ray_logs = RayLogTail(env["RAY_TMPDIR"]) if not env.get("RAY_ADDRESS") and env.get("RAY_TMPDIR") else None
     seen = 0

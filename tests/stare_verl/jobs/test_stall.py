@@ -317,3 +317,14 @@ def test_ray_log_tail_sees_a_real_actor_killed_with_sigkill():
         shutil.rmtree(root, ignore_errors=True)
     assert len(lines) == 1 and "Actor is failed on worker" in lines[0], (lines, done.stdout[-2000:])
     assert "death context type = ActorDiedErrorContext" in lines[0]
+
+
+def test_a_gpu_run_keeps_rays_default_folder(tmp_path, monkeypatch):
+    """ray.init() in a GPU run must still find a cluster the user started with `ray start` (Ray's default folder)."""
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    log, part = tmp_path / "train.log", tmp_path / "verl_metrics.jsonl"
+    env = train.run_env("stall-test-gpu-env", part, platform="cuda")
+    code = "import os; print('RAY_TMPDIR=' + os.environ.get('RAY_TMPDIR', 'unset'))"
+    assert train.run_main_ppo([sys.executable, "-c", code], env, log, part, total_steps=1) == 0
+    assert "RAY_TMPDIR=unset" in log.read_text()
