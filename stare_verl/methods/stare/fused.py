@@ -9,6 +9,11 @@ pass B sums the covariance metrics' high-surprisal tokens and reweights the chos
 only the cost: when it misses the k-th smallest (a sample that misrepresents the batch) pass A runs again with a
 window that holds every candidate.
 
+Two entry points: :func:`fused_reweight` takes the ``[B, T]`` GRPO advantages; :func:`fused_reweight_rows` takes
+them per response (``[B]``, the advantages being ``row[:, None] * mask``), and its pass B writes each row of the
+effective advantages whole, so the ``[B, T]`` GRPO advantages are never materialised (what
+:func:`stare_verl.methods.stare.method.compute_stare_advantage` uses on CPU tensors).
+
 Numba (``stare_verl.methods.stare.kernels``) is imported with this module: import it only where an advantage is
 computed.
 """
@@ -128,7 +133,7 @@ def fused_reweight(
     def output(gate_on: bool) -> np.ndarray | None:
         return (advantages if inplace else advantages.copy()) if gate_on else None
 
-    return _reweight(row_adv, mask, log_probs, entropys, first, end, decide, ratio, variant, output, advantages)
+    return _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, output, advantages)
 
 
 def fused_reweight_rows(
@@ -173,17 +178,17 @@ def fused_reweight_rows(
         at_first = mask[np.arange(b), np.maximum(first, 0)].astype(dtype)
         row_adv = np.where(first >= 0, row_advantages * at_first, 0).astype(dtype)
     out = np.empty((b, t), dtype=dtype)
-    _, step = _reweight(row_adv, mask, log_probs, entropys, first, end, decide, ratio, variant, lambda _: out,
-                        None, row_advantages)  # fmt: skip
+    _, step = _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, lambda _: out, None,
+                        row_advantages)  # fmt: skip
     return out, step
 
 
-def _reweight(row_adv, mask, log_probs, entropys, first, end, decide, ratio, variant, output, advantages,
+def _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, output, advantages,
               row_advantages=None) -> tuple[np.ndarray | None, FusedStep]:  # fmt: skip
     """The two passes of :func:`fused_reweight` (``advantages`` given: the chosen tokens rescaled in
     ``output(gate_on)``, None with the gate off) and :func:`fused_reweight_rows` (``row_advantages`` given: every
     entry of ``output(gate_on)`` written). ``row_adv``: ``[B]``, each row's advantage at its first model token;
-    ``mask``: not bool (a bool mask is passed as its uint8 view); ``first``/``end``: :func:`kernels.model_span`."""
+    ``mask``: not bool (a bool mask is passed as its uint8 view); ``end``: from :func:`kernels.model_span`."""
     numba.set_num_threads(max(1, min(_torch_threads(), numba.config.NUMBA_NUM_THREADS)))
     b, t = log_probs.shape
     sets = [np.flatnonzero(row_adv > 0)] + ([np.flatnonzero(row_adv < 0)] if variant == "C2" else [])

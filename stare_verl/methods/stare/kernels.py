@@ -85,18 +85,27 @@ def log_prob_row_stats(
 def model_span(mask):  # pragma: no cover - compiled
     """``(first, end)``: ``[B]`` int64, the position of each row's first model token (``mask > 0``) and one past its
     last (-1 and 0 for a row without one): the row's tokens outside ``[first, end)`` are no model tokens."""
-    first = np.full(mask.shape[0], -1, dtype=np.int64)
-    end = np.zeros(mask.shape[0], dtype=np.int64)
-    for i in numba.prange(mask.shape[0]):
-        for j in range(mask.shape[1]):
-            if mask[i, j] > 0:
+    n, t = mask.shape
+    first = np.full(n, -1, dtype=np.int64)
+    end = np.zeros(n, dtype=np.int64)
+    for i in numba.prange(n):
+        row = mask[i]
+        for j in range(t):
+            if row[j] > 0:
                 first[i] = j
                 break
         if first[i] >= 0:
-            for j in range(mask.shape[1] - 1, -1, -1):
-                if mask[i, j] > 0:
-                    end[i] = j + 1
+            j = t
+            while j >= 16:  # whole blocks of 16 from the end while none holds a model token: a loop LLVM vectorises
+                any_model = False
+                for q in range(j - 16, j):
+                    any_model |= row[q] > 0
+                if any_model:
                     break
+                j -= 16
+            while not row[j - 1] > 0:  # the row has a model token before j
+                j -= 1
+            end[i] = j
     return first, end
 
 

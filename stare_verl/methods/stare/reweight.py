@@ -165,8 +165,9 @@ def stare_reweight_rows(
     lp_np, ent_np = _numpy(old_log_probs), _numpy(entropys)
     from stare_verl.methods.stare import fused  # numba: imported by the processes that compute an advantage
 
-    if not (cfg.scope == "batch" or cfg.chunk_size >= mask_np.shape[0]) or not fused.supports(adv_np, lp_np, ent_np,
-                                                                                               mask_np):  # fmt: skip
+    if not (cfg.scope == "batch" or cfg.chunk_size >= mask_np.shape[0]):
+        return None
+    if not fused.supports(adv_np, lp_np, ent_np, mask_np):
         return None
     decide, decisions = _decider(controller)
     out_np, step = fused.fused_reweight_rows(adv_np, mask_np, lp_np, ent_np, decide, cfg.top_p_ratio, cfg.variant)
