@@ -14,6 +14,12 @@ gives the rows' high-surprisal counts and sums) by the pass the estimator needs 
 model tokens' log-probs are finite (an einsum row sum, as before the metrics existed). Both on the step-by-step
 NumPy path (chunked scope and dtypes the fused path does not take): the fused whole-batch path
 (stare_verl.methods.stare.fused) accumulates the metrics' sums inside its two passes, with no pass of their own.
+
+What the CPU estimator reads and writes (compute_stare_advantage on CPU tensors, whole-batch scope): the rewards once
+(row sums; the per-response GRPO advantages, no [B, T] GRPO advantages), the mask's padding (where each response
+ends), pass A (log-probs, entropies and mask up to each response's end; the set rows once more for the window copy),
+pass B (the same three, and the [B, T] effective advantages written once). verl's grpo_vectorized reads the rewards
+and the mask and writes one [B, T] tensor.
 """
 
 import statistics

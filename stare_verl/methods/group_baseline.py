@@ -189,6 +189,38 @@ def verl_group_codes(index: Any) -> tuple[np.ndarray, int]:
     return codes, len(uniq)
 
 
+def group_row_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, cfg: Any
+) -> tuple[torch.Tensor, float] | None:
+    """:func:`group_advantage` per response: ``(row_advantages, zero_variance_share)`` with ``row_advantages``
+    ``[B]`` such that ``row_advantages[:, None] * response_mask`` (torch) is :func:`group_advantage`'s ``[B, T]``
+    result exactly (for finite mask values), in its dtype (verl's scalars promoted with the mask's dtype);
+    zero-variance groups' rows are 0.
+
+    Returns None when some outcome reward is NaN/inf (:func:`group_advantage` handles those rows, whose advantage
+    is 0 whatever the mask, and a dtype that depends on it): the caller falls back to :func:`group_advantage`.
+    """
+    from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
+
+    scores = token_level_rewards.sum(dim=-1)
+    if not bool(torch.isfinite(scores).all()):
+        return None
+    kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": cfg.norm_adv_by_std_in_grpo is not False}
+    codes, n_groups = verl_group_codes(index)
+    # verl's [B, T] result is scalars[:, None] * response_mask; times a [B, 1] mask of ones of the mask's dtype it is
+    # the scalars promoted exactly as that product promotes them (x * 1 is exact)
+    ones = torch.ones((response_mask.shape[0], 1), dtype=response_mask.dtype, device=response_mask.device)
+    row, _ = compute_grpo_vectorized_outcome_advantage(scores[:, None], ones, index, **kw)
+    row = row[:, 0]
+    scores_np = scores.detach().double().cpu().numpy()
+    zero_var = zero_variance_groups(scores_np, codes, n_groups, np.ones(len(scores_np), dtype=bool),
+                                    cfg.zero_variance_tol)  # fmt: skip
+    rows = zero_var[codes]
+    if rows.any():
+        row[torch.from_numpy(rows).to(row.device)] = 0.0
+    return row, float(np.count_nonzero(zero_var)) / max(n_groups, 1)
+
+
 def group_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, cfg: Any
 ) -> tuple[torch.Tensor, int, float]:

@@ -9,6 +9,11 @@ pass B sums the covariance metrics' high-surprisal tokens and reweights the chos
 only the cost: when it misses the k-th smallest (a sample that misrepresents the batch) pass A runs again with a
 window that holds every candidate.
 
+Two entry points: :func:`fused_reweight` takes the ``[B, T]`` GRPO advantages; :func:`fused_reweight_rows` takes
+them per response (``[B]``, the advantages being ``row[:, None] * mask``), and its pass B writes each row of the
+effective advantages whole, so the ``[B, T]`` GRPO advantages are never materialised (what
+:func:`stare_verl.methods.stare.method.compute_stare_advantage` uses on CPU tensors).
+
 Numba (``stare_verl.methods.stare.kernels``) is imported with this module: import it only where an advantage is
 computed.
 """
@@ -68,10 +73,13 @@ class FusedStep:
 
 
 def supports(advantages: np.ndarray, log_probs: np.ndarray, entropys: np.ndarray, mask: np.ndarray) -> bool:
-    """Whether :func:`fused_reweight` takes these arrays: 2-D of one shape, float32/float64 advantages, log-probs
-    and entropies, a bool or real-number mask."""
-    shape = advantages.shape
-    if advantages.ndim != 2 or log_probs.shape != shape or entropys.shape != shape or mask.shape != shape:
+    """Whether :func:`fused_reweight` (``[B, T]`` advantages) or :func:`fused_reweight_rows` (``[B]`` per-response
+    advantages) takes these arrays: 2-D log-probs, entropies and mask of one shape ``[B, T]``, advantages of that
+    shape or ``[B]``; float32/float64 advantages, log-probs and entropies; a bool or real-number mask."""
+    shape = log_probs.shape
+    if log_probs.ndim != 2 or entropys.shape != shape or mask.shape != shape:
+        return False
+    if advantages.shape not in (shape, shape[:1]):
         return False
     if any(a.dtype not in FLOAT_DTYPES for a in (advantages, log_probs, entropys)):
         return False
@@ -105,32 +113,92 @@ def fused_reweight(
         the gate off: nothing is reweighted) and :class:`FusedStep`.
 
     Raises:
-        ValueError: arrays :func:`supports` does not take.
+        ValueError: arrays :func:`supports` does not take (or ``[B]`` advantages).
     """
-    if not supports(advantages, log_probs, entropys, mask):
+    if advantages.ndim != 2 or not supports(advantages, log_probs, entropys, mask):
         raise ValueError(
             f"fused_reweight takes [B, T] float32/float64 arrays of one shape, got advantages {advantages.shape} "
             f"{advantages.dtype}, mask {mask.shape} {mask.dtype}, log_probs {log_probs.shape} {log_probs.dtype}, "
             f"entropys {entropys.shape} {entropys.dtype}"
         )
-    numba.set_num_threads(max(1, min(_torch_threads(), numba.config.NUMBA_NUM_THREADS)))
     if mask.dtype == np.bool_:
         mask = mask.view(np.uint8)
-    b, t = log_probs.shape
     first, end = kernels.model_span(mask)
+    b, t = log_probs.shape
     if t == 0:  # empty responses: no model token, every row's advantage is 0
         row_adv = np.zeros(b, dtype=advantages.dtype)
     else:  # outcome advantages are constant along a row's model tokens: read each row at its first
         row_adv = np.where(first >= 0, advantages[np.arange(b), np.maximum(first, 0)], 0).astype(advantages.dtype)
+
+    def output(gate_on: bool) -> np.ndarray | None:
+        return (advantages if inplace else advantages.copy()) if gate_on else None
+
+    return _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, output, advantages)
+
+
+def fused_reweight_rows(
+    row_advantages: np.ndarray,
+    mask: np.ndarray,
+    log_probs: np.ndarray,
+    entropys: np.ndarray,
+    decide,
+    ratio: float,
+    variant: str,
+) -> tuple[np.ndarray, FusedStep]:
+    """:func:`fused_reweight` of the advantages ``row_advantages[:, None] * mask`` without materialising them: pass B
+    writes the effective advantages whole, each row once.
+
+    Args:
+        row_advantages: ``[B]`` float32/float64 per-response GRPO advantages, in the dtype of the ``[B, T]``
+            advantages they stand for (verl's ``scalars.unsqueeze(-1) * response_mask``: each entry is
+            ``row_advantages[i] * mask[i, j]`` computed in that dtype).
+        mask, log_probs, entropys, decide, ratio, variant: as for :func:`fused_reweight`.
+
+    Returns:
+        ``(effective, step)``: a new ``[B, T]`` array of ``row_advantages``' dtype, ``omega * row_advantages[:, None]
+        * mask`` (the GRPO advantages where the gate is off: omega is 1), and :class:`FusedStep`.
+
+    Raises:
+        ValueError: arrays :func:`supports` does not take (or ``[B, T]`` advantages).
+    """
+    if row_advantages.ndim != 1 or not supports(row_advantages, log_probs, entropys, mask):
+        raise ValueError(
+            f"fused_reweight_rows takes [B] float32/float64 row advantages and [B, T] arrays of one shape, got "
+            f"row_advantages {row_advantages.shape} {row_advantages.dtype}, mask {mask.shape} {mask.dtype}, log_probs "
+            f"{log_probs.shape} {log_probs.dtype}, entropys {entropys.shape} {entropys.dtype}"
+        )
+    if mask.dtype == np.bool_:
+        mask = mask.view(np.uint8)
+    first, end = kernels.model_span(mask)
+    b, t = log_probs.shape
+    dtype = row_advantages.dtype
+    if t == 0:
+        row_adv = np.zeros(b, dtype=dtype)
+    else:  # the advantage at each row's first model token, as the [B, T] advantages hold it
+        at_first = mask[np.arange(b), np.maximum(first, 0)].astype(dtype)
+        row_adv = np.where(first >= 0, row_advantages * at_first, 0).astype(dtype)
+    out = np.empty((b, t), dtype=dtype)
+    _, step = _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, lambda _: out, None,
+                        row_advantages)  # fmt: skip
+    return out, step
+
+
+def _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, output, advantages,
+              row_advantages=None) -> tuple[np.ndarray | None, FusedStep]:  # fmt: skip
+    """The two passes of :func:`fused_reweight` (``advantages`` given: the chosen tokens rescaled in
+    ``output(gate_on)``, None with the gate off) and :func:`fused_reweight_rows` (``row_advantages`` given: every
+    entry of ``output(gate_on)`` written). ``row_adv``: ``[B]``, each row's advantage at its first model token;
+    ``mask``: not bool (a bool mask is passed as its uint8 view); ``end``: from :func:`kernels.model_span`."""
+    numba.set_num_threads(max(1, min(_torch_threads(), numba.config.NUMBA_NUM_THREADS)))
+    b, t = log_probs.shape
     sets = [np.flatnonzero(row_adv > 0)] + ([np.flatnonzero(row_adv < 0)] if variant == "C2" else [])
     row_set = np.full(b, -1, dtype=np.int64)
     for s, rows in enumerate(sets):
         row_set[rows] = s
     lp_type = log_probs.dtype.type
     lo, hi = _windows(log_probs, entropys, mask, row_set, len(sets), ratio)
-    n_model, n_valid = np.empty(b, dtype=np.int64), np.empty(b, dtype=np.int64)
+    n_model, n_valid, below, n_window = (np.empty(b, dtype=np.int64) for _ in range(4))
     ent_sum, lp_sum = np.empty(b), np.empty(b)
-    below, n_window = np.empty(b, dtype=np.int64), np.empty(b, dtype=np.int64)
     window = np.empty((b, t), dtype=log_probs.dtype)
     a_args = (log_probs, entropys, mask, end, row_set)
     a_out = (window, n_model, n_valid, ent_sum, lp_sum, below, n_window)
@@ -160,13 +228,17 @@ def fused_reweight(
             thr[s] = _threshold(window, n_window, below, rows, k, allow)
     else:
         row_set[:] = -1
-    out = (advantages if inplace else advantages.copy()) if gate_on else None
-    weight = np.array([w, m], dtype=advantages.dtype)
+    out = output(gate_on)
+    rows_mode = row_advantages is not None
+    dtype = row_adv.dtype
+    weight = np.array([w, m], dtype=dtype)
     n_high, s_high = np.empty(b), np.empty(b)
     n_sel, n_sel_high, n_above = (np.zeros(b, dtype=np.int64) for _ in range(3))
     s_sel, s_sel_high = np.zeros(b), np.zeros(b)
-    kernels.pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, advantages,
-                   advantages if out is None else out, n_high, s_high, n_sel, s_sel, n_sel_high, s_sel_high, n_above)  # fmt: skip
+    kernels.pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, rows_mode,
+                   row_advantages if rows_mode else np.zeros(1, dtype=dtype),
+                   advantages if out is None else out,  # gate off, [B, T] advantages: no row set, nothing written
+                   n_high, s_high, n_sel, s_sel, n_sel_high, s_sel_high, n_above)  # fmt: skip
 
     cov_base = class_sums(row_adv, n_high, s_high, n_valid.astype(np.float64), lp_sum)
     adv_d, lp_adv_d = cov_base.adv.copy(), cov_base.lp_adv.copy()

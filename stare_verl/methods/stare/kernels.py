@@ -71,29 +71,41 @@ def log_prob_row_stats(
 
 
 # --- the fused per-row passes of the CPU estimator (stare_verl.methods.stare.fused) --------------------------------
-# Two passes over [B, T], rows in parallel (prange). Pass A: per row the model and valid token counts, the entropy
-# and log-prob sums, and, for rows of a token set (advantage > 0 or < 0), the candidates below a window [lo, hi]
-# (counted) and inside it (copied into the row's segment of `window`, in row order). Pass B, with the selection
-# threshold known: the covariance metrics' high-surprisal sums, and the chosen tokens reweighted in place.
-# A token is valid when mask > 0 and its log-prob and entropy are finite; sums run in float64.
+# Two passes over [B, T], rows in parallel (prange), each reading a row's tokens only up to its last model token.
+# Pass A: per row the model and valid token counts, the entropy and log-prob sums, and, for rows of a token set
+# (advantage > 0 or < 0), the candidates below a window [lo, hi] (counted) and inside it (copied into the row's
+# segment of `window`, in row order). Pass B, with the selection threshold known: the covariance metrics'
+# high-surprisal sums, and the chosen tokens' advantages reweighted in place (with `rows_mode`, each row's GRPO
+# advantages are first written whole, from its per-response advantage and the mask, so that the [B, T] GRPO
+# advantages need not exist beforehand). A token is valid when mask > 0 and its log-prob and entropy are finite;
+# sums run in float64.
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def model_span(mask):  # pragma: no cover - compiled
     """``(first, end)``: ``[B]`` int64, the position of each row's first model token (``mask > 0``) and one past its
     last (-1 and 0 for a row without one): the row's tokens outside ``[first, end)`` are no model tokens."""
-    first = np.full(mask.shape[0], -1, dtype=np.int64)
-    end = np.zeros(mask.shape[0], dtype=np.int64)
-    for i in range(mask.shape[0]):
-        for j in range(mask.shape[1]):
-            if mask[i, j] > 0:
+    n, t = mask.shape
+    first = np.full(n, -1, dtype=np.int64)
+    end = np.zeros(n, dtype=np.int64)
+    for i in numba.prange(n):
+        row = mask[i]
+        for j in range(t):
+            if row[j] > 0:
                 first[i] = j
                 break
         if first[i] >= 0:
-            for j in range(mask.shape[1] - 1, -1, -1):
-                if mask[i, j] > 0:
-                    end[i] = j + 1
+            j = t
+            while j >= 16:  # whole blocks of 16 from the end while none holds a model token: a loop LLVM vectorises
+                any_model = False
+                for q in range(j - 16, j):
+                    any_model |= row[q] > 0
+                if any_model:
                     break
+                j -= 16
+            while not row[j - 1] > 0:  # the row has a model token before j
+                j -= 1
+            end[i] = j
     return first, end
 
 
@@ -160,36 +172,45 @@ def count_equal(window, n_window, rows, value):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath=_FASTMATH)
-def pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, adv_in, adv_out,
-           n_high, s_high, n_sel, s_sel, n_sel_high, s_sel_high, n_above):  # pragma: no cover - compiled
+def pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, rows_mode, row_adv, adv, n_high,
+           s_high, n_sel, s_sel, n_sel_high, s_sel_high, n_above):  # pragma: no cover - compiled
     """Pass B (see above). ``high_thr``: a token is high-surprisal when ``log_prob < high_thr`` (the log-probs'
     dtype); ``thr``/``weight``: ``[2]`` per set (the k-th smallest log-prob, the weight in the advantages' dtype);
     ``allow[i]``: how many tokens equal to the threshold row i may take (-1: all); ``end[i]``: past row i's last
-    model token (from pass A). Writes ``adv_out`` (which may be
-    ``adv_in``) only at the chosen tokens."""
-    one = adv_in.dtype.type(1)
+    model token (from :func:`model_span`). ``adv``: ``[B, T]``, the chosen tokens' entries multiplied by their weight
+    in place; with ``rows_mode`` every row is first written whole, ``row_adv[i] * mask[i, j]`` in ``adv``'s dtype
+    (as torch's ``row_adv[:, None] * mask``; ``row_adv``: ``[B]`` of that dtype, not read otherwise)."""
+    cast = adv.dtype.type
+    one = cast(1)
     for i in numba.prange(log_probs.shape[0]):
         s = row_set[i]
         t = thr[max(s, 0)]
         w = weight[max(s, 0)]
         left = allow[i]
         all_ties = left < 0
+        # row views: the loops read and write through them (indexing the [B, T] arrays per token, the in-place
+        # update is not vectorised)
+        lp_row, ent_row, mask_row, adv_row = log_probs[i], entropys[i], mask[i], adv[i]
+        if rows_mode:  # the row's GRPO advantages, reweighted below in place
+            rv = row_adv[i]
+            for j in range(mask_row.size):
+                adv_row[j] = rv * cast(mask_row[j])
         c, sh = 0.0, 0.0
         ns, ss, nsh, ssh, na = 0.0, 0.0, 0.0, 0.0, 0.0
         if s < 0:
             for j in range(end[i]):
-                v = log_probs[i, j]
-                e = entropys[i, j]
-                ok = (mask[i, j] > 0) & ((v - v) == 0) & ((e - e) == 0)
+                v = lp_row[j]
+                e = ent_row[j]
+                ok = (mask_row[j] > 0) & ((v - v) == 0) & ((e - e) == 0)
                 vz = v if ok else 0.0  # finite: products with the 0/1 flags below stay exact
                 h = 1.0 if ok & (v < high_thr) else 0.0
                 c += h
                 sh += vz * h
         else:
             for j in range(end[i]):
-                v = log_probs[i, j]
-                e = entropys[i, j]
-                ok = (mask[i, j] > 0) & ((v - v) == 0) & ((e - e) == 0)
+                v = lp_row[j]
+                e = ent_row[j]
+                ok = (mask_row[j] > 0) & ((v - v) == 0) & ((e - e) == 0)
                 vz = v if ok else 0.0
                 h = 1.0 if ok & (v < high_thr) else 0.0
                 c += h
@@ -197,7 +218,7 @@ def pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow
                 # the tokens below the threshold, and those equal to it when every tie is taken (-1)
                 chosen = ok & ((v < t) | ((v == t) & all_ties))
                 sel = 1.0 if chosen else 0.0
-                adv_out[i, j] = adv_in[i, j] * (w if chosen else one)
+                adv_row[j] = adv_row[j] * (w if chosen else one)
                 ns += sel
                 ss += vz * sel
                 nsh += h * sel
@@ -205,11 +226,11 @@ def pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow
                 na += sel if -v > e else 0.0
             if left > 0:  # the row's share of the tied tokens: the earliest
                 for j in range(end[i]):
-                    v = log_probs[i, j]
-                    e = entropys[i, j]
-                    if left > 0 and v == t and (mask[i, j] > 0) and (e - e) == 0:
+                    v = lp_row[j]
+                    e = ent_row[j]
+                    if left > 0 and v == t and (mask_row[j] > 0) and (e - e) == 0:
                         left -= 1
-                        adv_out[i, j] = adv_in[i, j] * w
+                        adv_row[j] = adv_row[j] * w
                         ns += 1
                         ss += v
                         if v < high_thr:

@@ -25,10 +25,10 @@ from stare_verl.methods.base import (
     inputs_missing,
     plain_mapping,
 )
-from stare_verl.methods.group_baseline import GroupConfig, group_advantage
+from stare_verl.methods.group_baseline import GroupConfig, group_advantage, group_row_advantage
 from stare_verl.methods.stare.config import StareConfig, parse_stare_config
 from stare_verl.methods.stare.controller import StareController
-from stare_verl.methods.stare.reweight import stare_reweight
+from stare_verl.methods.stare.reweight import stare_reweight, stare_reweight_rows
 
 ESTIMATOR_NAME = "stare"
 
@@ -113,11 +113,28 @@ def stare_advantages(
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """STARE steps 1-6: ``(grpo_advantages, omega * grpo_advantages)``, both ``[B, T]``; with ``inplace`` the first is
-    the second's storage (overwritten: one ``[B, T]`` copy less, for callers that need only the second). Adds the
-    ``stare/*`` and shared ``entropy_control/*`` metrics (see :func:`compute_stare_advantage`) to ``metrics``."""
+    the second (for callers that need only the second). Adds the ``stare/*`` and shared ``entropy_control/*`` metrics
+    (see :func:`compute_stare_advantage`) to ``metrics``.
+
+    With ``inplace`` on CPU tensors the GRPO advantages are not materialised: the per-response advantages
+    (:func:`group_row_advantage`) go to :func:`stare_reweight_rows`, which writes the effective advantages once;
+    where that path does not apply (non-finite rewards, tensors on an accelerator, chunked scope, other dtypes) and
+    without ``inplace``, :func:`group_advantage` gives the ``[B, T]`` GRPO advantages and :func:`stare_reweight`
+    reweights them. Both give the same results."""
     cfg = controller.config
-    base, n_bad, zero_var_share = group_advantage(token_level_rewards, response_mask, index, cfg)
-    eff, step_metrics = stare_reweight(base, response_mask, old_log_probs, entropys, controller, inplace=inplace)
+    got = None
+    if inplace and token_level_rewards.device.type == "cpu":
+        rows = group_row_advantage(token_level_rewards, response_mask, index, cfg)
+        if rows is not None:
+            row_adv, zero_var_share = rows
+            n_bad = 0
+            got = stare_reweight_rows(row_adv, response_mask, old_log_probs, entropys, controller)
+    if got is not None:
+        eff, step_metrics = got
+        base = eff
+    else:
+        base, n_bad, zero_var_share = group_advantage(token_level_rewards, response_mask, index, cfg)
+        eff, step_metrics = stare_reweight(base, response_mask, old_log_probs, entropys, controller, inplace=inplace)
     step_metrics["entropy_control/nonfinite_rewards"] = float(n_bad)
     step_metrics["entropy_control/zero_variance_groups"] = zero_var_share
     metrics.update(step_metrics)

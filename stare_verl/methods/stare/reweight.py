@@ -134,9 +134,49 @@ def stare_reweight(
     return out, _metrics(cfg, decision, masks, l_plus, l_minus, w_eff, m_eff, cov_base, cov_eff, above)
 
 
-def _stare_reweight_fused(advantages, adv_np, mask_np, lp_np, ent_np, controller, inplace):
-    """The NumPy path for whole-batch scope in two compiled passes (:mod:`stare_verl.methods.stare.fused`)."""
+def stare_reweight_rows(
+    row_advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    entropys: torch.Tensor,
+    controller: StareController,
+) -> tuple[torch.Tensor, dict[str, float]] | None:
+    """:func:`stare_reweight` of the GRPO advantages ``row_advantages[:, None] * response_mask`` without
+    materialising them (:func:`stare_verl.methods.stare.fused.fused_reweight_rows`): the same results, the
+    effective advantages written once.
+
+    Args:
+        row_advantages: ``[B]`` per-response GRPO advantages in the dtype of the ``[B, T]`` advantages they stand
+            for (``row_advantages[:, None] * response_mask`` in torch gives those advantages exactly).
+        response_mask, old_log_probs, entropys, controller: as for :func:`stare_reweight`.
+
+    Returns:
+        As :func:`stare_reweight` (the effective advantages in a new ``[B, T]`` tensor), or None, with the
+        controller not advanced, where this path does not apply: tensors off the CPU, chunked scope, or dtypes
+        the fused path does not take (the caller then materialises the advantages and calls
+        :func:`stare_reweight`).
+    """
     cfg = controller.config
+    if row_advantages.device.type != "cpu" or row_advantages.dtype not in (torch.float32, torch.float64):
+        return None
+    if any(t.device.type != "cpu" for t in (response_mask, old_log_probs, entropys)):
+        return None
+    adv_np, mask_np = _numpy(row_advantages), _numpy(response_mask)
+    lp_np, ent_np = _numpy(old_log_probs), _numpy(entropys)
+    from stare_verl.methods.stare import fused  # numba: imported by the processes that compute an advantage
+
+    if not (cfg.scope == "batch" or cfg.chunk_size >= mask_np.shape[0]):
+        return None
+    if not fused.supports(adv_np, lp_np, ent_np, mask_np):
+        return None
+    decide, decisions = _decider(controller)
+    out_np, step = fused.fused_reweight_rows(adv_np, mask_np, lp_np, ent_np, decide, cfg.top_p_ratio, cfg.variant)
+    return torch.from_numpy(out_np), _fused_metrics(cfg, decisions[0], step)
+
+
+def _decider(controller):
+    """``(decide, decisions)``: the callback the fused path calls with the batch entropy (one controller step),
+    and the list that receives that step's decision."""
     decisions = []
 
     def decide(batch_entropy):
@@ -144,18 +184,30 @@ def _stare_reweight_fused(advantages, adv_np, mask_np, lp_np, ent_np, controller
         d = decisions[0]
         return d.gate_on, d.w, d.m
 
+    return decide, decisions
+
+
+def _stare_reweight_fused(advantages, adv_np, mask_np, lp_np, ent_np, controller, inplace):
+    """The NumPy path for whole-batch scope in two compiled passes (:mod:`stare_verl.methods.stare.fused`)."""
+    cfg = controller.config
+    decide, decisions = _decider(controller)
     from stare_verl.methods.stare import fused
 
     # _numpy gives a view of `advantages` (same memory) or a copy of ours, which may always be overwritten
     own = inplace or adv_np.ctypes.data != advantages.data_ptr()
     out_np, step = fused.fused_reweight(adv_np, mask_np, lp_np, ent_np, decide, cfg.top_p_ratio, cfg.variant, own)
     decision = decisions[0]
+    out = torch.from_numpy(out_np).to(advantages.device) if decision.gate_on else advantages
+    return out, _fused_metrics(cfg, decision, step)
+
+
+def _fused_metrics(cfg, decision, step) -> dict:
+    """:func:`_metrics` of a fused step (:class:`stare_verl.methods.stare.fused.FusedStep`)."""
     l_plus, l_minus = step.sets
     w_eff = decision.w if decision.gate_on else 1.0
     m_eff = decision.m if l_minus is not None else 1.0
-    out = torch.from_numpy(out_np).to(advantages.device) if decision.gate_on else advantages
     above = tuple(-1.0 if s is None or s.count == 0 else s.above / s.count for s in (l_plus, l_minus))
-    return out, _metrics(cfg, decision, step, l_plus, l_minus, w_eff, m_eff, step.cov_base, step.cov_eff, above)
+    return _metrics(cfg, decision, step, l_plus, l_minus, w_eff, m_eff, step.cov_base, step.cov_eff, above)
 
 
 def _above_entropy_np(selected, lp: np.ndarray, ent: np.ndarray) -> float:

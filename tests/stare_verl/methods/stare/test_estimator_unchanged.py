@@ -81,6 +81,7 @@ def _old_run(monkeypatch, *args, **kwargs):
     with monkeypatch.context() as m:
         m.setattr(core, "select_top_surprisal", _old_select_top_surprisal)
         m.setattr(stare_method, "group_advantage", _old_group_advantage)
+        m.setattr(stare_method, "group_row_advantage", lambda *a: None)  # the [B, T] GRPO advantages, as before
         return _run(*args, **kwargs)
 
 

@@ -1,0 +1,241 @@
+"""The estimator's CPU path without the [B, T] GRPO advantages (issue 49): ``compute_stare_advantage`` hands the
+per-response advantages (``group_row_advantage``) to ``stare_reweight_rows``, whose pass B writes the effective
+advantages once. It must give what the materialised paths give (``stare_advantages(inplace=False)``: the [B, T] GRPO
+advantages through the fused passes; and the step-by-step NumPy path), advantages and every metric, on random
+batches, ties, degenerate groups, non-finite inputs, tool-use masks, every mask dtype, bf16 and non-contiguous
+inputs, gate on and off."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import stare_verl.methods.stare.fused as fused
+from stare_verl.methods.group_baseline import GroupConfig, group_advantage, group_row_advantage
+from stare_verl.methods.stare import compute_stare_advantage
+from stare_verl.methods.stare.config import parse_stare_config
+from stare_verl.methods.stare.controller import StareController
+from stare_verl.methods.stare.method import stare_advantages
+
+GROUP = 8
+
+
+def _batch(b, t, seed, ties=False, degenerate=False, nonfinite=False, tool=False):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
+    rewards = torch.zeros(b, t)
+    rewards[torch.arange(b), lengths - 1] = torch.randint(0, 3, (b,), generator=g).float() / 2
+    logp = -torch.rand(b, t, generator=g).pow(3) * 6.0
+    if ties:  # few distinct values: many candidates tie at the threshold
+        logp = -torch.randint(0, 6, (b, t), generator=g).float()
+    ent = torch.rand(b, t, generator=g) * 0.3
+    uid = np.array([f"q{i // GROUP}" for i in range(b)], dtype=object)
+    if degenerate:
+        rewards[:GROUP] = 0.0
+        rewards[:GROUP, 0] = 0.7  # a group of all-equal rewards (verl leaves a float residue, the baseline 0)
+        mask[GROUP] = 0.0  # an all-masked row
+        mask[GROUP + 1] = 0.0
+        mask[GROUP + 1, 0] = 1.0  # a single-token row
+        uid[-1] = "alone"  # a single-sample group: verl's A = r
+    if nonfinite:
+        r = torch.rand(b, t, generator=g)
+        logp[r < 0.01] = float("nan")
+        logp[(r > 0.5) & (r < 0.505)] = -float("inf")
+        ent[(r > 0.7) & (r < 0.71)] = float("nan")
+        ent[(r > 0.8) & (r < 0.802)] = float("inf")
+        logp[3] = float("nan")  # a row without a valid token
+    if tool:  # tool output inside the responses: mask 0 in the middle
+        for i in range(0, b, 2):
+            n = int(lengths[i])
+            if n > 4:
+                mask[i, n // 4 : n // 4 + max(1, n // 5)] = 0.0
+        mask[torch.rand(b, t, generator=g) < 0.05] = 0.0
+    return rewards, mask, uid, logp, ent
+
+
+def _algo(variant, **stare):
+    return OmegaConf.create({"norm_adv_by_std_in_grpo": True, "stare": {"variant": variant, "top_p_ratio": 0.1,
+                                                                        **stare}})  # fmt: skip
+
+
+def _rows_path(batch, algo, monkeypatch):
+    """compute_stare_advantage, asserting that it took the path without the [B, T] GRPO advantages."""
+    rewards, mask, uid, logp, ent = batch
+    calls = []
+    real = fused.fused_reweight_rows
+    with monkeypatch.context() as m:
+        m.setattr(fused, "fused_reweight_rows", lambda *a: calls.append(1) or real(*a))
+        metrics = {}
+        adv, ret = compute_stare_advantage(rewards.clone(), mask, uid, algo, old_log_probs=logp, entropys=ent,
+                                           metrics=metrics)  # fmt: skip
+    assert calls == [1] and adv is ret
+    return adv, metrics
+
+
+def _materialised(batch, algo):
+    """stare_advantages without inplace: the [B, T] GRPO advantages (group_advantage), then the fused passes."""
+    rewards, mask, uid, logp, ent = batch
+    metrics = {}
+    _, eff = stare_advantages(rewards.clone(), mask, uid, logp, ent, StareController(parse_stare_config(algo)),
+                              metrics)  # fmt: skip
+    return eff, metrics
+
+
+def _step_by_step(batch, algo, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(fused, "supports", lambda *a: False)
+        return _materialised(batch, algo)
+
+
+def _same(new, old):
+    (a_new, m_new), (a_old, m_old) = new, old
+    assert a_new.dtype == a_old.dtype and a_new.shape == a_old.shape
+    np.testing.assert_allclose(a_new.double().numpy(), a_old.double().numpy(), rtol=0, atol=1e-6)
+    assert m_new.keys() == m_old.keys()
+    for key, v in m_old.items():
+        assert (math.isnan(v) and math.isnan(m_new[key])) or m_new[key] == pytest.approx(v, rel=1e-6, abs=1e-6), key
+
+
+KINDS = {
+    "random": {},
+    "ties": {"ties": True},
+    "degenerate": {"degenerate": True},
+    "nonfinite": {"nonfinite": True},
+    "tool": {"tool": True},
+    "all": {"ties": True, "degenerate": True, "nonfinite": True, "tool": True},
+}
+
+
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize(("b", "t"), [(16, 7), (64, 300), (512, 1024)])  # the last: the sampled window
+def test_the_rows_path_gives_the_materialised_results(monkeypatch, variant, kind, b, t):
+    batch = _batch(b, t, seed=b + t, **KINDS[kind])
+    algo = _algo(variant)
+    new = _rows_path(batch, algo, monkeypatch)
+    assert new[1]["stare/gate_on"] == 1.0 and new[1]["stare/frac_l_plus"] > 0
+    _same(new, _materialised(batch, algo))
+    _same(new, _step_by_step(batch, algo, monkeypatch))
+
+
+def _cast(batch, how):
+    rewards, mask, uid, logp, ent = batch
+    if how in ("bool", "int64", "float64"):
+        mask = mask.to(getattr(torch, how))
+    elif how == "all_float64":
+        rewards, mask, logp, ent = rewards.double(), mask.double(), logp.double(), ent.double()
+    elif how == "bf16":
+        rewards, logp, ent = rewards.bfloat16(), logp.bfloat16(), ent.bfloat16()
+    elif how == "non_contiguous":  # strided views of wider tensors
+        wide_mask, wide_lp = torch.zeros(mask.shape[0], 2 * mask.shape[1]), torch.zeros(logp.shape[0], 2 * logp.shape[1])
+        wide_mask[:, ::2], wide_lp[:, 1::2] = mask, logp
+        mask, logp = wide_mask[:, ::2], wide_lp[:, 1::2]
+        assert not mask.is_contiguous() and not logp.is_contiguous()
+    return rewards, mask, uid, logp, ent
+
+
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+@pytest.mark.parametrize("how", ["bool", "int64", "float64", "all_float64", "bf16", "non_contiguous"])
+def test_the_rows_path_across_dtypes_and_layouts(monkeypatch, variant, how):
+    batch = _cast(_batch(96, 600, 7, ties=True, degenerate=True, nonfinite=True, tool=True), how)
+    algo = _algo(variant)
+    new = _rows_path(batch, algo, monkeypatch)
+    _same(new, _materialised(batch, algo))
+    _same(new, _step_by_step(batch, algo, monkeypatch))
+
+
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+@pytest.mark.parametrize("stare", [{"target_entropy": 0.01}, {"top_p_ratio": 1.0}])  # gate off; every candidate
+def test_the_rows_path_with_the_gate_off_and_every_candidate_chosen(monkeypatch, variant, stare):
+    batch = _batch(64, 300, 11, degenerate=True, tool=True)
+    algo = _algo(variant, **stare)
+    new = _rows_path(batch, algo, monkeypatch)
+    assert new[1]["stare/gate_on"] == (0.0 if "target_entropy" in stare else 1.0)
+    old = _materialised(batch, algo)
+    _same(new, old)
+    if "target_entropy" in stare:  # nothing reweighted: the GRPO advantages
+        rewards, mask, uid, _, _ = batch
+        base, _, _ = group_advantage(rewards, mask, uid, GroupConfig())
+        assert torch.equal(new[0], base)
+
+
+def test_non_finite_rewards_and_chunked_scope_take_the_materialised_path(monkeypatch):
+    rewards, mask, uid, logp, ent = _batch(64, 300, 3)
+    rewards[2, 0] = float("nan")
+    calls = []
+    real = fused.fused_reweight_rows
+    monkeypatch.setattr(fused, "fused_reweight_rows", lambda *a: calls.append(1) or real(*a))
+    for batch, algo in (((rewards, mask, uid, logp, ent), _algo("C2")),
+                        (_batch(64, 300, 3), _algo("C2", scope="chunk", chunk_size=16))):  # fmt: skip
+        metrics = {}
+        adv, _ = compute_stare_advantage(batch[0].clone(), batch[1], batch[2], algo, old_log_probs=batch[3],
+                                         entropys=batch[4], metrics=metrics)  # fmt: skip
+        _same((adv, metrics), _materialised(batch, algo))
+    assert calls == []
+    assert metrics["entropy_control/nonfinite_rewards"] == 0.0  # the chunked batch's rewards are finite
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("reward_dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.float32, torch.float64])
+def test_row_advantages_times_the_mask_are_the_group_advantages(norm, reward_dtype, mask_dtype):
+    rewards, mask, uid, _, _ = _batch(64, 50, 5, degenerate=True, tool=True)
+    rewards, mask = rewards.to(reward_dtype), mask.to(mask_dtype)
+    cfg = GroupConfig(norm_adv_by_std_in_grpo=norm)
+    row, share = group_row_advantage(rewards, mask, uid, cfg)
+    base, n_bad, base_share = group_advantage(rewards, mask, uid, cfg)
+    assert row.shape == (64,) and n_bad == 0 and share == base_share >= 1 / 9
+    full = row[:, None] * mask
+    assert full.dtype == base.dtype and torch.equal(full, base)
+    assert torch.equal(row[:GROUP], torch.zeros(GROUP, dtype=row.dtype))  # the zero-variance group
+    # the single-sample group: verl's A = r (over std 1 + epsilon with GRPO)
+    assert float(row[-1]) == pytest.approx(float(rewards[-1].sum()), rel=1e-5) and float(row[-1]) != 0.0
+
+
+def test_row_advantages_leave_non_finite_rewards_to_group_advantage():
+    rewards, mask, uid, _, _ = _batch(16, 7, 0)
+    rewards[1, 0] = float("inf")
+    assert group_row_advantage(rewards, mask, uid, GroupConfig()) is None
+
+
+@pytest.mark.parametrize("gate_on", [True, False])
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+def test_fused_reweight_rows_is_fused_reweight_of_the_broadcast_advantages(variant, gate_on):
+    rng = np.random.default_rng(4)
+    b, t = 40, 257
+    mask = (rng.random((b, t)) < 0.8).astype(np.float32)
+    mask[0] = 0.0
+    mask[1, 5:] = 0.0
+    mask[2, :9] = 0.0  # a row whose first model token is not at 0
+    mask[3] = np.where(mask[3] > 0, 0.5, 0.0)  # a float mask of other values: row_adv * mask as torch computes it
+    row = np.repeat(np.linspace(-1.5, 1.5, b // GROUP).astype(np.float32), GROUP)
+    row[GROUP : 2 * GROUP] = 0.0
+    lp = -(rng.random((b, t)) ** 3 * 6).astype(np.float32)
+    ent = (rng.random((b, t)) * 0.3).astype(np.float32)
+    base = (torch.from_numpy(row)[:, None] * torch.from_numpy(mask)).numpy()
+
+    def decide(_):
+        return gate_on, 1.1, 0.9
+
+    want, step_want = fused.fused_reweight(base.copy(), mask, lp, ent, decide, 0.1, variant, inplace=True)
+    got, step_got = fused.fused_reweight_rows(row, mask, lp, ent, decide, 0.1, variant)
+    assert got.dtype == np.float32 and got.shape == (b, t)
+    np.testing.assert_array_equal(got, want if gate_on else base)
+    assert (step_got.n_model, step_got.n_valid, step_got.batch_entropy, step_got.sets) == (
+        step_want.n_model, step_want.n_valid, step_want.batch_entropy, step_want.sets)  # fmt: skip
+    for sums in ("cov_base", "cov_eff"):
+        for field in ("n", "lp", "adv", "lp_adv"):
+            np.testing.assert_array_equal(getattr(getattr(step_got, sums), field), getattr(getattr(step_want, sums), field))
+    if gate_on:
+        assert step_got.sets[0].count > 0 and (got != base).any()
+
+
+def test_fused_reweight_rows_refuses_other_shapes():
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match="fused_reweight_rows takes"):
+        fused.fused_reweight_rows(x, x, x, x, lambda _: (True, 1.1, 0.9), 0.1, "O1")
+    with pytest.raises(ValueError, match="fused_reweight takes"):
+        fused.fused_reweight(np.zeros(2, np.float32), x, x, x, lambda _: (True, 1.1, 0.9), 0.1, "O1", True)
