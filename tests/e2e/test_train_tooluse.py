@@ -105,7 +105,7 @@ def test_model_without_gpu_is_a_clear_error(monkeypatch, capsys):
 def test_bad_steps_or_override_fail_before_anything_is_written(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["--cpu", "--family", "longcot", "--run-dir", str(run), "--steps", "0"]) == 2
-    assert "--steps must be >= 1" in capsys.readouterr().err
+    assert "--steps must be in [1, 100000] (got 0)" in capsys.readouterr().err
     assert (
         main(["--cpu", "--family", "shortcot", "--run-dir", str(run), "+algorithm.stare.reweight_ww=1.2"])
         == 2
