@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from stare_verl.jobs import train
 from stare_verl.jobs.backend import GpuProbe
 from stare_verl.recipe_files import recipes_dir
+from tests.support.model_folder import write_model_folder
 
 pytestmark = pytest.mark.integration
 
@@ -289,9 +290,7 @@ def test_python_dash_m_plans_a_family_and_method(tmp_path, family, method, recip
 def test_gpu_dry_run_loads_model_as_the_recipe_s_model_path(cpu_machine, capsys, monkeypatch):
     """--gpu --model: verl's actor_rollout_ref.model.path (a folder as given, a registered model's prepared folder);
     the CPU pipeline's defaults of a --model run (20 steps, 100 held-out problems) are not the GPU recipe's."""
-    folder = cpu_machine / "my-model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
+    folder = write_model_folder(cpu_machine / "my-model")
     assert train.main(["--family", "shortcot", "--dry-run", "--gpu", "--model", str(folder)]) == 0
     cfg, cmd, plan = _plan(capsys.readouterr().out, "train-shortcot")
     assert f"actor_rollout_ref.model.path={folder}" in cmd and cfg.actor_rollout_ref.model.path == str(folder)
