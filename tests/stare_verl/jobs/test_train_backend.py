@@ -354,13 +354,15 @@ def test_gpu_sglang_run_refuses_cpu_pipeline_options(monkeypatch, tmp_path, caps
 @pytest.mark.parametrize(
     ("model", "said"),
     [("/nonexistent/model-dir", "no such folder"), ("no-such-org/no-such-model-xyz", "nor in the Hugging Face cache"),
-     ("EMPTY", "has no config.json")],
+     ("EMPTY", "has no config.json"), ("CONFIG_ONLY", ": the folder has no weights transformers loads")],
 )  # fmt: skip
 def test_gpu_hf_refuses_a_model_it_cannot_load_before_anything_starts(monkeypatch, tmp_path, capsys, model, said):
     """MODEL is checked up front on the gpu-hf path (its runs are offline), not minutes later in verl's workers."""
     if model == "EMPTY":
         model = str(tmp_path / "empty")
         (tmp_path / "empty").mkdir()
+    elif model == "CONFIG_ONLY":
+        model = str(write_model_folder(tmp_path / "config-only", weights=False))
     monkeypatch.setattr(train.entry, "probe_gpu", lambda: H200)
     monkeypatch.setattr(train.launch, "run_main_ppo", lambda *a, **k: pytest.fail("main_ppo launched"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # an empty cache
@@ -372,6 +374,10 @@ def test_gpu_hf_refuses_a_model_it_cannot_load_before_anything_starts(monkeypatc
 def test_model_problem_accepts_folders_and_cached_hub_ids(tmp_path, monkeypatch):
     write_model_folder(tmp_path / "m")
     assert train.model_problem(str(tmp_path / "m")) is None
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    assert train.model_problem(str(tmp_path / "m")) == (
+        f"MODEL={tmp_path / 'm'}: model.safetensors is not a readable safetensors file (Error while deserializing "
+        "header: header too small); give a folder whose weights load (save or copy the model again)")  # fmt: skip
     snap = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text("{}")
