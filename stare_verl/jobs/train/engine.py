@@ -166,8 +166,13 @@ def override_model(overrides: Iterable[str]) -> str | None:
 
 
 def override_model_problem(overrides: Iterable[str]) -> str | None:
-    """Why the model an override gives :data:`MODEL_PATH_KEY` (:func:`override_model`) cannot be loaded by the tiny
-    recipe's offline run (:func:`model_problem`), as an error line naming the override, or None (no such override,
-    or a model that loads)."""
+    """Why the CPU job refuses an override that gives :data:`MODEL_PATH_KEY` a model (:func:`override_model`), as
+    an error line, or None (no such override). The CPU job chooses the model itself (the family's cold-start SFT
+    checkpoint, or ``--model NAME|PATH``) and its evaluations before and after RL, warm start, run-folder name and
+    summary follow that choice; an override placed after it in verl's command would train another model under
+    their names, so the message points to ``--model`` instead."""
     model = override_model(overrides)
-    return model_problem(model, what=f"override {MODEL_PATH_KEY}={model}") if model else None
+    if model is None:
+        return None
+    return (f"override {MODEL_PATH_KEY}={model}: the CPU job trains the model of --model (its evaluations, warm "
+            f"start and summary follow it); give --model {model} instead")

@@ -371,22 +371,23 @@ def test_a_model_folder_whose_weights_do_not_load_is_one_line_before_anything(cp
     err = capsys.readouterr().err
     assert err.startswith(f"error: --model {folder}: {_BROKEN[how]}") and err.count("\n") == 1
     assert err.endswith("; give a folder whose weights load (save or copy the model again)\n")
-    assert train.main(["--family", "shortcot", *dry_run, f"actor_rollout_ref.model.path={folder}"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: override actor_rollout_ref.model.path={folder}: {_BROKEN[how]}")
-    assert err.count("\n") == 1 and "Traceback" not in err
     assert sorted(p.name for p in cpu_machine.iterdir()) == ["bad"]  # no run folder, no cache
 
 
-def test_a_sound_model_path_override_plans(cpu_machine, capsys):
-    folder = write_model_folder(cpu_machine / "good")
-    assert train.main(["--family", "shortcot", "--dry-run", f"actor_rollout_ref.model.path={folder}"]) == 0
-    cfg, cmd, _ = _plan(capsys.readouterr().out, "train-shortcot")
-    assert cfg.actor_rollout_ref.model.path == str(folder) and cmd[-1] == f"actor_rollout_ref.model.path={folder}"
-    # no such folder: the MODEL check's words, for the override
-    absent = cpu_machine / "no"
-    assert train.main(["--family", "shortcot", "--dry-run", f"actor_rollout_ref.model.path={absent}"]) == 2
-    assert capsys.readouterr().err == f"error: override actor_rollout_ref.model.path={absent}: no such folder\n"
+@pytest.mark.parametrize("prefix", ["", "+", "++"])
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_model_path_override_points_to_model(cpu_machine, capsys, prefix, dry):
+    """An override of actor_rollout_ref.model.path would train another model than the one the job evaluates and
+    names: refused with exit 2 and one line naming --model, sound folder, broken folder or no folder alike, before
+    anything is written."""
+    dry_run = ["--dry-run"] if dry else []
+    for folder in (write_model_folder(cpu_machine / "good"), _broken_model(cpu_machine / "bad", "truncated"),
+                   cpu_machine / "no"):  # fmt: skip
+        assert train.main(["--family", "shortcot", *dry_run, f"{prefix}actor_rollout_ref.model.path={folder}"]) == 2
+        assert capsys.readouterr().err == (
+            f"error: override actor_rollout_ref.model.path={folder}: the CPU job trains the model of --model (its "
+            f"evaluations, warm start and summary follow it); give --model {folder} instead\n")
+    assert sorted(p.name for p in cpu_machine.iterdir()) == ["bad", "good"]  # no run folder, no cache
 
 
 def test_a_damaged_prepared_model_is_a_note_of_the_dry_run_and_an_error_of_the_run(cpu_machine, capsys):
