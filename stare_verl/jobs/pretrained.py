@@ -50,7 +50,8 @@ class PretrainedRun:
 
         Raises:
             ValueError: (``stare_verl.models.ModelError`` included) an unknown name that is no model folder, a
-                registered model not prepared yet (unless ``planned``), or a family without a pretrained task.
+                folder whose weights cannot be loaded, a registered model not prepared yet or whose prepared weights
+                are damaged (unless ``planned``), or a family without a pretrained task.
         """
         from stare_verl.jobs.demo.sft import DEFAULT_CACHE_DIR
         from stare_verl.models import ModelError, lookup, resolve_model

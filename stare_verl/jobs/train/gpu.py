@@ -65,8 +65,8 @@ def gpu_model(opts: TrainOptions) -> tuple[str | None, str | None]:
 
 def gpu_model_problem(opts: TrainOptions, model: str) -> str | None:
     """Why the GPU recipe's ``model`` (:func:`gpu_model`) cannot be loaded here, or None: a registered model not
-    prepared yet (the command that prepares it), a folder without ``config.json`` or that does not exist (a hub id
-    is downloaded by the run)."""
+    prepared yet or whose prepared weights are damaged (the command that prepares it), a folder without
+    ``config.json``, whose weights do not load, or that does not exist (a hub id is downloaded by the run)."""
     from stare_verl.models import ModelError, lookup, resolve_model
 
     if opts.model is not None and lookup(opts.model) is not None:

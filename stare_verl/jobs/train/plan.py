@@ -22,6 +22,7 @@ from stare_verl.jobs.train.engine import (
     engine_mismatch,
     engine_overrides,
     model_problem,
+    override_model_problem,
     tiny_option_problem,
     with_rollout,
 )
@@ -35,6 +36,7 @@ from stare_verl.jobs.train.gpu import (
 )
 from stare_verl.jobs.train.launch import method_overrides
 from stare_verl.jobs.train.options import TrainOptions, bad_option
+from stare_verl.models import ModelError, resolve_model
 
 
 def no_gpu_recipe_here(probe) -> str:
@@ -61,10 +63,13 @@ def dry_run(opts: TrainOptions, probe) -> int:
     or ``MODEL=...`` on a machine without a usable GPU (an error for a real run), plans the GPU recipe as a GPU
     node with SGLang would run it. Prints the composed config (OmegaConf YAML, as ``stare-verl check --print``),
     then the plan (module docstring). Problems a real run here would stop at (a MODEL folder missing on this
-    machine, data files not built yet) are notes.
+    machine, a registered model not prepared or whose prepared weights are damaged, data files not built yet) are
+    notes.
 
     Returns:
-        0 when the config validates; 2 for a bad option or a config that would fail at launch.
+        0 when the config validates; 2 for a bad option (a ``--model`` folder, or on the tiny recipe an
+        ``actor_rollout_ref.model.path`` override, whose weights cannot be loaded included) or a config that would
+        fail at launch.
     """
     model = os.environ.get("MODEL")
     if opts.cpu and model:
@@ -109,7 +114,7 @@ def dry_run(opts: TrainOptions, probe) -> int:
         what, compose_name = "verl + SGLang, the GPU recipe", recipe
         sandbox = "probed at launch" if opts.job_family.tool_config else "none"
     else:
-        problem = tiny_option_problem(opts, backend)
+        problem = tiny_option_problem(opts, backend) or override_model_problem(opts.overrides)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
@@ -149,6 +154,11 @@ def _tiny_plan(opts: TrainOptions, backend: RunBackend, model: str | None, pretr
         if not (model_dir / "config.json").is_file():
             notes.append(f"a real run here would stop: {pretrained.model.name} is not prepared in {model_dir} "
                          "(make model)")  # fmt: skip
+        elif pretrained.model.entry is not None:  # prepared, but its weights may be damaged (a user's folder: checked)
+            try:
+                resolve_model(pretrained.model.spec)
+            except ModelError as err:
+                notes.append(f"a real run here would stop: {err}")
         tiny_model = str(model_dir)
     elif tiny_model:
         model_dir = Path(tiny_model)

@@ -14,6 +14,7 @@ import pytest
 from stare_verl.jobs.families import job_family
 from stare_verl.jobs.families.problems import problem_row, split_problems
 from stare_verl.jobs.train import cached_eval_before, is_pretrained_recipe, parse_options
+from tests.support.model_folder import write_model_folder
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -75,9 +76,7 @@ def test_dry_run_plans_a_registered_model_and_a_folder(tmp_path):
     assert "--config-name=shortcot_real_stare" in out and "smollm2-135m is not prepared" in out
     assert f"actor_rollout_ref.model.path={tmp_path.resolve()}/models/smollm2-135m" in out
     assert "data.max_prompt_length=1024" not in out and "-smollm2-135m" in out  # a run folder of its own
-    folder = tmp_path / "my-llm"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
+    folder = write_model_folder(tmp_path / "my-llm")
     got = _train(["--family", "shortcot", "--model", str(folder), "--method", "grpo", "--dry-run"], {})
     assert got.returncode == 0, got.stderr
     assert "--config-name=shortcot_real_grpo" in got.stdout and f"model.path={folder.resolve()}" in got.stdout

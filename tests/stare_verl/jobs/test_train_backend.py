@@ -11,6 +11,7 @@ import pytest
 from stare_verl.jobs import backend, runlog, train
 from stare_verl.jobs.backend import GpuProbe, RunBackend, choose_backend, probe_gpu
 from stare_verl.recipe_files import recipes_dir
+from tests.support.model_folder import write_model_folder
 
 pytestmark = pytest.mark.integration
 
@@ -180,8 +181,7 @@ def test_gpu_hf_run_with_model_says_where_it_runs(monkeypatch, tmp_path, capsys)
     monkeypatch.setattr(runlog, "plot_run", plot_run)
     monkeypatch.setattr(train.entry, "probe_gpu", lambda: H200)
     monkeypatch.setattr(train.launch, "run_main_ppo", fake_main_ppo)
-    (tmp_path / "my-model").mkdir()
-    (tmp_path / "my-model" / "config.json").write_text("{}")
+    write_model_folder(tmp_path / "my-model")
     monkeypatch.setenv("MODEL", str(tmp_path / "my-model"))
     monkeypatch.setenv("VERL_PLATFORM", "cpu")  # even when the caller's environment says cpu
     run = tmp_path / "run"
@@ -354,13 +354,15 @@ def test_gpu_sglang_run_refuses_cpu_pipeline_options(monkeypatch, tmp_path, caps
 @pytest.mark.parametrize(
     ("model", "said"),
     [("/nonexistent/model-dir", "no such folder"), ("no-such-org/no-such-model-xyz", "nor in the Hugging Face cache"),
-     ("EMPTY", "has no config.json")],
+     ("EMPTY", "has no config.json"), ("CONFIG_ONLY", ": the folder has no weights transformers loads")],
 )  # fmt: skip
 def test_gpu_hf_refuses_a_model_it_cannot_load_before_anything_starts(monkeypatch, tmp_path, capsys, model, said):
     """MODEL is checked up front on the gpu-hf path (its runs are offline), not minutes later in verl's workers."""
     if model == "EMPTY":
         model = str(tmp_path / "empty")
         (tmp_path / "empty").mkdir()
+    elif model == "CONFIG_ONLY":
+        model = str(write_model_folder(tmp_path / "config-only", weights=False))
     monkeypatch.setattr(train.entry, "probe_gpu", lambda: H200)
     monkeypatch.setattr(train.launch, "run_main_ppo", lambda *a, **k: pytest.fail("main_ppo launched"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # an empty cache
@@ -370,9 +372,12 @@ def test_gpu_hf_refuses_a_model_it_cannot_load_before_anything_starts(monkeypatc
 
 
 def test_model_problem_accepts_folders_and_cached_hub_ids(tmp_path, monkeypatch):
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text("{}")
+    write_model_folder(tmp_path / "m")
     assert train.model_problem(str(tmp_path / "m")) is None
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    assert train.model_problem(str(tmp_path / "m")) == (
+        f"MODEL={tmp_path / 'm'}: model.safetensors is not a readable safetensors file (Error while deserializing "
+        "header: header too small); give a folder whose weights load (save or copy the model again)")  # fmt: skip
     snap = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text("{}")
@@ -391,8 +396,7 @@ def test_gpu_runs_get_their_own_default_folder(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(train.entry, "probe_gpu", lambda: H200)
     monkeypatch.setattr(train.launch, "run_main_ppo", lambda cmd, env, log, part, steps: seen.setdefault("cmd", cmd) and 1)
-    (tmp_path / "llm").mkdir()
-    (tmp_path / "llm" / "config.json").write_text("{}")
+    write_model_folder(tmp_path / "llm")
     monkeypatch.setenv("MODEL", str(tmp_path / "llm"))
     monkeypatch.delenv("RUN_DIR", raising=False)
     train.main(["--family", "shortcot", "--steps", "2"])
@@ -406,8 +410,7 @@ def test_the_tiny_recipe_and_its_turn_override_come_from_the_family(monkeypatch,
     launched = {}
     monkeypatch.setattr(train.entry, "probe_gpu", lambda: H200)
     monkeypatch.setattr(train.launch, "run_main_ppo", lambda cmd, *a: launched.setdefault("cmd", cmd) and 0)
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text("{}")
+    write_model_folder(tmp_path / "m")
     monkeypatch.setenv("MODEL", str(tmp_path / "m"))
     assert train.main(["--family", family, "--run-dir", str(tmp_path / "run"), "--steps", "1", "--n-train", "8",
                        "--n-eval", "4", "--max-turns", "2"]) == 0  # fmt: skip

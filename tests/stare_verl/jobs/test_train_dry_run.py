@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from stare_verl.jobs import train
 from stare_verl.jobs.backend import GpuProbe
 from stare_verl.recipe_files import recipes_dir
+from tests.support.model_folder import write_model_folder
 
 pytestmark = pytest.mark.integration
 
@@ -289,9 +290,7 @@ def test_python_dash_m_plans_a_family_and_method(tmp_path, family, method, recip
 def test_gpu_dry_run_loads_model_as_the_recipe_s_model_path(cpu_machine, capsys, monkeypatch):
     """--gpu --model: verl's actor_rollout_ref.model.path (a folder as given, a registered model's prepared folder);
     the CPU pipeline's defaults of a --model run (20 steps, 100 held-out problems) are not the GPU recipe's."""
-    folder = cpu_machine / "my-model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
+    folder = write_model_folder(cpu_machine / "my-model")
     assert train.main(["--family", "shortcot", "--dry-run", "--gpu", "--model", str(folder)]) == 0
     cfg, cmd, plan = _plan(capsys.readouterr().out, "train-shortcot")
     assert f"actor_rollout_ref.model.path={folder}" in cmd and cfg.actor_rollout_ref.model.path == str(folder)
@@ -325,3 +324,85 @@ def test_gpu_cluster_plan_passes_model_on(cpu_machine, capsys):
     opts = train.parse_options(["--gpu", "--model", "Qwen/Qwen2.5-7B", "--family", "shortcot"])
     assert driver_argv(opts, opts.kind_defaults()) == ["stare-verl", "train", "--gpu", "--family", "shortcot",
                                                        "--model", "Qwen/Qwen2.5-7B"]  # fmt: skip
+
+
+def _broken_model(folder, how: str):
+    """A model folder whose weights cannot be loaded, ``how``: config only, or model.safetensors with a garbage header,
+    cut in half or empty, or a shard index whose second shard is missing."""
+    from tests.support.model_folder import write_weights
+
+    write_model_folder(folder, weights=how != "config_only")
+    f = folder / "model.safetensors"
+    if how == "garbage_header":
+        f.write_bytes(b"GARBAGEGARBAGE" + f.read_bytes()[14:])
+    elif how == "truncated":
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    elif how == "empty":
+        f.write_bytes(b"")
+    elif how == "missing_shard":
+        f.unlink()
+        write_weights(folder / "model-00001-of-00002.safetensors")
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    return folder
+
+
+_BROKEN = {
+    "config_only": "the folder has no weights transformers loads (none of model.safetensors, ",
+    "garbage_header": "model.safetensors is not a readable safetensors file (Error while deserializing header: header "
+                      "too large)",
+    "truncated": "model.safetensors is not a readable safetensors file (Error while deserializing header: incomplete "
+                 "metadata, file not fully covered)",
+    "empty": "model.safetensors is not a readable safetensors file (Error while deserializing header: header too "
+             "small)",
+    "missing_shard": "model.safetensors.index.json names the shard model-00002-of-00002.safetensors, missing from the "
+                     "folder",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("how", sorted(_BROKEN))
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_model_folder_whose_weights_do_not_load_is_one_line_before_anything(cpu_machine, capsys, how, dry):
+    """--model PATH, and the tiny recipe's actor_rollout_ref.model.path override: refused with exit 2 and one line
+    naming the file, before a run folder, a cache or a process exists (the real run and its dry run alike)."""
+    folder = _broken_model(cpu_machine / "bad", how)
+    dry_run = ["--dry-run"] if dry else []
+    assert train.main(["--family", "shortcot", "--model", str(folder), *dry_run]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --model {folder}: {_BROKEN[how]}") and err.count("\n") == 1
+    assert err.endswith("; give a folder whose weights load (save or copy the model again)\n")
+    assert sorted(p.name for p in cpu_machine.iterdir()) == ["bad"]  # no run folder, no cache
+
+
+@pytest.mark.parametrize("prefix", ["", "+", "++"])
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_model_path_override_points_to_model(cpu_machine, capsys, prefix, dry):
+    """An override of actor_rollout_ref.model.path would train another model than the one the job evaluates and
+    names: refused with exit 2 and one line naming --model, sound folder, broken folder or no folder alike, before
+    anything is written."""
+    dry_run = ["--dry-run"] if dry else []
+    for folder in (write_model_folder(cpu_machine / "good"), _broken_model(cpu_machine / "bad", "truncated"),
+                   cpu_machine / "no"):  # fmt: skip
+        assert train.main(["--family", "shortcot", *dry_run, f"{prefix}actor_rollout_ref.model.path={folder}"]) == 2
+        assert capsys.readouterr().err == (
+            f"error: override actor_rollout_ref.model.path={folder}: the CPU job trains the model of --model (its "
+            f"evaluations, warm start and summary follow it); give --model {folder} instead\n")
+    assert sorted(p.name for p in cpu_machine.iterdir()) == ["bad", "good"]  # no run folder, no cache
+
+
+def test_a_damaged_prepared_model_is_a_note_of_the_dry_run_and_an_error_of_the_run(cpu_machine, capsys):
+    from stare_verl.models.prepare import PREPARED_MARK
+
+    prepared = _broken_model(cpu_machine / "cache" / "models" / "smollm2-135m", "truncated")
+    (prepared / PREPARED_MARK).write_text("{}")
+    said = (f"model smollm2-135m is prepared in {prepared}, but {_BROKEN['truncated']}: prepare it again (`make "
+            "model`, or `python -m stare_verl.models prepare smollm2-135m`)")  # fmt: skip
+    assert train.main(["--family", "shortcot", "--model", "smollm2-135m", "--dry-run"]) == 0
+    _, _, plan = _plan(capsys.readouterr().out, "train-shortcot")
+    assert f"[train-shortcot] note: a real run here would stop: {said}" in plan
+    assert train.main(["--family", "shortcot", "--model", "smollm2-135m"]) == 2
+    assert capsys.readouterr().err == f"error: {said}\n"
+    assert train.main(["--family", "shortcot", "--model", "smollm2-135m", "--dry-run", "--gpu"]) == 0
+    _, _, plan = _plan(capsys.readouterr().out, "train-shortcot")
+    assert f"[train-shortcot] note: a real run here would stop: {said}" in plan
+    assert sorted(p.name for p in cpu_machine.iterdir()) == ["cache"]

