@@ -325,3 +325,57 @@ def test_gpu_cluster_plan_passes_model_on(cpu_machine, capsys):
     opts = train.parse_options(["--gpu", "--model", "Qwen/Qwen2.5-7B", "--family", "shortcot"])
     assert driver_argv(opts, opts.kind_defaults()) == ["stare-verl", "train", "--gpu", "--family", "shortcot",
                                                        "--model", "Qwen/Qwen2.5-7B"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("where", "override", "said"), [
+    ("--cpu", "data.max_response_length=0", "data.max_response_length must be an integer >= 1 (got 0)"),
+    ("--cpu", "data.max_response_length=-5", "data.max_response_length must be an integer >= 1 (got -5)"),
+    ("--cpu", "actor_rollout_ref.actor.optim.lr=-1",
+     "actor_rollout_ref.actor.optim.lr must be a number in (0, 1] (got -1)"),
+    ("--gpu", "actor_rollout_ref.actor.optim.lr=abc",
+     "actor_rollout_ref.actor.optim.lr must be a number in (0, 1] (got 'abc')"),
+    ("--cpu", "actor_rollout_ref.rollout.n=0", "actor_rollout_ref.rollout.n must be an integer >= 1 (got 0)"),
+    ("--gpu", "actor_rollout_ref.rollout.temperature=-1",
+     "actor_rollout_ref.rollout.temperature must be a number >= 0 (got -1)"),
+    ("--gpu", "actor_rollout_ref.model.path=/tmp",
+     "actor_rollout_ref.model.path must be a model folder with config.json (got /tmp, a folder without one)"),
+    ("--cpu", "actor_rollout_ref.rollout.top_p=1.5",
+     "actor_rollout_ref.rollout.top_p must be a number in (0, 1] (got 1.5)"),
+    ("--gpu", "actor_rollout_ref.actor.ppo_epochs=0",
+     "actor_rollout_ref.actor.ppo_epochs must be an integer >= 1 (got 0)"),
+    ("--cpu", "algorithm.stare.reweight_ww=2", "recipes/cpu/shortcot_tiny_stare.yaml with these overrides does not "
+     "compose: override 'algorithm.stare.reweight_ww=2': no key algorithm.stare.reweight_ww in this recipe; did you "
+     "mean algorithm.stare.reweight_w?"),
+    ("--gpu", "algorithm.stare.reweight_ww=2", "recipes/shortcot_qwen2.5-math-7b_stare.yaml with these overrides "
+     "does not compose: override 'algorithm.stare.reweight_ww=2': no key algorithm.stare.reweight_ww in this recipe; "
+     "did you mean algorithm.stare.reweight_w?"),
+])  # fmt: skip
+def test_dry_run_refuses_impossible_override_values(cpu_machine, capsys, where, override, said):
+    """An override whose value no run can take stops the dry run as a bad option does: one line, status 2, before
+    the plan; nothing written."""
+    assert train.main(["--family", "shortcot", "--dry-run", where, override]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"error: {said}\n"
+    assert "composed config" not in out and "command:" not in out
+    assert list(cpu_machine.iterdir()) == []
+
+
+def test_a_method_config_error_of_the_dry_run_is_one_line(cpu_machine, capsys):
+    assert train.main(["--family", "shortcot", "--dry-run", "--cpu", "algorithm.stare.target_entropy=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "algorithm.stare.target_entropy" in err and "(got -1)" in err
+
+
+def test_real_runs_refuse_impossible_override_values_before_anything_is_written(cpu_machine, capsys, monkeypatch):
+    """The CPU run before its cold-start SFT, the GPU run before its run folder and main_ppo."""
+    assert train.main(["--family", "shortcot", "data.max_response_length=0"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "error: data.max_response_length must be an integer >= 1 (got 0)\n")  # fmt: skip
+    assert list(cpu_machine.iterdir()) == []
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
+    for override, said in (("actor_rollout_ref.rollout.n=0", "actor_rollout_ref.rollout.n must be an integer >= 1"),
+                           ("algorithm.stare.reweight_ww=2", "did you mean algorithm.stare.reweight_w?")):  # fmt: skip
+        assert train.main(["--family", "shortcot", "--gpu", override]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and said in err and err.count("\n") == 1
+    assert list(cpu_machine.iterdir()) == []
