@@ -20,6 +20,8 @@ clip-based methods can act); the default is one update per batch (on-policy), wh
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import statistics
@@ -355,6 +357,20 @@ def _same_runs(methods: list[str], runs: list[TrainOptions]) -> str | None:
     return None
 
 
+def _recipe_problem(runs: list[TrainOptions]) -> str | None:
+    """The first run of ``runs`` (one per method) whose recipe with the overrides would stop it at launch (an
+    impossible value such as ``data.max_response_length=0``, a key the recipe does not have: the check of
+    ``stare-verl train``, :func:`stare_verl.jobs.train.cpu.tiny_recipe_problem`), as one line; None when all pass.
+    Checked up front: a finished run folder skips its run's own check, and a problem of one method's run would
+    otherwise show only after the runs before it."""
+    from stare_verl.jobs.backend import GpuProbe, choose_backend
+    from stare_verl.jobs.train.cpu import tiny_recipe_problem
+
+    backend = choose_backend(GpuProbe(gpu=False, name=None, sglang=False), force_cpu=True)  # compare's runs: --cpu
+    with contextlib.redirect_stdout(io.StringIO()):  # verl's notes of a valid config: each run prints its own
+        return next(filter(None, (tiny_recipe_problem(opts, backend) for opts in runs)), None)
+
+
 def _dry_run(runs: list[TrainOptions], family: str, steps: int, n_eval: int, eval_samples: int) -> int:
     """``compare --dry-run``: each run's plan (:func:`stare_verl.jobs.train.dry_run`: the composed config, the
     ``main_ppo`` command, validated as verl would at launch), or, for a finished run folder, whether it is reused;
@@ -492,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryFile() as noise, stderr_to(noise):
             runs = [run_options(method, seed) for seed in seeds for method in methods]
             problem = (_same_runs(methods, runs[: len(methods)]) or bad_option(runs[0])
-                       or baseline_mismatch(runs[: len(methods)]))  # fmt: skip
+                       or _recipe_problem(runs[: len(methods)]) or baseline_mismatch(runs[: len(methods)]))  # fmt: skip
     except (OptionsError, ValueError) as err:  # ValueError: a boolean key that holds no boolean
         problem = str(err)
     if problem:

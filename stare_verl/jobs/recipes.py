@@ -7,7 +7,9 @@ works from any working directory).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
+import math
 import os
 import re
 from pathlib import Path
@@ -17,7 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from stare_verl.recipe_files import recipes_dir, register_resolver
 
-__all__ = ["compose_recipe", "is_override", "override_problem", "recipe_names", "recipes_dir", "validate_recipe"]
+__all__ = ["CONFIG_BOUNDS", "compose_recipe", "config_problem", "is_override", "override_problem", "recipe_names",
+           "recipes_dir", "validate_recipe"]
 
 _OVERRIDE = re.compile(r"^(~|\+\+?)?[A-Za-z_][\w.@/\-\[\]]*(=|$)")
 
@@ -74,11 +77,13 @@ def compose_recipe(
     Raises:
         FileNotFoundError: no recipes folder (see :func:`recipes_dir`).
         hydra.errors.MissingConfigException: no such recipe.
-        hydra.errors.ConfigCompositionException: a bad override.
+        hydra.errors.ConfigCompositionException: a bad override; a key the config does not have (a typo) names the
+            nearest key it has, in one line (:func:`_unknown_key`).
         ValueError: a word that is no Hydra override, or one with an empty value (:func:`override_problem`).
         omegaconf.errors.InterpolationResolutionError: an interpolation does not resolve (e.g. a missing file).
     """
     from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
 
     problem = next(filter(None, map(override_problem, overrides or [])), None)
     if problem:
@@ -89,18 +94,199 @@ def compose_recipe(
         folder = folder / sub
     register_resolver()
     with initialize_config_dir(config_dir=str(folder.resolve()), version_base=None):
-        cfg = compose(config_name=name, overrides=list(overrides or []))
+        try:
+            cfg = compose(config_name=name, overrides=list(overrides or []))
+        except ConfigCompositionException as err:
+            better = _unknown_key(str(err), overrides or [], lambda: compose(config_name=name))
+            if better is None:
+                raise
+            raise ConfigCompositionException(better) from err
     if resolve:
         OmegaConf.resolve(cfg)
     return cfg
 
 
+_NO_KEY = re.compile(r"^Could not override '([^']+)'|^Could not delete from config\. '([^']+)' does not exist")
+
+
+def _unknown_key(message: str, overrides: list[str], base: Any) -> str | None:
+    """One line for Hydra's error ``message`` about an override of a key the config does not have (Hydra says
+    "To append to your config use +key=value", which for a typo is the wrong advice), naming the nearest key the
+    recipe has (``difflib``; ``base()``: the recipe composed without overrides) or an entropy-control method takes
+    (``algorithm.<method>.<field>``); None for any other error (Hydra's own message stands)."""
+    found = _NO_KEY.match(message)
+    if not found:
+        return None
+    key = found.group(1) or found.group(2)
+    given = next((o for o in overrides if o.lstrip("~+").split("=", 1)[0] == key), key)
+    from stare_verl.methods import METHODS
+
+    fields = {f"algorithm.{m}.{f}" for m, cls in METHODS.items() for f in cls.Config.model_fields}
+    if key in fields:  # a method's setting the recipe does not list: Hydra's advice is the right one
+        return f"override {given!r}: {key} is not in this recipe; add it with +{given.lstrip('+~')}"
+    keys = _dotted_keys(OmegaConf.to_container(base(), resolve=False)) | fields | {f"algorithm.{m}" for m in METHODS}
+    parts = key.split(".")
+    depth = max((i for i in range(len(parts)) if ".".join(parts[:i]) in keys), default=0)  # deepest existing section
+    parent, rest = ".".join(parts[:depth]), parts[depth + 1 :]
+    section = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent)
+    near = difflib.get_close_matches(parts[depth], section, n=1, cutoff=0.75)
+    if near:
+        nearest = ".".join([*parts[:depth], near[0], *rest])
+        hint = f"did you mean {nearest if nearest in keys else '.'.join([*parts[:depth], near[0]])}?"
+    elif section and len(section) <= _LISTED_KEYS:
+        hint = f"the keys of {parent or 'the config'}: {', '.join(section)}"
+    elif parent and not section:
+        hint = f"{parent} holds a value, not keys"
+    else:
+        hint = f"no key of {parent or 'the config'} is near {parts[depth]}"
+    method = parent.removeprefix("algorithm.") if parent.startswith("algorithm.") else None
+    if not near and method not in METHODS and not given.startswith("~"):  # a method's section: its fields only
+        hint += f" (a key the recipe does not have is added with +{given.lstrip('+')})"
+    return f"override {given!r}: no key {key} in this recipe; {hint}"
+
+
+_LISTED_KEYS = 20
+"""The most keys of a section an unknown key's message lists (when none is near it)."""
+
+
+def _dotted_keys(node: Any, prefix: str = "") -> set[str]:
+    """Every key of a nested mapping (sections and leaves), dotted (``algorithm.stare.reweight_w``)."""
+    out: set[str] = set()
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.add(f"{prefix}{k}")
+            out |= _dotted_keys(v, f"{prefix}{k}.")
+    return out
+
+
+CONFIG_BOUNDS: tuple[tuple[str, type, str], ...] = (
+    ("data.max_prompt_length", int, ">= 1"),
+    ("data.max_response_length", int, ">= 1"),
+    ("data.train_batch_size", int, ">= 1"),
+    ("actor_rollout_ref.actor.optim.lr", float, "(0, 1]"),
+    ("actor_rollout_ref.actor.optim.weight_decay", float, ">= 0"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", float, "[0, 1]"),
+    ("actor_rollout_ref.actor.optim.clip_grad", float, "> 0"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size", int, ">= 1"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", int, ">= 1"),
+    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", int, ">= 1"),
+    ("actor_rollout_ref.actor.ppo_epochs", int, ">= 1"),
+    ("actor_rollout_ref.actor.clip_ratio", float, "> 0"),
+    ("actor_rollout_ref.actor.clip_ratio_low", float, "> 0"),
+    ("actor_rollout_ref.actor.clip_ratio_high", float, "> 0"),
+    ("actor_rollout_ref.actor.clip_ratio_c", float, "> 1"),
+    ("actor_rollout_ref.actor.entropy_coeff", float, ">= 0"),
+    ("actor_rollout_ref.actor.kl_loss_coef", float, ">= 0"),
+    ("actor_rollout_ref.rollout.n", int, ">= 1"),
+    ("actor_rollout_ref.rollout.temperature", float, ">= 0"),
+    ("actor_rollout_ref.rollout.top_p", float, "(0, 1]"),
+    ("actor_rollout_ref.rollout.top_k", int, ">= -1"),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization", float, "(0, 1]"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size", int, ">= 1"),
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", int, ">= 1"),
+    ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", int, ">= 1"),
+    ("actor_rollout_ref.rollout.val_kwargs.n", int, ">= 1"),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature", float, ">= 0"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_p", float, "(0, 1]"),
+    ("algorithm.gamma", float, "[0, 1]"),
+    ("algorithm.lam", float, "[0, 1]"),
+    ("algorithm.kl_ctrl.kl_coef", float, ">= 0"),
+    ("trainer.total_epochs", int, ">= 1"),
+    ("trainer.total_training_steps", int, ">= 1"),
+    ("trainer.n_gpus_per_node", int, ">= 1"),
+    ("trainer.nnodes", int, ">= 1"),
+)
+"""The numeric keys of a verl config that users commonly override, as ``(dotted key, int or float, allowed
+range)``: ``>= 1``, ``> 0``, ``(0, 1]`` (open and closed ends), checked by :func:`config_problem` on the composed
+config. verl's own checks (``validate_config``, the ``ActorConfig`` / ``RolloutConfig`` / ``OptimizerConfig``
+dataclasses) leave these to the workers, which fail (or train on) them minutes into a run. A key absent from the
+config is not checked; the keys of :data:`_NULL_IS_VERLS` may be null. The entropy-control methods' own sections
+(``algorithm.stare``, ...) are their pydantic configs' (:func:`validate_recipe`)."""
+
+_NULL_IS_VERLS = frozenset({
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",  # null: the deprecated ppo_micro_batch_size, or dynamic
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.clip_ratio_low",  # null: clip_ratio
+    "actor_rollout_ref.actor.clip_ratio_high",
+    "actor_rollout_ref.actor.optim.clip_grad",
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",  # null: no limit
+    "trainer.total_training_steps",  # null: trainer.total_epochs decide
+})  # fmt: skip
+_RANGE = re.compile(r"^(?:(>=|>) (-?[\d.]+)|([\[(])(-?[\d.]+), (-?[\d.]+)([\])]))$")
+
+
+def _in_range(value: float, allowed: str) -> bool:
+    """Whether ``value`` lies in ``allowed`` (a range of :data:`CONFIG_BOUNDS`)."""
+    m = _RANGE.match(allowed)
+    if m is None:
+        raise ValueError(f"no range: {allowed!r}")
+    if m.group(1):
+        lo = float(m.group(2))
+        return value >= lo if m.group(1) == ">=" else value > lo
+    lo, hi = float(m.group(4)), float(m.group(5))
+    return (value >= lo if m.group(3) == "[" else value > lo) and (value <= hi if m.group(6) == "]" else value < hi)
+
+
+def _value_problem(key: str, kind: type, allowed: str, value: Any) -> str | None:
+    """``<key> must be <an integer / a number> <range> (got <value>)`` when ``value`` is not a finite number of
+    ``kind`` in ``allowed`` (a bool or a string is none; an int is a float's number), else None."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        ok = number and isinstance(value, int)
+    else:
+        ok = number and math.isfinite(value)
+    if ok and _in_range(value, allowed):
+        return None
+    what = "an integer" if kind is int else "a number"
+    where = allowed if allowed[0] in "<>" else f"in {allowed}"
+    return f"{key} must be {what} {where} (got {value!r})"
+
+
+def config_problem(cfg: DictConfig) -> str | None:
+    """What in a composed verl config (``cfg``, after the overrides) is out of range, as one line, or None.
+
+    Checks each key of :data:`CONFIG_BOUNDS` present in ``cfg`` (its type and range), a rollout temperature > 0
+    where sampling is on (``actor_rollout_ref.rollout.do_sample``, ``val_kwargs.do_sample``), and that
+    ``actor_rollout_ref.model.path``, when it is an existing folder here, holds ``config.json`` (a folder that is
+    no model; a path missing here may be a hub id or another node's folder). Run before anything is written or
+    launched (``stare-verl train`` and its dry run, ``compare``, ``stare-verl check`` via :func:`validate_recipe`).
+
+    Returns:
+        The problems, ``"; "``-joined, each ``<key> must be ... (got X)``; None when there are none.
+    """
+    said = []
+    for key, kind, allowed in CONFIG_BOUNDS:
+        value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)  # ??? (the driver's): absent
+        if value is _ABSENT or (value is None and key in _NULL_IS_VERLS):
+            continue
+        problem = _value_problem(key, kind, allowed, value)
+        if problem:
+            said.append(problem)
+    rollout = cfg.get("actor_rollout_ref", {}).get("rollout", {})
+    for where, section in (("actor_rollout_ref.rollout", rollout), ("actor_rollout_ref.rollout.val_kwargs",
+                                                                     rollout.get("val_kwargs", {}))):  # fmt: skip
+        temperature = section.get("temperature")
+        if section.get("do_sample") is True and temperature == 0 and not isinstance(temperature, bool):
+            said.append(f"{where}.temperature must be > 0 when {where}.do_sample is true (got {temperature!r}; "
+                        f"0 is greedy: {where}.do_sample=false)")  # fmt: skip
+    path = cfg.get("actor_rollout_ref", {}).get("model", {}).get("path")
+    folder = Path(path).expanduser() if isinstance(path, str) else None
+    if folder is not None and folder.is_dir() and not (folder / "config.json").is_file():
+        said.append(f"actor_rollout_ref.model.path must be a model folder with config.json (got {path}, a folder "
+                    "without one)")  # fmt: skip
+    return "; ".join(said) or None
+
+
+_ABSENT = object()
+
+
 def validate_recipe(cfg: DictConfig) -> Any:
     """Validate a composed config with verl's own checks and config dataclasses, plus ours.
 
-    Checks verl's ``validate_config``, the rollout section as ``RolloutConfig``, the algorithm section as
-    ``AlgoConfig`` (without ``stare``), ``algorithm.stare`` with pydantic, that the estimator and trainer
-    mode are registered and that the reward manager, custom reward function and tool config load.
+    Checks the numeric keys users override (:func:`config_problem`), verl's ``validate_config``, the rollout
+    section as ``RolloutConfig``, the algorithm section as ``AlgoConfig`` (without ``stare``), ``algorithm.stare``
+    with pydantic, that the estimator and trainer mode are registered and that the reward manager, custom reward
+    function and tool config load.
 
     Returns:
         The parsed config of the entropy-control method the estimator selects (``StareConfig`` for ``stare``),
@@ -117,6 +303,9 @@ def validate_recipe(cfg: DictConfig) -> Any:
     from verl.utils.import_utils import load_extern_object
     from verl.workers.config import RolloutConfig
 
+    problem = config_problem(cfg)
+    if problem:
+        raise ValueError(problem)
     # verl prints "All configuration checks passed" on success, which reads wrongly right above one of our
     # errors below: keep its other output (warnings), drop that line.
     with contextlib.redirect_stdout(io.StringIO()) as out:

@@ -136,20 +136,32 @@ def _checked_recipe(recipe: str, overrides: list[str], backend: RunBackend) -> t
     """Compose ``recipes/cpu/<recipe>.yaml`` with the launch ``overrides`` and validate it as verl would at launch
     (a bad override fails now, not after the SFT and the held-out evaluation); returns ``backend`` with the tool
     config's sandbox backend, and an error line or None."""
-    from stare_verl.jobs.recipes import compose_recipe, validate_recipe
+    from stare_verl.jobs.recipes import compose_recipe, config_problem, validate_recipe
 
     placeholders = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x",
                     "trainer.default_local_dir=x"]  # fmt: skip
     try:
         cfg = compose_recipe(f"cpu/{recipe}", placeholders + overrides)
-        mismatch = engine_mismatch(cfg.actor_rollout_ref.rollout.name, backend)
-        if mismatch:
+        mismatch = engine_mismatch(cfg.actor_rollout_ref.rollout.name, backend) or config_problem(cfg)
+        if mismatch:  # an impossible value: named alone, as a bad option is
             return backend, mismatch
         validate_recipe(cfg)
         tool_config = cfg.actor_rollout_ref.rollout.multi_turn.get("tool_config_path")
         return dataclasses.replace(backend, sandbox=sandbox_backend(tool_config)), None
     except Exception as err:  # noqa: BLE001 - the launch's own failure, as one line
-        return backend, f"recipes/cpu/{recipe}.yaml with your overrides would fail at launch: {err}"
+        why = " ".join(str(err).split())  # one line (a method's config error lists its keys one a line)
+        return backend, f"recipes/cpu/{recipe}.yaml with your overrides would fail at launch: {why}"
+
+
+def tiny_recipe_problem(opts: TrainOptions, backend: RunBackend) -> str | None:
+    """Why the tiny-model run of ``opts`` (``backend``: ``cpu`` or ``gpu-hf``) would stop at its recipe check, as
+    one line, or None: the check :func:`train_cpu` makes before the cold-start SFT (the family's tiny recipe for
+    the method, composed with the launch overrides and validated as verl would at launch; an impossible value of
+    an override: :func:`stare_verl.jobs.recipes.config_problem`), for a caller that checks runs up front
+    (``compare``). Prints nothing (the GRPO-ds twin's note is the run's)."""
+    recipe = f"{opts.job_family.cpu_recipe}_{opts.entropy_method.recipe}"
+    overrides, _ = opts.entropy_method.compose_overrides(engine_overrides(backend) + list(opts.overrides))
+    return _checked_recipe(recipe, overrides, backend)[1]
 
 
 def train_cpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:

@@ -118,6 +118,20 @@ def gpu_command(opts: TrainOptions, recipe: str, run: RunFolder, mapped: list[st
     return with_run_overrides(cmd, run, opts.logger)
 
 
+def gpu_config_problem(recipe: str, overrides: list[str]) -> str | None:
+    """Why GPU recipe ``recipe`` with the command's Hydra ``overrides`` cannot launch, as one line, or None: an
+    override that does not compose (a key the recipe does not have names the nearest one), or a value out of range
+    (:func:`stare_verl.jobs.recipes.config_problem`: ``data.max_response_length=0``, ``...optim.lr=abc``). Checked
+    before the run folder is made; verl's own launch checks stay ``main_ppo``'s (``--dry-run`` runs them here)."""
+    from stare_verl.jobs.recipes import compose_recipe, config_problem
+
+    try:
+        cfg = compose_recipe(recipe, overrides)
+    except Exception as err:  # noqa: BLE001 - a bad override, as one line
+        return f"recipes/{recipe}.yaml with these overrides does not compose: {' '.join(str(err).split())}"
+    return config_problem(cfg)
+
+
 def train_gpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
     """Launch ``main_ppo`` with the family's GPU recipe (``--model`` or the ``MODEL`` env var, :func:`gpu_model`, and
     the overrides pass through).
@@ -128,7 +142,8 @@ def train_gpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
     file-logger parts, Hydra's config), ``metrics.jsonl``, ``plots/`` with the dashboard and ``summary.json``
     (backend, recipe, command, exit status, entropy report); the stall watch and the resume message are the CPU
     path's, the loggers ``--logger`` (or verl's console + wandb) plus ``file``. With ``RAY_ADDRESS`` set the run
-    joins that Ray cluster (``--nnodes N`` nodes; ``--dry-run`` prints what to start on each node).
+    joins that Ray cluster (``--nnodes N`` nodes; ``--dry-run`` prints what to start on each node). An override
+    that cannot launch (:func:`gpu_config_problem`) is an error before anything is written.
     ``backend``: the caller's choice (default: probed here).
     """
     from stare_verl.jobs.gpu_run import recipe_total_steps, run_gpu_recipe
@@ -143,6 +158,12 @@ def train_gpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
     fam = opts.job_family
     run = gpu_run(opts)
     cmd = gpu_command(opts, recipe, run, mapped, model)
+    overrides = cmd[cmd.index(f"--config-name={recipe}") + 1 :]
+    with tempfile.TemporaryFile() as noise, stderr_to(noise):  # verl's import-time warnings: not the console's
+        problem = gpu_config_problem(recipe, overrides)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     backend = dataclasses.replace(
         backend or choose_backend(probe_gpu()),
         sandbox=sandbox_backend(recipes_dir() / fam.tool_config) if fam.tool_config else "none",
@@ -151,7 +172,7 @@ def train_gpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
     print(f"[{name}] GPU recipe {recipe}: {backend.line()}; run folder {run.path}", flush=True)
     print(f"[{name}] {' '.join(cmd)}", flush=True)
     with tempfile.TemporaryFile() as noise, stderr_to(noise):  # verl's import-time warnings: not the console's
-        steps, save_freq = recipe_total_steps(recipe, cmd[cmd.index(f"--config-name={recipe}") + 1 :])
+        steps, save_freq = recipe_total_steps(recipe, overrides)
     summary = {"family": opts.family, "method": opts.method, "seed": opts.seed, "recipe": recipe,
                "backend": backend.to_dict(), "model": model, "command": cmd, "backend_line": backend.line()}  # fmt: skip
     return run_gpu_recipe(name, run, cmd, summary, steps, save_freq)

@@ -134,6 +134,11 @@ def dry_run(opts: TrainOptions, probe) -> int:
     return rc
 
 
+def one_line(err: BaseException) -> str:
+    """An error's message as one line (a method's config error lists its keys one a line; Hydra's adds advice)."""
+    return " ".join(str(err).split())
+
+
 def _tiny_plan(opts: TrainOptions, backend: RunBackend, model: str | None, pretrained: PretrainedRun | None,
                notes: list[str]) -> tuple[list[str], RunFolder, str, str]:  # fmt: skip
     """``(command, run folder, recipe, what)`` of a tiny-recipe run (``backend``: ``cpu`` or ``gpu-hf``; from
@@ -218,14 +223,15 @@ def _print_plan(name: str, compose_name: str, overrides: list[str], cmd: list[st
 
     try:
         with tempfile.TemporaryFile() as noise, stderr_to(noise):  # verl's import-time warnings: not the plan's
-            from stare_verl.jobs.recipes import compose_recipe, validate_recipe
+            from stare_verl.jobs.recipes import compose_recipe, config_problem, validate_recipe
 
             cfg = compose_recipe(compose_name, overrides)
     except Exception as err:  # noqa: BLE001 - a bad override: one line
-        print(f"error: recipes/{compose_name}.yaml with these overrides does not compose: {err}", file=sys.stderr)
+        print(f"error: recipes/{compose_name}.yaml with these overrides does not compose: {one_line(err)}",
+              file=sys.stderr)  # fmt: skip
         return 2
-    mismatch = engine_mismatch(cfg.actor_rollout_ref.rollout.name, backend)
-    if mismatch:
+    mismatch = engine_mismatch(cfg.actor_rollout_ref.rollout.name, backend) or config_problem(cfg)
+    if mismatch:  # an impossible value (data.max_response_length=0, ...): before the plan, as a bad option is
         print(f"error: {mismatch}", file=sys.stderr)
         return 2
     print(f"[{name}] composed config (recipes/{compose_name}.yaml with the overrides of the command below):")
@@ -253,7 +259,7 @@ def _print_plan(name: str, compose_name: str, overrides: list[str], cmd: list[st
         with tempfile.TemporaryFile() as noise, stderr_to(noise):
             stare = validate_recipe(cfg)
     except Exception as err:  # noqa: BLE001 - the launch's own failure, reported as one line
-        print(f"error: the composed config would fail at launch: {err}", file=sys.stderr)
+        print(f"error: the composed config would fail at launch: {one_line(err)}", file=sys.stderr)
         return 2
     ok = f"[{name}] ok: validates as verl would at launch: adv_estimator={cfg.algorithm.adv_estimator}, "
     ok += f"trainer_mode={cfg.trainer.v1.trainer_mode}, rollout={cfg.actor_rollout_ref.rollout.name}"

@@ -288,10 +288,10 @@ def test_overrides_after_seeds_and_methods_end_them(tmp_path, monkeypatch):
     monkeypatch.setattr(T.cpu, "train_cpu", _finishing_run(seen))
     monkeypatch.chdir(tmp_path)
     argv = ["--family", "shortcot", "--steps", "1", "--seeds", "0", "1", "algorithm.stare.target_entropy=0.2",
-            "--methods", "grpo", "stare", "+trainer.val_before_train=false", "--eval-samples", "1"]  # fmt: skip
+            "--methods", "grpo", "stare", "++trainer.val_before_train=false", "--eval-samples", "1"]  # fmt: skip
     assert compare.main(argv) == 0
     assert sorted((o.method, o.seed) for o in seen) == [("grpo", 0), ("grpo", 1), ("stare", 0), ("stare", 1)]
-    assert {o.overrides for o in seen} == {("algorithm.stare.target_entropy=0.2", "+trainer.val_before_train=false")}
+    assert {o.overrides for o in seen} == {("algorithm.stare.target_entropy=0.2", "++trainer.val_before_train=false")}
 
 
 @pytest.mark.parametrize(("argv", "said"), [
@@ -360,3 +360,22 @@ def test_verl_import_warnings_stay_off_compare_s_console(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: the methods' GRPO baselines differ") and done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["data.max_response_length=0"], "error: data.max_response_length must be an integer >= 1 (got 0)\n"),
+    (["--methods", "grpo", "stare", "actor_rollout_ref.rollout.n=0"],
+     "error: actor_rollout_ref.rollout.n must be an integer >= 1 (got 0)\n"),
+    (["algorithm.stare.reweight_ww=2"], "error: recipes/cpu/shortcot_tiny_stare.yaml with your overrides would fail "
+     "at launch: override 'algorithm.stare.reweight_ww=2': no key algorithm.stare.reweight_ww in this recipe; did you "
+     "mean algorithm.stare.reweight_w?\n"),
+])  # fmt: skip
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_compare_refuses_impossible_override_values_up_front(argv, said, dry_run, tmp_path, monkeypatch, capsys):
+    """Each method's run config is checked as its run would check it (stare-verl train), before any run or plan."""
+    monkeypatch.setattr(T.cpu, "train_cpu", lambda args: pytest.fail("a run started"))
+    monkeypatch.chdir(tmp_path)
+    assert compare.main(["--family", "shortcot", "--seeds", "0", *dry_run, *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err == said and "dry run 1/" not in out
+    assert list(tmp_path.iterdir()) == []

@@ -233,3 +233,104 @@ def test_every_stare_recipe_writes_every_key_so_plain_overrides_work(capsys, mon
               "algorithm.stare.w_max=3", "algorithm.stare.scope=chunk", "algorithm.stare.chunk_size=4"]  # fmt: skip
         assert main(["check", name, *ov]) == 0, capsys.readouterr().err
         assert "ok:" in capsys.readouterr().out
+
+
+# the keys the CPU recipes leave to the driver (???)
+PLACEHOLDERS = ["actor_rollout_ref.model.path=x", "data.train_files=x", "data.val_files=x",
+                "trainer.default_local_dir=x"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("data.max_response_length=0", "data.max_response_length must be an integer >= 1 (got 0)"),
+    ("data.max_response_length=-5", "data.max_response_length must be an integer >= 1 (got -5)"),
+    ("data.max_response_length=12.0", "data.max_response_length must be an integer >= 1 (got 12.0)"),
+    ("data.max_prompt_length=null", "data.max_prompt_length must be an integer >= 1 (got None)"),
+    ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr must be a number in (0, 1] (got -1)"),
+    ("actor_rollout_ref.actor.optim.lr=abc",
+     "actor_rollout_ref.actor.optim.lr must be a number in (0, 1] (got 'abc')"),
+    ("actor_rollout_ref.actor.optim.lr=nan", "actor_rollout_ref.actor.optim.lr must be a number in (0, 1] (got nan)"),
+    ("actor_rollout_ref.actor.optim.lr=2", "actor_rollout_ref.actor.optim.lr must be a number in (0, 1] (got 2)"),
+    ("actor_rollout_ref.rollout.n=0", "actor_rollout_ref.rollout.n must be an integer >= 1 (got 0)"),
+    ("actor_rollout_ref.rollout.n=true", "actor_rollout_ref.rollout.n must be an integer >= 1 (got True)"),
+    ("actor_rollout_ref.rollout.temperature=-1",
+     "actor_rollout_ref.rollout.temperature must be a number >= 0 (got -1)"),
+    ("actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.temperature must be > 0 when "
+     "actor_rollout_ref.rollout.do_sample is true (got 0; 0 is greedy: actor_rollout_ref.rollout.do_sample=false)"),
+    ("actor_rollout_ref.rollout.top_p=0", "actor_rollout_ref.rollout.top_p must be a number in (0, 1] (got 0)"),
+    ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p must be a number in (0, 1] (got 1.5)"),
+    ("actor_rollout_ref.actor.ppo_epochs=0", "actor_rollout_ref.actor.ppo_epochs must be an integer >= 1 (got 0)"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=0",
+     "actor_rollout_ref.actor.ppo_mini_batch_size must be an integer >= 1 (got 0)"),
+    ("data.train_batch_size=0", "data.train_batch_size must be an integer >= 1 (got 0)"),
+    ("actor_rollout_ref.actor.clip_ratio_low=-0.2",
+     "actor_rollout_ref.actor.clip_ratio_low must be a number > 0 (got -0.2)"),
+    ("actor_rollout_ref.actor.entropy_coeff=-0.01",
+     "actor_rollout_ref.actor.entropy_coeff must be a number >= 0 (got -0.01)"),
+    ("actor_rollout_ref.actor.entropy_coeff=inf",
+     "actor_rollout_ref.actor.entropy_coeff must be a number >= 0 (got inf)"),
+    ("trainer.total_training_steps=0", "trainer.total_training_steps must be an integer >= 1 (got 0)"),
+    ("algorithm.gamma=1.5", "algorithm.gamma must be a number in [0, 1] (got 1.5)"),
+])  # fmt: skip
+def test_impossible_values_of_overrides_are_named_in_one_line(override, said, monkeypatch, tmp_path):
+    """verl's own checks pass these (its config dataclasses check no ranges): the workers would fail on them, or
+    train with them, minutes into a run. config_problem names each, validate_recipe (stare-verl check) too."""
+    from stare_verl.jobs.recipes import config_problem
+
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_recipe("cpu/shortcot_tiny_stare", [*PLACEHOLDERS, override])
+    assert config_problem(cfg) == said
+    with pytest.raises(ValueError) as err:
+        validate_recipe(cfg)
+    assert str(err.value) == said
+
+
+def test_config_problem_joins_problems_and_passes_what_verl_allows(monkeypatch, tmp_path):
+    from stare_verl.jobs.recipes import config_problem
+
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_recipe("cpu/shortcot_tiny_stare", [*PLACEHOLDERS, "actor_rollout_ref.rollout.n=0",
+                                                     "actor_rollout_ref.actor.optim.lr=abc"])  # fmt: skip
+    assert config_problem(cfg) == ("actor_rollout_ref.actor.optim.lr must be a number in (0, 1] (got 'abc'); "
+                                   "actor_rollout_ref.rollout.n must be an integer >= 1 (got 0)")  # fmt: skip
+    # null where verl reads it as "not set", greedy rollouts asked for as such, bounds themselves, an int for a float
+    ok = ["trainer.total_training_steps=null", "actor_rollout_ref.actor.clip_ratio_low=null",
+          "actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.do_sample=false",
+          "actor_rollout_ref.actor.optim.lr=1", "algorithm.gamma=0", "actor_rollout_ref.rollout.top_k=-1"]  # fmt: skip
+    assert config_problem(compose_recipe("cpu/shortcot_tiny_stare", [*PLACEHOLDERS, *ok])) is None
+    # a folder here that is no model (no config.json); a model folder; a path missing here (a hub id, a GPU node's)
+    (tmp_path / "model").mkdir()
+    cfg = compose_recipe("cpu/shortcot_tiny_stare", [*PLACEHOLDERS, f"actor_rollout_ref.model.path={tmp_path}"])
+    assert config_problem(cfg) == (f"actor_rollout_ref.model.path must be a model folder with config.json (got "
+                                   f"{tmp_path}, a folder without one)")  # fmt: skip
+    (tmp_path / "model" / "config.json").write_text("{}")
+    for path in (tmp_path / "model", "Qwen/Qwen2.5-Math-7B", tmp_path / "nowhere"):
+        cfg = compose_recipe("cpu/shortcot_tiny_stare", [*PLACEHOLDERS, f"actor_rollout_ref.model.path={path}"])
+        assert config_problem(cfg) is None, path
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("algorithm.stare.reweight_ww=2",  # STARE's section takes its own fields only: the nearest, no "+" advice
+     "override 'algorithm.stare.reweight_ww=2': no key algorithm.stare.reweight_ww in this recipe; did you mean "
+     "algorithm.stare.reweight_w?"),
+    ("actor_rollout_ref.rolout.n=2", "override 'actor_rollout_ref.rolout.n=2': no key actor_rollout_ref.rolout.n in "
+                                     "this recipe; did you mean actor_rollout_ref.rollout.n?"),
+    ("actor_rollout_ref.actor.optim.lrr=1e-5", "override 'actor_rollout_ref.actor.optim.lrr=1e-5': no key "
+     "actor_rollout_ref.actor.optim.lrr in this recipe; did you mean actor_rollout_ref.actor.optim.lr?"),
+    ("~algorithm.stare.W", "override '~algorithm.stare.W': no key algorithm.stare.W in this recipe; the keys of "
+     "algorithm.stare: adaptive, alpha, chunk_size, epsilon, m_min, norm_adv_by_std_in_grpo, reweight_m, reweight_w, "
+     "scope, target_entropy, top_p_ratio, variant, w_max, zero_variance_tol"),
+    ("data.max_response_length.x=1", "override 'data.max_response_length.x=1': no key data.max_response_length.x "
+     "in this recipe; data.max_response_length holds a value, not keys (a key the recipe does not have is added with "
+     "+data.max_response_length.x=1)"),
+    ("algorithm.forking.rho=0.2",  # a method's setting the recipe does not list: Hydra's advice is right here
+     "override 'algorithm.forking.rho=0.2': algorithm.forking.rho is not in this recipe; add it with "
+     "+algorithm.forking.rho=0.2"),
+])  # fmt: skip
+def test_a_key_the_recipe_does_not_have_names_the_nearest(override, said, monkeypatch, tmp_path):
+    """Hydra's own message for a misspelt key is its advice to add it with +, over two lines."""
+    from hydra.errors import ConfigCompositionException
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_recipe("cpu/shortcot_tiny_stare", [*PLACEHOLDERS, override])
+    assert str(err.value) == said

@@ -363,7 +363,7 @@ _BROKEN = {
 @pytest.mark.parametrize("how", sorted(_BROKEN))
 @pytest.mark.parametrize("dry", [False, True])
 def test_a_model_folder_whose_weights_do_not_load_is_one_line_before_anything(cpu_machine, capsys, how, dry):
-    """--model PATH, and the tiny recipe's actor_rollout_ref.model.path override: refused with exit 2 and one line
+    """--model PATH whose weights do not load: refused with exit 2 and one line
     naming the file, before a run folder, a cache or a process exists (the real run and its dry run alike)."""
     folder = _broken_model(cpu_machine / "bad", how)
     dry_run = ["--dry-run"] if dry else []
@@ -406,3 +406,57 @@ def test_a_damaged_prepared_model_is_a_note_of_the_dry_run_and_an_error_of_the_r
     _, _, plan = _plan(capsys.readouterr().out, "train-shortcot")
     assert f"[train-shortcot] note: a real run here would stop: {said}" in plan
     assert sorted(p.name for p in cpu_machine.iterdir()) == ["cache"]
+
+
+@pytest.mark.parametrize(("where", "override", "said"), [
+    ("--cpu", "data.max_response_length=0", "data.max_response_length must be an integer >= 1 (got 0)"),
+    ("--cpu", "data.max_response_length=-5", "data.max_response_length must be an integer >= 1 (got -5)"),
+    ("--cpu", "actor_rollout_ref.actor.optim.lr=-1",
+     "actor_rollout_ref.actor.optim.lr must be a number in (0, 1] (got -1)"),
+    ("--gpu", "actor_rollout_ref.actor.optim.lr=abc",
+     "actor_rollout_ref.actor.optim.lr must be a number in (0, 1] (got 'abc')"),
+    ("--cpu", "actor_rollout_ref.rollout.n=0", "actor_rollout_ref.rollout.n must be an integer >= 1 (got 0)"),
+    ("--gpu", "actor_rollout_ref.rollout.temperature=-1",
+     "actor_rollout_ref.rollout.temperature must be a number >= 0 (got -1)"),
+    ("--gpu", "actor_rollout_ref.model.path=/tmp",
+     "actor_rollout_ref.model.path must be a model folder with config.json (got /tmp, a folder without one)"),
+    ("--cpu", "actor_rollout_ref.rollout.top_p=1.5",
+     "actor_rollout_ref.rollout.top_p must be a number in (0, 1] (got 1.5)"),
+    ("--gpu", "actor_rollout_ref.actor.ppo_epochs=0",
+     "actor_rollout_ref.actor.ppo_epochs must be an integer >= 1 (got 0)"),
+    ("--cpu", "algorithm.stare.reweight_ww=2", "recipes/cpu/shortcot_tiny_stare.yaml with these overrides does not "
+     "compose: override 'algorithm.stare.reweight_ww=2': no key algorithm.stare.reweight_ww in this recipe; did you "
+     "mean algorithm.stare.reweight_w?"),
+    ("--gpu", "algorithm.stare.reweight_ww=2", "recipes/shortcot_qwen2.5-math-7b_stare.yaml with these overrides "
+     "does not compose: override 'algorithm.stare.reweight_ww=2': no key algorithm.stare.reweight_ww in this recipe; "
+     "did you mean algorithm.stare.reweight_w?"),
+])  # fmt: skip
+def test_dry_run_refuses_impossible_override_values(cpu_machine, capsys, where, override, said):
+    """An override whose value no run can take stops the dry run as a bad option does: one line, status 2, before
+    the plan; nothing written."""
+    assert train.main(["--family", "shortcot", "--dry-run", where, override]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"error: {said}\n"
+    assert "composed config" not in out and "command:" not in out
+    assert list(cpu_machine.iterdir()) == []
+
+
+def test_a_method_config_error_of_the_dry_run_is_one_line(cpu_machine, capsys):
+    assert train.main(["--family", "shortcot", "--dry-run", "--cpu", "algorithm.stare.target_entropy=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "algorithm.stare.target_entropy" in err and "(got -1)" in err
+
+
+def test_real_runs_refuse_impossible_override_values_before_anything_is_written(cpu_machine, capsys, monkeypatch):
+    """The CPU run before its cold-start SFT, the GPU run before its run folder and main_ppo."""
+    assert train.main(["--family", "shortcot", "data.max_response_length=0"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "error: data.max_response_length must be an integer >= 1 (got 0)\n")  # fmt: skip
+    assert list(cpu_machine.iterdir()) == []
+    monkeypatch.setattr(train.entry, "probe_gpu", lambda: GpuProbe(True, "NVIDIA H200", True))
+    for override, said in (("actor_rollout_ref.rollout.n=0", "actor_rollout_ref.rollout.n must be an integer >= 1"),
+                           ("algorithm.stare.reweight_ww=2", "did you mean algorithm.stare.reweight_w?")):  # fmt: skip
+        assert train.main(["--family", "shortcot", "--gpu", override]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and said in err and err.count("\n") == 1
+    assert list(cpu_machine.iterdir()) == []
