@@ -488,7 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     regime_overrides = []
     regime = "on-policy (one update per batch)"
     if args.mini_batches > 1:
-        regime_overrides.append(f"actor_rollout_ref.actor.ppo_mini_batch_size={8 // args.mini_batches}")
+        # 8 prompts x 8 samples per step (the tiny recipes): each mini-batch is 64 / N sequences, which verl's
+        # update must split into whole micro-batches, so the micro-batch is the whole mini-batch
+        regime_overrides += [f"actor_rollout_ref.actor.ppo_mini_batch_size={8 // args.mini_batches}",
+                             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={64 // args.mini_batches}"]
         regime = f"off-policy ({args.mini_batches} updates per batch)"
     if args.lr is not None:
         regime_overrides.append(f"actor_rollout_ref.actor.optim.lr={args.lr}")

@@ -245,7 +245,9 @@ def _value_problem(key: str, kind: type, allowed: str, value: Any) -> str | None
 def config_problem(cfg: DictConfig) -> str | None:
     """What in a composed verl config (``cfg``, after the overrides) is out of range, as one line, or None.
 
-    Checks each key of :data:`CONFIG_BOUNDS` present in ``cfg`` (its type and range), a rollout temperature > 0
+    Checks each key of :data:`CONFIG_BOUNDS` present in ``cfg`` (its type and range), that the batch sizes split
+    into whole mini- and micro-batches as verl's actor update needs (checked only once the ranges hold), a rollout
+    temperature > 0
     where sampling is on (``actor_rollout_ref.rollout.do_sample``, ``val_kwargs.do_sample``), and that
     ``actor_rollout_ref.model.path``, when it is an existing folder here, holds ``config.json`` (a folder that is
     no model; a path missing here may be a hub id or another node's folder). Run before anything is written or
@@ -269,6 +271,8 @@ def config_problem(cfg: DictConfig) -> str | None:
         if section.get("do_sample") is True and temperature == 0 and not isinstance(temperature, bool):
             said.append(f"{where}.temperature must be > 0 when {where}.do_sample is true (got {temperature!r}; "
                         f"0 is greedy: {where}.do_sample=false)")  # fmt: skip
+    if not said:
+        said.extend(_batch_problems(cfg))
     path = cfg.get("actor_rollout_ref", {}).get("model", {}).get("path")
     folder = Path(path).expanduser() if isinstance(path, str) else None
     if folder is not None and folder.is_dir() and not (folder / "config.json").is_file():
@@ -278,6 +282,34 @@ def config_problem(cfg: DictConfig) -> str | None:
 
 
 _ABSENT = object()
+
+
+def _batch_problems(cfg: DictConfig) -> list[str]:
+    """The batch sizes verl's actor update refuses only at its first mini-batch: the rollout batch must split into
+    whole mini-batches (``data.train_batch_size`` a multiple of ``actor.ppo_mini_batch_size``, both in prompts), and
+    without ``use_dynamic_bsz`` each rank's share of a mini-batch (``ppo_mini_batch_size * rollout.n`` sequences over
+    ``trainer.n_gpus_per_node * trainer.nnodes`` ranks) must split into whole micro-batches of
+    ``ppo_micro_batch_size_per_gpu`` sequences. Keys absent or not integers (checked before) are skipped."""
+
+    def get(key: str) -> Any:
+        value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+    said = []
+    batch, mini = get("data.train_batch_size"), get("actor_rollout_ref.actor.ppo_mini_batch_size")
+    if batch and mini and batch % mini:
+        said.append(f"data.train_batch_size must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (got "
+                    f"{batch} and {mini} prompts)")  # fmt: skip
+    n, micro = get("actor_rollout_ref.rollout.n"), get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+    ranks = (get("trainer.n_gpus_per_node") or 1) * (get("trainer.nnodes") or 1)
+    dynamic = OmegaConf.select(cfg, "actor_rollout_ref.actor.use_dynamic_bsz", default=False) is True
+    if mini and n and micro and not dynamic:
+        per_rank = mini * n // ranks
+        if (mini * n) % ranks or per_rank % micro:
+            said.append(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must divide each rank's mini-batch, "
+                        f"ppo_mini_batch_size x rollout.n / ranks = {mini} x {n} / {ranks} sequences (got {micro}; "
+                        f"verl would stop at the first update)")  # fmt: skip
+    return said
 
 
 def validate_recipe(cfg: DictConfig) -> Any:

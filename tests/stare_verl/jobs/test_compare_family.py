@@ -100,7 +100,9 @@ def test_compare_runs_every_named_method_with_its_settings_and_refuses_unknown_o
     assert [(m, d) for m, _, d, _ in seen] == [("grpo", "grpo-seed3"), ("forking", "forking-seed3"),
                                                ("entropy_bonus:coef=0.01", "entropy_bonus-coef0.01-seed3"),
                                                ("kl_cov", "kl_cov-seed3")]  # fmt: skip
-    assert all("actor_rollout_ref.actor.ppo_mini_batch_size=4" in o for *_, o in seen)  # off-policy: 2 updates
+    # off-policy: 2 updates of 4 prompts x 8 samples, each one micro-batch (verl needs whole micro-batches)
+    assert all("actor_rollout_ref.actor.ppo_mini_batch_size=4" in o
+               and "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32" in o for *_, o in seen)  # fmt: skip
     table = (tmp_path / "runs" / "compare-shortcot" / "table.md").read_text()
     assert "| entropy_bonus:coef=0.01 | 1 |" in table and "pass@16 (T=1)" in table and "off-policy (2 updates" in table
     stats = json.loads((tmp_path / "runs" / "compare-shortcot" / "table.json").read_text())

@@ -284,6 +284,35 @@ def test_impossible_values_of_overrides_are_named_in_one_line(override, said, mo
     assert str(err.value) == said
 
 
+@pytest.mark.parametrize(("overrides", "said"), [
+    # 2 prompts a mini-batch x 8 samples = 16 sequences, in micro-batches of 64: verl stops at the first update
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=2"],
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must divide each rank's mini-batch, ppo_mini_batch_size "
+     "x rollout.n / ranks = 2 x 8 / 1 sequences (got 64; verl would stop at the first update)"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
+     "data.train_batch_size must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (got 8 and 3 prompts)"),
+    (["trainer.n_gpus_per_node=3", "ray_kwargs.ray_init.num_gpus=3", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must divide each rank's mini-batch, ppo_mini_batch_size "
+     "x rollout.n / ranks = 8 x 8 / 3 sequences (got 8; verl would stop at the first update)"),
+    (["trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=2"],  # 32 sequences a rank, micro-batches of 64
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must divide each rank's mini-batch, ppo_mini_batch_size "
+     "x rollout.n / ranks = 8 x 8 / 2 sequences (got 64; verl would stop at the first update)"),
+])  # fmt: skip
+def test_batch_sizes_verl_refuses_at_the_first_update_are_named(overrides, said, monkeypatch, tmp_path):
+    """The off-policy regime's first try (compare --mini-batches 4 before it set the micro-batch) passed every check
+    and stopped at its first update; config_problem names the combination, and the fitting ones pass."""
+    from stare_verl.jobs.recipes import config_problem
+
+    monkeypatch.chdir(tmp_path)
+    assert config_problem(compose_recipe("cpu/shortcot_tiny_stare", [*PLACEHOLDERS, *overrides])) == said
+    for fits in (["actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"],
+                 ["actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"],
+                 ["actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.use_dynamic_bsz=true"],
+                 ["trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=2",
+                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32"]):  # fmt: skip
+        assert config_problem(compose_recipe("cpu/shortcot_tiny_stare", [*PLACEHOLDERS, *fits])) is None, fits
+
+
 def test_config_problem_joins_problems_and_passes_what_verl_allows(monkeypatch, tmp_path):
     from stare_verl.jobs.recipes import config_problem
 
