@@ -7,7 +7,8 @@ platform its server runs the model on the GPU of its trainer ranks); the ``cpu``
 verl internals it needs only when ``VERL_PLATFORM=cpu``.
 
 Modules: ``verl_compat`` (all touch points on verl internals + version check), ``platform``
-(the platform), ``hf_server`` (the generation server), ``hf_rollout`` (verl adapter and replica).
+(the platform), ``hf_server`` (the generation server), ``hf_rollout`` (verl adapter and replica),
+``rollout_seeds`` (the hf rollout's per-request seeds, independent of which replica serves a request).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def _load_replica():
 
 
 def register(force: bool = False) -> bool:
-    """Register the ``hf`` rollout (always) and the ``cpu`` platform (under ``VERL_PLATFORM=cpu``); cheap and
+    """Register the ``hf`` rollout (always, with its routing-independent request seeds:
+    ``verl_compat.install_rollout_seeds``) and the ``cpu`` platform (under ``VERL_PLATFORM=cpu``); cheap and
     idempotent.
 
     Safe to call while ``verl/__init__`` is still importing (verl's plugin loader does that): only
@@ -57,6 +59,7 @@ def register(force: bool = False) -> bool:
         raise
     if not _rollout_registered:
         verl_compat.register_rollout(ROLLOUT_NAME, "stare_verl.cpu.hf_rollout.HFServerAdapter", _load_replica)
+        verl_compat.install_rollout_seeds(ROLLOUT_NAME)
         _rollout_registered = True
     if not force and not verl_compat.platform_is_cpu():
         return False

@@ -8,7 +8,9 @@ off, ``repetition_penalty`` 1 = off) and the returned log-probs are the *process
 penalty, temperature, top-k, top-p), as ``rollout.logprobs_mode: processed_logprobs`` asks.
 Sampling is deterministic under a seed: every request has its own counter-based random stream (its seed
 and the token's position), so a sample does not depend on which other requests share the batch; the whole
-batch is sampled in one set of tensor operations (:func:`sample_batch`).
+batch is sampled in one set of tensor operations (:func:`sample_batch`). Under verl's trainer every request
+carries a ``seed`` derived from the run's step and the row's position (``stare_verl.cpu.rollout_seeds``), so a
+sample does not depend on which replica served it either.
 
 :class:`HFGenerationServer` is the Ray actor a ``RolloutReplica`` launches (one per replica); the
 agent loop calls its ``generate`` and the trainer its control methods (abort/resume, sleep/wake_up,
@@ -32,6 +34,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stare_verl.cpu import verl_compat
+from stare_verl.cpu.rollout_seeds import request_stream_seed
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +285,8 @@ class GenerationEngine:
         max_model_len: prompt + response limit in tokens.
         max_batch_size: most sequences decoded together.
         seed: base seed; a request without its own ``seed`` gets one derived from this seed, the prompt
-            and how many times that prompt was seen, so reruns give identical samples.
+            and how many times that prompt was seen, so reruns give identical samples. A request with its own
+            ``seed`` draws from a stream of that seed and its prompt only (the same on every engine).
         pad_token_id: filler id for left padding (masked out).
     """
 
@@ -421,8 +425,12 @@ class GenerationEngine:
     # ------------------------------------------------------------------ engine thread
 
     def _request_seed(self, prompt: list[int], params: SamplingParams) -> int:
+        """The request's random stream: from its explicit ``seed`` and its prompt when it has one
+        (:func:`~stare_verl.cpu.rollout_seeds.request_stream_seed`, independent of this server), else from the
+        engine's seed, the prompt and how many times this engine saw that prompt (the fallback, e.g. for direct
+        use without verl's trainer; it depends on which requests reached this engine)."""
         if params.seed is not None:
-            return int(params.seed) & 0x7FFF_FFFF_FFFF_FFFF
+            return request_stream_seed(params.seed, prompt)
         key = hashlib.blake2b(
             torch.tensor(prompt, dtype=torch.int64).numpy().tobytes(), digest_size=16
         ).digest()

@@ -17,13 +17,20 @@ verl 0.9.1 has no CPU path for its V1 trainer. The CPU backend needs:
      dominates a tiny CPU step: the default becomes ``STARE_VERL_CPU_POLL_INTERVAL`` (0.05 s);
    - ``verl.utils.torch_functional.logprobs_from_logits_v2`` (the log-prob path without flash-attn, i.e. every
      CPU run) computes one ``logsumexp`` per token in a Python loop (a GPU memory saving), forward and
-     backward: on the CPU it works on blocks of rows instead (:func:`blockwise_logprobs`, same values).
+     backward: on the CPU it works on blocks of rows instead (:func:`blockwise_logprobs`, same values);
+4. two patches that give every request of the ``hf`` rollout a seed that does not depend on which replica serves
+   it (``stare_verl.cpu.rollout_seeds``), on any platform and only when ``rollout.name`` is ``hf``:
+   - ``verl.trainer.ppo.v1.agent_loop_tq.AgentLoopManagerTQ.generate_sequences`` (trainer process: the V1
+     trainer's only way to hand a batch to the agent-loop workers) adds a per-row seed column to a shallow copy
+     of the batch before it is split across the workers;
+   - ``verl.experimental.agent_loop.agent_loop.AgentLoopWorker._run_agent_loop`` (agent-loop worker actors) takes
+     that column out of the row's fields and puts each session's seed into its ``sampling_params``.
 
 These move between verl releases, so this module checks the installed verl version at import (the one gate
 of ``stare_verl.verl_compat``) and raises :class:`VerlVersionError` on anything but
 :data:`PINNED_VERL_VERSION`.
 
-Patches 2 and 3 are applied lazily, when verl imports the module they touch (an import hook), so that
+Patches 2, 3 and 4 are applied lazily, when verl imports the module they touch (an import hook), so that
 the plugin stays cheap while ``verl/__init__`` is still importing.
 """
 
@@ -55,6 +62,8 @@ _ROLLOUT_REPLICA_MODULE = "verl.workers.rollout.replica"
 _FSDP_ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
 _REPLAY_BUFFER_MODULE = "verl.trainer.ppo.v1.replay_buffer"
 _TORCH_FUNCTIONAL_MODULE = "verl.utils.torch_functional"
+_AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
+_AGENT_LOOP_TQ_MODULE = "verl.trainer.ppo.v1.agent_loop_tq"
 
 
 def platform_is_cpu() -> bool:
@@ -292,6 +301,96 @@ def install_cpu_patches() -> None:
     when_imported(_FSDP_ENGINE_MODULE, _patch_engine_registry)
     when_imported(_REPLAY_BUFFER_MODULE, _patch_replay_buffer)
     when_imported(_TORCH_FUNCTIONAL_MODULE, _patch_logprobs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Routing-independent seeds of the hf rollout (any platform)
+# --------------------------------------------------------------------------------------------------
+
+
+def add_row_seeds(manager, prompts, rollout_name: str):
+    """The batch ``prompts`` (a TensorDict of ``B`` rows, as verl's V1 trainer hands it to
+    ``AgentLoopManagerTQ.generate_sequences``) with the int64 column
+    :data:`~stare_verl.cpu.rollout_seeds.SEED_KEY` of :func:`~stare_verl.cpu.rollout_seeds.row_seeds` added,
+    in a shallow copy (the caller's batch is left as it is).
+
+    The seeds depend on ``rollout.seed``, the batch's ``global_steps`` and ``validate`` entries, how many batches
+    of that step and kind ``manager`` was handed before (counted on ``manager``) and each row's position; they are
+    added only when ``manager.config.actor_rollout_ref.rollout.name == rollout_name`` and the batch has a
+    ``global_steps`` entry; otherwise ``prompts`` is returned unchanged.
+    """
+    import torch
+    from verl.utils import tensordict_utils as tu
+
+    from stare_verl.cpu.rollout_seeds import SEED_KEY, row_seeds
+
+    rollout = manager.config.actor_rollout_ref.rollout
+    steps = tu.get_non_tensor_data(prompts, "global_steps", None)
+    if rollout.get("name") != rollout_name or steps is None:
+        return prompts
+    validate = bool(tu.get_non_tensor_data(prompts, "validate", False))
+    counts = manager.__dict__.setdefault("_stare_seed_submissions", {})
+    submission = counts.get((int(steps), validate), 0)
+    counts[(int(steps), validate)] = submission + 1
+    seeds = row_seeds(int(rollout.get("seed", 0) or 0), int(steps), validate, submission, len(prompts))
+    out = prompts.copy()
+    out[SEED_KEY] = torch.tensor(seeds, dtype=torch.int64)
+    return out
+
+
+def seeded_sampling_params(sampling_params: dict, trajectory: dict, kwargs: dict) -> dict:
+    """The sampling parameters of one agent-loop session: when its row's fields ``kwargs`` hold a
+    :data:`~stare_verl.cpu.rollout_seeds.SEED_KEY` entry (removed from ``kwargs`` here, in place), a copy of
+    ``sampling_params`` with ``seed`` = :func:`~stare_verl.cpu.rollout_seeds.session_seed` of it and the session
+    (``kwargs["session_id"]``, else ``trajectory["rollout_n"]``); otherwise ``sampling_params`` itself."""
+    from stare_verl.cpu.rollout_seeds import SEED_KEY, session_seed
+
+    row_seed = kwargs.pop(SEED_KEY, None)
+    if row_seed is None:
+        return sampling_params
+    session = kwargs.get("session_id", trajectory.get("rollout_n", 0))
+    return {**sampling_params, "seed": session_seed(int(row_seed), int(session))}
+
+
+def _patch_agent_loop_manager(rollout_name: str) -> Callable:
+    def patch(module) -> None:
+        cls = module.AgentLoopManagerTQ
+        original = cls.generate_sequences
+        if getattr(original, "_stare_seeds_patched", False):
+            return
+
+        def generate_sequences(self, prompts):
+            return original(self, add_row_seeds(self, prompts, rollout_name))
+
+        generate_sequences._stare_seeds_patched = True
+        generate_sequences.__wrapped__ = original
+        generate_sequences.__doc__ = original.__doc__
+        cls.generate_sequences = generate_sequences
+
+    return patch
+
+
+def _patch_agent_loop_worker(module) -> None:
+    cls = module.AgentLoopWorker
+    original = cls._run_agent_loop
+    if getattr(original, "_stare_seeds_patched", False):
+        return
+
+    async def _run_agent_loop(self, sampling_params, trajectory, **kwargs):
+        sampling_params = seeded_sampling_params(sampling_params, trajectory, kwargs)
+        return await original(self, sampling_params, trajectory, **kwargs)
+
+    _run_agent_loop._stare_seeds_patched = True
+    _run_agent_loop.__wrapped__ = original
+    cls._run_agent_loop = _run_agent_loop
+
+
+def install_rollout_seeds(rollout_name: str) -> None:
+    """Give the requests of rollout ``rollout_name`` routing-independent seeds (lazily, as verl imports the agent
+    loop modules): :func:`add_row_seeds` in the trainer process, :func:`seeded_sampling_params` in the agent-loop
+    workers. Must run in every process that imports verl (the plugin does)."""
+    when_imported(_AGENT_LOOP_TQ_MODULE, _patch_agent_loop_manager(rollout_name))
+    when_imported(_AGENT_LOOP_MODULE, _patch_agent_loop_worker)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from verl.workers.engine import EngineRegistry
 import verl.utils.distributed as dist
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 import verl.utils.torch_functional as tf
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
+from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 import inspect
 p = get_platform()
 print(json.dumps({
@@ -37,6 +39,8 @@ print(json.dumps({
     "pg_patched": bool(getattr(dist.initialize_global_process_group_ray, "_stare_cpu_patched", False)),
     "rb_patched": bool(getattr(ReplayBuffer.__init__, "_stare_cpu_patched", False)),
     "logprobs_patched": bool(getattr(tf.logprobs_from_logits_v2, "_stare_cpu_patched", False)),
+    "seeds_patched": [bool(getattr(f, "_stare_seeds_patched", False))
+                      for f in (AgentLoopManagerTQ.generate_sequences, AgentLoopWorker._run_agent_loop)],
 }))
 """
 
@@ -61,7 +65,32 @@ def test_plain_import_verl_registers_cpu_backend():
         "pg_patched": True,
         "rb_patched": True,
         "logprobs_patched": True,
+        "seeds_patched": [True, True],
     }
+
+
+SEEDS_PROBE = r"""
+import json, verl
+from verl.workers.rollout.base import get_rollout_class
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
+from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+print(json.dumps({
+    "adapter": get_rollout_class("hf").__name__,
+    "seeds_patched": [bool(getattr(f, "_stare_seeds_patched", False))
+                      for f in (AgentLoopManagerTQ.generate_sequences, AgentLoopWorker._run_agent_loop)],
+}))
+"""
+
+
+def test_rollout_seed_patches_come_with_the_hf_rollout_on_any_platform():
+    """A fresh process importing verl (as a Ray actor does) gets the seed patches without VERL_PLATFORM=cpu too."""
+    env = cpu_env({"VERL_PLATFORM": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", SEEDS_PROBE], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    assert info == {"adapter": "HFServerAdapter", "seeds_patched": [True, True]}
 
 
 def test_other_versions_of_verl_are_refused(monkeypatch):
