@@ -16,9 +16,9 @@ NumPy path (chunked scope and dtypes the fused path does not take): the fused wh
 (stare_verl.methods.stare.fused) accumulates the metrics' sums inside its two passes, with no pass of their own.
 
 What the CPU estimator reads and writes (compute_stare_advantage on CPU tensors, whole-batch scope): the rewards once
-(row sums; the per-response GRPO advantages, no [B, T] GRPO advantages), the mask's padding (where each response
-ends), pass A (log-probs, entropies and mask up to each response's end; the set rows once more for the window copy),
-pass B (the same three, and the [B, T] effective advantages written once). verl's grpo_vectorized reads the rewards
+(row sums; the per-response GRPO advantages, no [B, T] GRPO advantages), pass A (the mask's padding, to find where
+each response ends; log-probs, entropies and mask up to that end; the set rows' log-probs once more, from cache, for
+the window copy), pass B (the same three, and the [B, T] effective advantages written once). verl's grpo_vectorized reads the rewards
 and the mask and writes one [B, T] tensor.
 """
 
