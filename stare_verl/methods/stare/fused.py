@@ -345,14 +345,10 @@ def _windows(log_probs, entropys, mask, row_set, n_sets: int, ratio: float) -> t
     size = log_probs.size
     if size == 0:
         return lo, hi
-    t = log_probs.shape[1]
     stride = max(size // SAMPLE_SIZE, 1)
-    pos = np.arange(stride // 2, size, stride)
-    r, c = pos // t, pos % t
-    lp, ent, mk = log_probs[r, c], entropys[r, c], mask[r, c] > 0
-    ok = mk & np.isfinite(lp) & np.isfinite(ent)
+    samples, counts = kernels.sample_candidates(log_probs, entropys, mask, row_set, n_sets, stride)
     for s in range(n_sets):
-        sample = lp[ok & (row_set[r] == s)]
+        sample = samples[s, : counts[s]]
         m = sample.size
         if m < 1024 or m * stride < SAMPLED_SELECTION_MIN:
             continue
