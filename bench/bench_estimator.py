@@ -3,7 +3,8 @@
 On CPU tensors (as verl's driver holds them), torch with 2 threads: sizes 512 x 8192 and 64 x 16384, variants O1
 (default) and C2, the two timed alternately in one process (median of the per-pair ratios): target ratio <= 3. The
 ratio depends on the machine's load (verl's two [B, T] torch passes wait for their second thread on a busy CPU,
-the estimator's NumPy passes run on one), so the header prints the load average. Where CUDA is available, sizes
+while the estimator's compiled passes hand row ranges to whichever of its threads runs), so the header prints the
+load average. Where CUDA is available, sizes
 512 x 8192 and 1024 x 16384 on CUDA tensors: target <= 10 ms for 1024 x 16384. The gate is forced on (entropy
 below target) so the reweighting path is timed.
 
