@@ -2,13 +2,13 @@
 
 The same results as the step-by-step NumPy path (:func:`stare_verl.methods.stare.core.token_masks`,
 :func:`~stare_verl.methods.stare.core.select_token_set`, :func:`~stare_verl.methods.stare.core.reweight_advantages`
-and the covariance sums), without its ``[B, T]`` temporaries: pass A finds where each row's model tokens end, counts the model
-and valid tokens and sums their entropy and log-probs, and copies the candidate log-probs that fall inside a window
-around the expected top-P threshold (taken from a strided sample); the exact threshold is the k-th smallest of those
-few values; pass B sums the covariance metrics' high-surprisal tokens and reweights the chosen ones. The window decides
-only the cost: when it misses the k-th smallest (a sample that misrepresents the batch) pass A runs again with a
-window that holds every candidate. Both passes run over ranges of rows that threads take one at a time
-(:func:`_in_row_ranges`).
+and the covariance sums), without its ``[B, T]`` temporaries: pass A finds where each row's model tokens end,
+counts the model and valid tokens and sums their entropy and log-probs, and copies the candidate log-probs that fall
+inside a window around the expected top-P threshold (taken from a strided sample); the exact threshold is the k-th
+smallest of those few values; pass B sums the covariance metrics' high-surprisal tokens and reweights the chosen ones.
+The window decides only the cost: when it misses the k-th smallest (a sample that misrepresents the batch) pass A
+runs again with a window that holds every candidate. Both passes run over ranges of rows that threads take one at a
+time (:func:`_in_row_ranges`).
 
 Two entry points: :func:`fused_reweight` takes the ``[B, T]`` GRPO advantages; :func:`fused_reweight_rows` takes
 them per response (``[B]``, the advantages being ``row[:, None] * mask``), and its pass B writes each row of the
