@@ -3,7 +3,8 @@
 On CPU tensors (as verl's driver holds them), torch with 2 threads: sizes 512 x 8192 and 64 x 16384, variants O1
 (default) and C2, the two timed alternately in one process (median of the per-pair ratios): target ratio <= 3. The
 ratio depends on the machine's load (verl's two [B, T] torch passes wait for their second thread on a busy CPU,
-the estimator's NumPy passes run on one), so the header prints the load average. Where CUDA is available, sizes
+while the estimator's compiled passes hand row ranges to whichever of its threads runs), so the header prints the
+load average. Where CUDA is available, sizes
 512 x 8192 and 1024 x 16384 on CUDA tensors: target <= 10 ms for 1024 x 16384. The gate is forced on (entropy
 below target) so the reweighting path is timed.
 
@@ -16,9 +17,9 @@ NumPy path (chunked scope and dtypes the fused path does not take): the fused wh
 (stare_verl.methods.stare.fused) accumulates the metrics' sums inside its two passes, with no pass of their own.
 
 What the CPU estimator reads and writes (compute_stare_advantage on CPU tensors, whole-batch scope): the rewards once
-(row sums; the per-response GRPO advantages, no [B, T] GRPO advantages), the mask's padding (where each response
-ends), pass A (log-probs, entropies and mask up to each response's end; the set rows once more for the window copy),
-pass B (the same three, and the [B, T] effective advantages written once). verl's grpo_vectorized reads the rewards
+(row sums; the per-response GRPO advantages, no [B, T] GRPO advantages), pass A (the mask's padding, to find where
+each response ends; log-probs, entropies and mask up to that end; the set rows' log-probs once more, from cache, for
+the window copy), pass B (the same three, and the [B, T] effective advantages written once). verl's grpo_vectorized reads the rewards
 and the mask and writes one [B, T] tensor.
 """
 

@@ -210,7 +210,9 @@ def group_row_advantage(
     # verl's [B, T] result is scalars[:, None] * response_mask; times a [B, 1] mask of ones of the mask's dtype it is
     # the scalars promoted exactly as that product promotes them (x * 1 is exact)
     ones = torch.ones((response_mask.shape[0], 1), dtype=response_mask.dtype, device=response_mask.device)
-    row, _ = compute_grpo_vectorized_outcome_advantage(scores[:, None], ones, index, **kw)
+    # the codes group the rows as verl groups `index` (verl_group_codes), and verl reads integer codes as they are:
+    # the same groups, the rows of each in the same order, without verl factorising the labels a second time
+    row, _ = compute_grpo_vectorized_outcome_advantage(scores[:, None], ones, codes, **kw)
     row = row[:, 0]
     scores_np = scores.detach().double().cpu().numpy()
     zero_var = zero_variance_groups(scores_np, codes, n_groups, np.ones(len(scores_np), dtype=bool),

@@ -2,12 +2,13 @@
 
 The same results as the step-by-step NumPy path (:func:`stare_verl.methods.stare.core.token_masks`,
 :func:`~stare_verl.methods.stare.core.select_token_set`, :func:`~stare_verl.methods.stare.core.reweight_advantages`
-and the covariance sums), without its ``[B, T]`` temporaries: pass A (rows in parallel) counts the model and valid
-tokens and sums their entropy and log-probs, and copies the candidate log-probs that fall inside a window around the
-expected top-P threshold (taken from a strided sample); the exact threshold is the k-th smallest of those few values;
-pass B sums the covariance metrics' high-surprisal tokens and reweights the chosen ones in place. The window decides
-only the cost: when it misses the k-th smallest (a sample that misrepresents the batch) pass A runs again with a
-window that holds every candidate.
+and the covariance sums), without its ``[B, T]`` temporaries: pass A finds where each row's model tokens end,
+counts the model and valid tokens and sums their entropy and log-probs, and copies the candidate log-probs that fall
+inside a window around the expected top-P threshold (taken from a strided sample); the exact threshold is the k-th
+smallest of those few values; pass B sums the covariance metrics' high-surprisal tokens and reweights the chosen ones.
+The window decides only the cost: when it misses the k-th smallest (a sample that misrepresents the batch) pass A
+runs again with a window that holds every candidate. Both passes run over ranges of rows that threads take one at a
+time (:func:`_in_row_ranges`).
 
 Two entry points: :func:`fused_reweight` takes the ``[B, T]`` GRPO advantages; :func:`fused_reweight_rows` takes
 them per response (``[B]``, the advantages being ``row[:, None] * mask``), and its pass B writes each row of the
@@ -21,9 +22,11 @@ computed.
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from stare_verl.methods.stare import kernels
@@ -123,7 +126,7 @@ def fused_reweight(
         )
     if mask.dtype == np.bool_:
         mask = mask.view(np.uint8)
-    first, end = kernels.model_span(mask)
+    first = kernels.first_model(mask)
     b, t = log_probs.shape
     if t == 0:  # empty responses: no model token, every row's advantage is 0
         row_adv = np.zeros(b, dtype=advantages.dtype)
@@ -133,7 +136,7 @@ def fused_reweight(
     def output(gate_on: bool) -> np.ndarray | None:
         return (advantages if inplace else advantages.copy()) if gate_on else None
 
-    return _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, output, advantages)
+    return _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant, output, advantages)
 
 
 def fused_reweight_rows(
@@ -169,7 +172,7 @@ def fused_reweight_rows(
         )
     if mask.dtype == np.bool_:
         mask = mask.view(np.uint8)
-    first, end = kernels.model_span(mask)
+    first = kernels.first_model(mask)
     b, t = log_probs.shape
     dtype = row_advantages.dtype
     if t == 0:
@@ -178,18 +181,17 @@ def fused_reweight_rows(
         at_first = mask[np.arange(b), np.maximum(first, 0)].astype(dtype)
         row_adv = np.where(first >= 0, row_advantages * at_first, 0).astype(dtype)
     out = np.empty((b, t), dtype=dtype)
-    _, step = _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, lambda _: out, None,
+    _, step = _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant, lambda _: out, None,
                         row_advantages)  # fmt: skip
     return out, step
 
 
-def _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, output, advantages,
+def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant, output, advantages,
               row_advantages=None) -> tuple[np.ndarray | None, FusedStep]:  # fmt: skip
     """The two passes of :func:`fused_reweight` (``advantages`` given: the chosen tokens rescaled in
     ``output(gate_on)``, None with the gate off) and :func:`fused_reweight_rows` (``row_advantages`` given: every
     entry of ``output(gate_on)`` written). ``row_adv``: ``[B]``, each row's advantage at its first model token;
-    ``mask``: not bool (a bool mask is passed as its uint8 view); ``end``: from :func:`kernels.model_span`."""
-    numba.set_num_threads(max(1, min(_torch_threads(), numba.config.NUMBA_NUM_THREADS)))
+    ``mask``: not bool (a bool mask is passed as its uint8 view); ``first``: from :func:`kernels.first_model`."""
     b, t = log_probs.shape
     sets = [np.flatnonzero(row_adv > 0)] + ([np.flatnonzero(row_adv < 0)] if variant == "C2" else [])
     row_set = np.full(b, -1, dtype=np.int64)
@@ -197,12 +199,12 @@ def _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, o
         row_set[rows] = s
     lp_type = log_probs.dtype.type
     lo, hi = _windows(log_probs, entropys, mask, row_set, len(sets), ratio)
-    n_model, n_valid, below, n_window = (np.empty(b, dtype=np.int64) for _ in range(4))
+    end, n_model, n_valid, below, n_window = (np.empty(b, dtype=np.int64) for _ in range(5))
     ent_sum, lp_sum = np.empty(b), np.empty(b)
     window = np.empty((b, t), dtype=log_probs.dtype)
-    a_args = (log_probs, entropys, mask, end, row_set)
-    a_out = (window, n_model, n_valid, ent_sum, lp_sum, below, n_window)
-    kernels.pass_a(*a_args, lo, hi, *a_out)
+    a_args = (log_probs, entropys, mask, first, row_set)
+    a_out = (window, end, n_model, n_valid, ent_sum, lp_sum, below, n_window)
+    _pass_a(*a_args, lo, hi, *a_out)
     n_valid_all = int(n_valid.sum())
     total_ent = float(ent_sum.sum())
     batch_entropy = total_ent / n_valid_all if n_valid_all else None
@@ -220,7 +222,7 @@ def _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, o
         ]
         if any(missed):  # the sampled window does not hold the k-th smallest: every candidate into the window
             lo, hi = np.full(2, -np.inf, dtype=log_probs.dtype), np.full(2, np.inf, dtype=log_probs.dtype)
-            kernels.pass_a(*a_args, lo, hi, *a_out)
+            _pass_a(*a_args, lo, hi, *a_out)
         for s, (k, rows) in enumerate(zip(ks, sets, strict=True)):
             if k == 0:
                 row_set[rows] = -1
@@ -229,14 +231,12 @@ def _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, o
     else:
         row_set[:] = -1
     out = output(gate_on)
-    rows_mode = row_advantages is not None
-    dtype = row_adv.dtype
-    weight = np.array([w, m], dtype=dtype)
+    weight = np.array([w, m], dtype=row_adv.dtype)
     n_high, s_high = np.empty(b), np.empty(b)
     n_sel, n_sel_high, n_above = (np.zeros(b, dtype=np.int64) for _ in range(3))
     s_sel, s_sel_high = np.zeros(b), np.zeros(b)
-    kernels.pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, rows_mode,
-                   row_advantages if rows_mode else np.zeros(1, dtype=dtype),
+    _in_row_ranges(kernels.pass_b, log_probs.shape,
+                   log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, row_advantages,
                    advantages if out is None else out,  # gate off, [B, T] advantages: no row set, nothing written
                    n_high, s_high, n_sel, s_sel, n_sel_high, s_sel_high, n_above)  # fmt: skip
 
@@ -264,6 +264,66 @@ def _reweight(row_adv, mask, log_probs, entropys, end, decide, ratio, variant, o
     return out, FusedStep(int(n_model.sum()), n_valid_all, batch_entropy, summaries, cov_base, cov_eff)
 
 
+def _pass_a(log_probs, entropys, mask, first, row_set, lo, hi, *out) -> None:
+    """:func:`kernels.pass_a` over every row (see :func:`_in_row_ranges`)."""
+    _in_row_ranges(kernels.pass_a, log_probs.shape, log_probs, entropys, mask, first, row_set, lo, hi, *out)
+
+
+CHUNK_TOKENS = 1 << 17
+"""About how many ``[B, T]`` entries one row range of :func:`_in_row_ranges` covers."""
+
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def _in_row_ranges(kernel, shape: tuple[int, int], *args) -> None:
+    """Run ``kernel(r0, r1, *args)`` (a compiled kernel that releases the GIL) over consecutive row ranges covering
+    the ``shape = (B, T)`` batch, on as many threads as torch's intra-op thread count (the CPU budget the driver gives
+    its tensor work).
+
+    The ranges are handed out one at a time to whichever thread asks next, the calling thread included: on a loaded
+    machine a helper thread that gets no CPU takes no range (and is called off once the caller has run every range),
+    instead of holding up the pass with a fixed share as a static split would. The kernels write per-row results
+    only, so the outcome does not depend on which thread runs which range.
+    """
+    b, t = shape
+    threads = max(1, min(_torch_threads(), os.cpu_count() or 1))
+    rows_per = max(1, CHUNK_TOKENS // max(t, 1))
+    n_chunks = -(-b // rows_per) if b else 0
+    if threads == 1 or n_chunks <= 1:
+        kernel(0, b, *args)
+        return
+    lock = threading.Lock()
+    taken = [0]
+
+    def work() -> None:
+        while True:
+            with lock:
+                c = taken[0]
+                taken[0] += 1
+            if c >= n_chunks:
+                return
+            kernel(c * rows_per, min(b, (c + 1) * rows_per), *args)
+
+    helpers = [_executor(threads - 1).submit(work) for _ in range(min(threads, n_chunks) - 1)]
+    work()
+    for f in helpers:
+        if not f.cancel():  # started: let it finish its range (a helper not yet started has nothing left to do)
+            f.result()
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    """The module's helper threads (at least ``workers``), created once per process (a forked child makes its own)."""
+    global _pool
+    with _pool_lock:
+        pid = os.getpid()
+        if _pool is None or _pool[0] != pid or _pool[1] < workers:
+            if _pool is not None and _pool[0] == pid:
+                _pool[2].shutdown(wait=False)
+            _pool = (pid, workers, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stare-rows"))
+        return _pool[2]
+
+
 def _torch_threads() -> int:
     """torch's intra-op thread count (the budget the driver gives its CPU work); 1 without torch."""
     try:
@@ -285,14 +345,10 @@ def _windows(log_probs, entropys, mask, row_set, n_sets: int, ratio: float) -> t
     size = log_probs.size
     if size == 0:
         return lo, hi
-    t = log_probs.shape[1]
     stride = max(size // SAMPLE_SIZE, 1)
-    pos = np.arange(stride // 2, size, stride)
-    r, c = pos // t, pos % t
-    lp, ent, mk = log_probs[r, c], entropys[r, c], mask[r, c] > 0
-    ok = mk & np.isfinite(lp) & np.isfinite(ent)
+    samples, counts = kernels.sample_candidates(log_probs, entropys, mask, row_set, n_sets, stride)
     for s in range(n_sets):
-        sample = lp[ok & (row_set[r] == s)]
+        sample = samples[s, : counts[s]]
         m = sample.size
         if m < 1024 or m * stride < SAMPLED_SELECTION_MIN:
             continue

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
 # Let LLVM reorder the sums so the loop vectorises; keep NaN/inf semantics (no "nnan"/"ninf"): a NaN or inf
 # anywhere in a row must still reach that row's total, which is the caller's finiteness check.
@@ -71,59 +74,78 @@ def log_prob_row_stats(
 
 
 # --- the fused per-row passes of the CPU estimator (stare_verl.methods.stare.fused) --------------------------------
-# Two passes over [B, T], rows in parallel (prange), each reading a row's tokens only up to its last model token.
-# Pass A: per row the model and valid token counts, the entropy and log-prob sums, and, for rows of a token set
-# (advantage > 0 or < 0), the candidates below a window [lo, hi] (counted) and inside it (copied into the row's
-# segment of `window`, in row order). Pass B, with the selection threshold known: the covariance metrics'
-# high-surprisal sums, and the chosen tokens' advantages reweighted in place (with `rows_mode`, each row's GRPO
-# advantages are first written whole, from its per-response advantage and the mask, so that the [B, T] GRPO
-# advantages need not exist beforehand). A token is valid when mask > 0 and its log-prob and entropy are finite;
-# sums run in float64.
+# Two passes over [B, T], each a serial kernel over a range of rows [r0, r1) (the caller runs row ranges on several
+# threads: the kernels release the GIL), each reading a row's tokens only up to its last model token.
+# Pass A: per row where its model tokens end, the model and valid token counts, the entropy and log-prob sums, and,
+# for rows of a token set (advantage > 0 or < 0), the candidates below a window [lo, hi] (counted) and inside it
+# (copied into the row's segment of `window`, in row order). Pass B, with the selection threshold known: the
+# covariance metrics' high-surprisal sums, and the chosen tokens' advantages reweighted (with `rows_mode` each row's
+# advantages are written whole from its per-response advantage and the mask, so that the [B, T] GRPO advantages need
+# not exist beforehand; else the chosen entries of `adv` are multiplied in place). A token is valid when mask > 0
+# and its log-prob and entropy are finite; sums run in float64.
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def model_span(mask):  # pragma: no cover - compiled
-    """``(first, end)``: ``[B]`` int64, the position of each row's first model token (``mask > 0``) and one past its
-    last (-1 and 0 for a row without one): the row's tokens outside ``[first, end)`` are no model tokens."""
+@intrinsic
+def _trailing_zeros(typingctx, x):  # pragma: no cover - compiled
+    """The number of trailing zero bits of a uint64 (LLVM's ``cttz``; 64 for 0)."""
+    if x != types.uint64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
+
+    return types.uint64(types.uint64), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def first_model(mask):  # pragma: no cover - compiled
+    """``[B]`` int64: the position of each row's first model token (``mask > 0``), -1 for a row without one."""
     n, t = mask.shape
     first = np.full(n, -1, dtype=np.int64)
-    end = np.zeros(n, dtype=np.int64)
-    for i in numba.prange(n):
+    for i in range(n):
         row = mask[i]
         for j in range(t):
             if row[j] > 0:
                 first[i] = j
                 break
-        if first[i] >= 0:
-            j = t
-            while j >= 16:  # whole blocks of 16 from the end while none holds a model token: a loop LLVM vectorises
-                any_model = False
-                for q in range(j - 16, j):
-                    any_model |= row[q] > 0
-                if any_model:
-                    break
-                j -= 16
-            while not row[j - 1] > 0:  # the row has a model token before j
-                j -= 1
-            end[i] = j
-    return first, end
+    return first
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath=_FASTMATH)
-def pass_a(log_probs, entropys, mask, end, row_set, lo, hi, window, n_model, n_valid, ent_sum, lp_sum, below,
-           n_window):  # pragma: no cover - compiled
-    """Pass A (see above). ``row_set[i]``: the set of row i (0 or 1), -1 for none; ``lo``/``hi``: ``[2]`` window
-    bounds of each set in the log-probs' dtype; ``window``: ``[B, T]`` scratch of the log-probs' dtype; ``end``: see
-    :func:`model_span`."""
-    for i in numba.prange(log_probs.shape[0]):
+@numba.njit(cache=True, nogil=True)
+def _row_end(row):  # pragma: no cover - compiled
+    """One past the last model token of a row that holds one: its tokens from there on are no model tokens."""
+    j = row.size
+    while j >= 16:  # whole blocks of 16 from the end while none holds a model token: a loop LLVM vectorises
+        any_model = False
+        for q in range(j - 16, j):
+            any_model |= row[q] > 0
+        if any_model:
+            break
+        j -= 16
+    while not row[j - 1] > 0:  # the row has a model token before j
+        j -= 1
+    return j
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def pass_a(r0, r1, log_probs, entropys, mask, first, row_set, lo, hi, window, end, n_model, n_valid, ent_sum, lp_sum,
+           below, n_window):  # pragma: no cover - compiled
+    """Pass A (see above) over rows ``[r0, r1)``. ``first``: from :func:`first_model`; ``row_set[i]``: the set of
+    row i (0 or 1), -1 for none; ``lo``/``hi``: ``[2]`` window bounds of each set in the log-probs' dtype;
+    ``window``: ``[B, T]`` scratch of the log-probs' dtype. Writes ``end`` (one past each row's last model token,
+    0 for a row without one) and the ``[B]`` counts and sums."""
+    for i in range(r0, r1):
+        lp_row, ent_row, mask_row = log_probs[i], entropys[i], mask[i]
+        stop = _row_end(mask_row) if first[i] >= 0 else 0
+        end[i] = stop
         s = row_set[i]
         a = lo[s] if s >= 0 else -np.inf
         cm, cv, nb, es, ls = 0.0, 0.0, 0.0, 0.0, 0.0
         # branch-free, float64 counters (selects, not jumps; no int/float mix): the form LLVM vectorises
-        for j in range(end[i]):
-            v = log_probs[i, j]
-            e = entropys[i, j]
-            m = mask[i, j] > 0
+        for j in range(stop):
+            v = lp_row[j]
+            e = ent_row[j]
+            m = mask_row[j] > 0
             ok = m & ((v - v) == 0) & ((e - e) == 0)  # finite: inf - inf and NaN - NaN are NaN
             cm += 1.0 if m else 0.0
             cv += 1.0 if ok else 0.0
@@ -134,13 +156,52 @@ def pass_a(log_probs, entropys, mask, end, row_set, lo, hi, window, n_model, n_v
         nw = 0
         if s >= 0:
             b = hi[s]
-            for j in range(end[i]):
-                v = log_probs[i, j]
-                e = entropys[i, j]
-                inside = (mask[i, j] > 0) & ((v - v) == 0) & ((e - e) == 0) & (v >= a) & (v <= b)
-                window[i, nw] = v  # written always, kept when inside: no branch to mispredict
-                nw += inside
+            win_row = window[i]
+            # few tokens fall inside the window: per block of 64 tokens a bit mask of those whose log-prob does
+            # (a loop LLVM vectorises), then a visit of its set bits only, in order
+            for j0 in range(0, stop, 64):
+                bits = np.uint64(0)
+                for j in range(j0, min(j0 + 64, stop)):
+                    v = lp_row[j]
+                    bits |= np.uint64((v >= a) & (v <= b)) << np.uint64(j - j0)  # NaN compares False
+                while bits != 0:
+                    j = j0 + np.int64(_trailing_zeros(bits))
+                    v = lp_row[j]
+                    e = ent_row[j]
+                    if (mask_row[j] > 0) & ((v - v) == 0) & ((e - e) == 0):
+                        win_row[nw] = v
+                        nw += 1
+                    bits &= bits - np.uint64(1)  # clear the lowest set bit
         n_window[i] = nw
+
+
+@numba.njit(cache=True, nogil=True)
+def sample_candidates(log_probs, entropys, mask, row_set, n_sets, stride):  # pragma: no cover - compiled
+    """A strided sample of each set's candidates: ``(samples, counts)``, ``samples[s, :counts[s]]`` the log-probs of
+    the valid tokens of set ``s``'s rows (``row_set``) among the flat positions ``stride // 2 + q * stride`` of the
+    ``[B, T]`` batch, in position order (``samples``: ``[n_sets, ceil(B * T / stride)]`` of the log-probs' dtype)."""
+    t = log_probs.shape[1]
+    size = log_probs.shape[0] * t
+    n = (size - stride // 2 + stride - 1) // stride if size > stride // 2 else 0
+    samples = np.empty((n_sets, n), dtype=log_probs.dtype)
+    counts = np.zeros(n_sets, dtype=np.int64)
+    lp, ent = np.empty(n, dtype=log_probs.dtype), np.empty(n, dtype=entropys.dtype)
+    ok = np.empty(n, dtype=np.bool_)
+    # the reads first, without a branch between them, so that the processor overlaps their cache misses
+    for q in range(n):
+        pos = stride // 2 + q * stride
+        r = pos // t
+        c = pos - r * t
+        lp[q] = log_probs[r, c]
+        ent[q] = entropys[r, c]
+        ok[q] = mask[r, c] > 0
+    for q in range(n):
+        s = row_set[(stride // 2 + q * stride) // t]
+        v, e = lp[q], ent[q]
+        if 0 <= s < n_sets and ok[q] and np.isfinite(v) and np.isfinite(e):
+            samples[s, counts[s]] = v
+            counts[s] += 1
+    return samples, counts
 
 
 @numba.njit(cache=True, nogil=True)
@@ -171,34 +232,41 @@ def count_equal(window, n_window, rows, value):  # pragma: no cover - compiled
     return out
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath=_FASTMATH)
-def pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, rows_mode, row_adv, adv, n_high,
-           s_high, n_sel, s_sel, n_sel_high, s_sel_high, n_above):  # pragma: no cover - compiled
-    """Pass B (see above). ``high_thr``: a token is high-surprisal when ``log_prob < high_thr`` (the log-probs'
-    dtype); ``thr``/``weight``: ``[2]`` per set (the k-th smallest log-prob, the weight in the advantages' dtype);
-    ``allow[i]``: how many tokens equal to the threshold row i may take (-1: all); ``end[i]``: past row i's last
-    model token (from :func:`model_span`). ``adv``: ``[B, T]``, the chosen tokens' entries multiplied by their weight
-    in place; with ``rows_mode`` every row is first written whole, ``row_adv[i] * mask[i, j]`` in ``adv``'s dtype
-    (as torch's ``row_adv[:, None] * mask``; ``row_adv``: ``[B]`` of that dtype, not read otherwise)."""
+@numba.njit(cache=True, nogil=True)
+def _scaled(row_adv, mask_value, factor):  # pragma: no cover - compiled
+    """``(row_adv * mask_value) * factor``, rounded after each product. Compiled without fast-math, so that inlined
+    into :func:`pass_b` the products keep their order (reassociated, ``row_adv * factor`` would be hoisted out of the
+    loop and round differently)."""
+    return (row_adv * mask_value) * factor
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def pass_b(r0, r1, log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, row_adv, adv, n_high, s_high,
+           n_sel, s_sel, n_sel_high, s_sel_high, n_above):  # pragma: no cover - compiled
+    """Pass B (see above) over rows ``[r0, r1)``. ``high_thr``: a token is high-surprisal when
+    ``log_prob < high_thr`` (the log-probs' dtype); ``thr``/``weight``: ``[2]`` per set (the k-th smallest log-prob,
+    the weight in the advantages' dtype); ``allow[i]``: how many tokens equal to the threshold row i may take (-1:
+    all); ``end``: from :func:`pass_a`. ``adv``: ``[B, T]``. With ``row_adv`` None the chosen entries of ``adv`` are
+    multiplied by their weight in place; with ``row_adv`` (``[B]``, ``adv``'s dtype) every entry is written,
+    ``row_adv[i] * mask[i, j]`` in ``adv``'s dtype (as torch's ``row_adv[:, None] * mask``), times the weight where
+    chosen. (``row_adv is None`` is settled when the kernel is compiled: each mode has its own loops.)"""
     cast = adv.dtype.type
     one = cast(1)
-    for i in numba.prange(log_probs.shape[0]):
+    for i in range(r0, r1):
         s = row_set[i]
         t = thr[max(s, 0)]
         w = weight[max(s, 0)]
         left = allow[i]
         all_ties = left < 0
+        stop = end[i]
         # row views: the loops read and write through them (indexing the [B, T] arrays per token, the in-place
         # update is not vectorised)
         lp_row, ent_row, mask_row, adv_row = log_probs[i], entropys[i], mask[i], adv[i]
-        if rows_mode:  # the row's GRPO advantages, reweighted below in place
-            rv = row_adv[i]
-            for j in range(mask_row.size):
-                adv_row[j] = rv * cast(mask_row[j])
+        rv = cast(0) if row_adv is None else row_adv[i]
         c, sh = 0.0, 0.0
         ns, ss, nsh, ssh, na = 0.0, 0.0, 0.0, 0.0, 0.0
         if s < 0:
-            for j in range(end[i]):
+            for j in range(stop):
                 v = lp_row[j]
                 e = ent_row[j]
                 ok = (mask_row[j] > 0) & ((v - v) == 0) & ((e - e) == 0)
@@ -206,8 +274,11 @@ def pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow
                 h = 1.0 if ok & (v < high_thr) else 0.0
                 c += h
                 sh += vz * h
+            if row_adv is not None:  # nothing chosen: the row's GRPO advantages
+                for j in range(mask_row.size):
+                    adv_row[j] = rv * cast(mask_row[j])
         else:
-            for j in range(end[i]):
+            for j in range(stop):
                 v = lp_row[j]
                 e = ent_row[j]
                 ok = (mask_row[j] > 0) & ((v - v) == 0) & ((e - e) == 0)
@@ -218,14 +289,20 @@ def pass_b(log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow
                 # the tokens below the threshold, and those equal to it when every tie is taken (-1)
                 chosen = ok & ((v < t) | ((v == t) & all_ties))
                 sel = 1.0 if chosen else 0.0
-                adv_row[j] = adv_row[j] * (w if chosen else one)
+                if row_adv is None:
+                    adv_row[j] = adv_row[j] * (w if chosen else one)
+                else:
+                    adv_row[j] = _scaled(rv, cast(mask_row[j]), w if chosen else one)
                 ns += sel
                 ss += vz * sel
                 nsh += h * sel
                 ssh += vz * (h * sel)
                 na += sel if -v > e else 0.0
+            if row_adv is not None:  # past the last model token: no token chosen
+                for j in range(stop, mask_row.size):
+                    adv_row[j] = rv * cast(mask_row[j])
             if left > 0:  # the row's share of the tied tokens: the earliest
-                for j in range(end[i]):
+                for j in range(stop):
                     v = lp_row[j]
                     e = ent_row[j]
                     if left > 0 and v == t and (mask_row[j] > 0) and (e - e) == 0:

@@ -239,3 +239,62 @@ def test_fused_reweight_rows_refuses_other_shapes():
         fused.fused_reweight_rows(x, x, x, x, lambda _: (True, 1.1, 0.9), 0.1, "O1")
     with pytest.raises(ValueError, match="fused_reweight takes"):
         fused.fused_reweight(np.zeros(2, np.float32), x, x, x, lambda _: (True, 1.1, 0.9), 0.1, "O1", True)
+
+
+def _edge(kind):
+    rewards, mask, uid, logp, ent = _batch(64, 300, 21, degenerate=kind == "groups_of_one")
+    if kind == "all_equal_log_probs":  # every candidate ties at the threshold
+        logp = torch.full_like(logp, -1.5)
+    elif kind == "groups_of_one":  # verl's singleton convention: A = r
+        uid = np.array([f"u{i}" for i in range(len(uid))], dtype=object)
+    elif kind == "mask_all_zero":
+        mask = torch.zeros_like(mask)
+    elif kind == "empty_responses":
+        rewards, mask, logp, ent = (x[:, :0] for x in (rewards, mask, logp, ent))
+        rewards = rewards.contiguous()
+    elif kind == "log_probs_all_nan":
+        logp = torch.full_like(logp, float("nan"))
+    elif kind == "log_probs_mostly_inf":  # -inf on most tokens, NaN and +inf on some: few valid candidates
+        r = torch.rand(logp.shape, generator=torch.Generator().manual_seed(5))
+        logp = torch.where(r < 0.9, -float("inf"), logp)
+        logp[r > 0.995] = float("nan")
+        logp[(r > 0.95) & (r < 0.955)] = float("inf")
+    return rewards, mask, uid, logp, ent
+
+
+EDGES = ["all_equal_log_probs", "groups_of_one", "mask_all_zero", "empty_responses", "log_probs_all_nan",
+         "log_probs_mostly_inf"]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+@pytest.mark.parametrize("kind", EDGES)
+def test_the_rows_path_on_edge_batches(monkeypatch, variant, kind):
+    batch = _edge(kind)
+    algo = _algo(variant)
+    new = _rows_path(batch, algo, monkeypatch)
+    gate = {"mask_all_zero": 0.0, "empty_responses": 0.0, "log_probs_all_nan": 0.0}.get(kind, 1.0)
+    assert new[1]["stare/gate_on"] == gate
+    if kind == "all_equal_log_probs":  # exactly ceil(P * n) of the tied candidates are chosen
+        n_plus = new[1]["stare/frac_l_plus"] * new[1]["entropy_control/model_tokens"]
+        assert n_plus > 0 and new[1]["stare/surprisal_threshold_plus"] == 1.5
+    _same(new, _materialised(batch, algo))
+    _same(new, _step_by_step(batch, algo, monkeypatch))
+
+
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+@pytest.mark.parametrize("kind", ["random", "all"])
+def test_row_ranges_on_several_threads_give_the_one_thread_results(monkeypatch, variant, kind):
+    batch = _batch(96, 600, 13, **KINDS[kind])
+    algo = _algo(variant)
+    results = []
+    for threads in (1, 2, 4):
+        with monkeypatch.context() as m:
+            m.setattr(fused, "CHUNK_TOKENS", 1000)  # ranges of one or two rows: many ranges, every thread busy
+            m.setattr(fused, "_torch_threads", lambda threads=threads: threads)
+            results.append(_rows_path(batch, algo, monkeypatch))
+    (a1, m1) = results[0]
+    assert m1["stare/frac_l_plus"] > 0
+    for a, metrics in results[1:]:
+        assert torch.equal(a, a1)
+        assert metrics.keys() == m1.keys()
+        assert all(metrics[k] == m1[k] or (math.isnan(metrics[k]) and math.isnan(m1[k])) for k in m1)

@@ -206,12 +206,12 @@ def test_a_window_that_misses_the_threshold_falls_back_to_every_candidate(monkey
 
         calls = []
 
-        def counted(*args, calls=calls, real=fused.kernels.pass_a):
+        def counted(*args, calls=calls, real=fused._pass_a):
             calls.append(1)
             return real(*args)
 
         monkeypatch.setattr(fused, "_windows", skewed)
-        monkeypatch.setattr(fused.kernels, "pass_a", counted)
+        monkeypatch.setattr(fused, "_pass_a", counted)
         _same(_run(batch, variant), ref)
         assert len(calls) == 2  # the second pass A, with every candidate in the window
         monkeypatch.undo()
