@@ -36,6 +36,8 @@ _NODE_DIED = re.compile(r"NodeDiedError|node [0-9a-f]{8,}\S* (?:has been marked 
 _ACTOR_DIED = re.compile(r"ActorDiedError|The actor died unexpectedly|worker died or was killed", re.IGNORECASE)
 _SIGKILL = re.compile(r"SIGKILL|exit code -9\b|exited with -9\b|Killed\s*$", re.MULTILINE)
 _DISK = re.compile(r"No space left on device|Disk quota exceeded")
+_RAY_START = re.compile(r"The current node timed out during startup|GCS cannot find the node with node ID"
+                        r"|Failed to (?:connect to|get node info from) GCS|raylet failed to start", re.IGNORECASE)
 _HYDRA = re.compile(
     r"(Could not override '[^']*'[^\n]*|Key '[^']*' is not in struct[^\n]*|Could not find '[^']*'[^\n]*|"
     r"ConfigAttributeError: [^\n]*|ConfigKeyError: [^\n]*|MissingMandatoryValue: [^\n]*|"
@@ -53,7 +55,8 @@ def diagnose(log_text: str, returncode: int | None = None) -> Diagnosis | None:
 
     Returns:
         A :class:`Diagnosis`, or None when the log shows none of the known kinds (the caller then prints the tail).
-        Memory comes first (an out-of-memory kill shows up as dead actors too), then the disk, the configuration,
+        Memory comes first (an out-of-memory kill shows up as dead actors too), then the disk, Ray failing to start,
+        the configuration,
         dead nodes and actors, a SIGKILL, and last any Python exception (the last one in the log).
     """
     text = log_text or ""
@@ -72,6 +75,10 @@ def diagnose(log_text: str, returncode: int | None = None) -> Diagnosis | None:
     if _DISK.search(text):
         return Diagnosis("disk_full", "the disk is full (No space left on device): free space where the run folder "
                          "and its checkpoints are (trainer.max_actor_ckpt_to_keep keeps fewer).")  # fmt: skip
+    if _RAY_START.search(text):
+        return Diagnosis("ray_start", "Ray did not start: its node did not register with its GCS in time, most often "
+                         "on a machine busy with other jobs. Run fewer jobs beside this one or raise "
+                         "RAY_raylet_start_wait_time_s (seconds); the same command starts the run again.")  # fmt: skip
     hydra = _HYDRA.search(text)
     if hydra:
         return Diagnosis("config", f"a configuration error (a Hydra override or recipe key): {hydra.group(0).strip()}",

@@ -28,6 +28,11 @@ INTERRUPTED = 130
 """Exit status of a run stopped by Ctrl-C, SIGTERM or SIGHUP (128 + SIGINT, as a shell reports it)."""
 
 
+
+RAY_START_WAIT_S = 300
+"""Seconds a CPU run's own Ray node may take to register with its GCS (``RAY_raylet_start_wait_time_s``): Ray's 60 s
+default fails on a 2-core machine busy with other jobs ("The current node timed out during startup")."""
+
 def method_overrides(method: EntropyControl, overrides: list[str] | tuple[str, ...]) -> list[str]:
     """The Hydra overrides a run of ``method`` (a parsed method: :attr:`TrainOptions.entropy_method`) launches
     with: the user's, then the method's own (``EntropyControl.compose_overrides``). The methods that run as the
@@ -92,7 +97,9 @@ def run_main_ppo(
     A run that stops making progress is stopped (:class:`stare_verl.jobs.stall.StallWatch`: a Ray worker's death
     followed by no step for 3 minutes or twice the longest step, or no step for ``$STARE_STALL_TIMEOUT_S``, default
     30 minutes), since verl's trainer waits for a dead agent-loop worker's episodes for ever; the reason goes to
-    stderr. A CPU run that starts its own Ray keeps Ray's files in a folder of its own (``RAY_TMPDIR``, unless the
+    stderr. A CPU run that starts its own Ray waits up to :data:`RAY_START_WAIT_S` for its node to start (Ray's
+    ``RAY_raylet_start_wait_time_s``, 60 s by default; the caller's value wins) and keeps Ray's files in a folder of
+    its own (``RAY_TMPDIR``, unless the
     caller set one; a GPU run keeps Ray's default, where ``ray.init()`` finds a cluster started with ``ray start``): its raylet and GCS logs are watched for the deaths main_ppo's output never shows
     (:class:`stare_verl.jobs.stall.RayLogTail`: Ray's memory monitor killing idle actors, a SIGKILL), and no other
     run on the machine can join its cluster by accident. The folder is removed after a run that ended well and kept
@@ -120,6 +127,9 @@ def run_main_ppo(
     if env.get("VERL_PLATFORM") == "cpu" and not env.get("RAY_ADDRESS") and not env.get("RAY_TMPDIR"):
         own_tmp = Path(tempfile.mkdtemp(prefix="stare-run-", dir="/tmp"))
         env = {**env, "RAY_TMPDIR": str(own_tmp)}
+    if env.get("VERL_PLATFORM") == "cpu" and not env.get("RAY_ADDRESS"):
+        # Ray gives a new node 60 s to register its raylet with the GCS; a loaded CPU machine can take longer
+        env = {"RAY_raylet_start_wait_time_s": str(RAY_START_WAIT_S), **env}
     ray_logs = RayLogTail(env["RAY_TMPDIR"]) if not env.get("RAY_ADDRESS") and env.get("RAY_TMPDIR") else None
     seen = 0
     proc = reader = dedup = None

@@ -77,3 +77,31 @@ def test_the_last_python_exception_otherwise():
 def test_nothing_known_gives_none():
     assert diagnose("step 1 done\nstep 2 done\n", 1) is None
     assert diagnose("", None) is None
+
+
+# main_ppo's ray.init() on a loaded 2-core machine (a cluster test beside two training runs, load ~30)
+RAY_START_TIMEOUT = """\
+2026-12-06 10:27:09,623	INFO node.py:438 -- Failed to get node info b'GCS cannot find the node with node ID \
+68452577d935f24f89c27217394c3bbddf71b1c1cd529c827056fea3. The node registration may not be complete yet before the \
+timeout. Try increase the RAY_raylet_start_wait_time_s config.'
+Error executing job with overrides: ['actor_rollout_ref.model.path=/tmp/m', 'trainer.n_gpus_per_node=2']
+Traceback (most recent call last):
+  File "/x/ray/_private/node.py", line 440, in __init__
+    raise Exception(
+Exception: The current node timed out during startup. This could happen because some of the raylet failed to \
+startup or the GCS has become overloaded.
+Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
+"""
+
+
+@pytest.mark.parametrize("log", [
+    RAY_START_TIMEOUT,
+    RAY_START_TIMEOUT.split("Error executing")[0],  # only Ray's INFO line made it into the tail
+    "Exception: The current node timed out during startup. This could happen because some of the raylet failed\n",
+    "ConnectionError: Failed to connect to GCS within 60 seconds. GCS may have been killed.\n",
+])  # fmt: skip
+def test_ray_that_does_not_start_in_time_is_named_with_its_remedy(log):
+    d = diagnose(log, 1)
+    assert d is not None and d.kind == "ray_start" and d.resumable
+    assert d.message.startswith("Ray did not start: its node did not register with its GCS in time")
+    assert "RAY_raylet_start_wait_time_s" in d.message

@@ -272,6 +272,21 @@ def test_a_run_that_ends_well_leaves_no_ray_folder(tmp_path, monkeypatch):
     assert rc == 0 and folder.startswith("/tmp/stare-run-") and not os.path.exists(folder)
 
 
+def test_a_cpu_run_s_own_ray_waits_longer_for_its_node_unless_the_caller_said(tmp_path, monkeypatch):
+    """Ray's 60 s for a new node to register failed on the loaded 2-core machine: a CPU run that starts its own Ray
+    gives it RAY_START_WAIT_S; the caller's RAY_raylet_start_wait_time_s wins."""
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_raylet_start_wait_time_s", raising=False)
+    code = "import os; print('wait', os.environ.get('RAY_raylet_start_wait_time_s'))"
+    rc, _, log = _run(tmp_path, code, "stall-test-ray-wait")
+    assert rc == 0 and f"wait {train.launch.RAY_START_WAIT_S}" in log and train.launch.RAY_START_WAIT_S >= 180
+    monkeypatch.setenv("RAY_raylet_start_wait_time_s", "77")
+    (tmp_path / "b").mkdir()
+    rc, _, log = _run(tmp_path / "b", code, "stall-test-ray-wait-own")
+    assert rc == 0 and "wait 77" in log
+
+
 def test_a_caller_ray_tmpdir_is_kept_and_watched(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     own = tmp_path / "ray-tmp"
