@@ -168,7 +168,8 @@ def run_local_eval(
     Returns:
         every record of ``problems`` (earlier and new, dicts of ``runner.RECORD_KEYS``), in problem/sample order.
     Raises:
-        LocalCheckpointError: the checkpoint has no weights.
+        LocalCheckpointError: the checkpoint has no weights, or weights that do not load
+            (:func:`stare_verl.models.registry.weights_problem`).
         envs.sandbox.SandboxUnavailable: no sandbox backend works here.
     """
     import json
@@ -182,6 +183,11 @@ def run_local_eval(
     if not _has_weights(ck):
         raise LocalCheckpointError(f"{ck} is not a Hugging Face model folder with weights (config.json + "
                                    "*.safetensors)")
+    from stare_verl.models.registry import weights_problem
+
+    problem = weights_problem(ck)  # a truncated or overwritten file, a missing shard: one line, not a traceback
+    if problem:
+        raise LocalCheckpointError(f"{ck}: {problem}")
     if settings.seed is None:  # the engine always samples with a seed
         settings = settings.model_copy(update={"seed": 0})
     max_tokens = settings.max_tokens

@@ -102,7 +102,8 @@ class _TrainFields(BaseModel):
 
     family: Annotated[str, Cli(convert=family_arg, choices=lambda: sorted(job_family_names()))] = Field(
         DEFAULT_FAMILY, description="the task family: its tiny model, cold-start SFT, data, recipes and held-out "
-                                    "problems (an alias such as short_cot names its family)")  # fmt: skip
+                                    f"problems (default {DEFAULT_FAMILY}, also with --model and --gpu; an alias such "
+                                    "as short_cot names its family)")  # fmt: skip
     method: Annotated[str, Cli(metavar="METHOD[:KEY=VALUE,...]")] = Field(
         "stare", description="the entropy-control method, settings optional (e.g. entropy_bonus:coef=0.01): "
         + ", ".join(methods.METHODS) + "; grpo: the GRPO-ds baseline (STARE's twin, W = M = 1)")  # fmt: skip

@@ -502,3 +502,29 @@ def test_cot_sft_checkpoint_is_evaluated_as_its_family(tmp_path, capsys, family)
     assert len(recs) == 6
     for r in recs:  # one turn, no tool: a random model answers nothing correctly within the budget
         assert r["turns"] == 1 and r["tokens"] <= 16 and r["correct"] is False
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage_header", "missing_shard"])
+def test_a_local_checkpoint_whose_weights_do_not_load_is_one_error_not_a_traceback(tmp_path, damage):
+    """The evaluation CLI loaded such a folder with transformers and ended in its SafetensorError traceback; the
+    weights check of the training job (stare_verl.models.registry.weights_problem) now runs first."""
+    import json
+
+    from stare_verl.jobs.evaluation.local import LocalCheckpointError, run_local_eval
+    from tests.support.model_folder import write_model_folder
+
+    ck = write_model_folder(tmp_path / "ck")
+    f = ck / "model.safetensors"
+    data = f.read_bytes()
+    if damage == "truncated":
+        f.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage_header":
+        f.write_bytes(b"GARBAGEGARBAGE" + data[14:])
+    else:
+        f.rename(ck / "model-00001-of-00002.safetensors")
+        (ck / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(LocalCheckpointError) as err:
+        run_local_eval(ck, [], EvalSettings(), None)  # refused before the results file is touched
+    assert str(err.value).startswith(f"{ck}: ") and "\n" not in str(err.value)
+    assert "safetensors" in str(err.value)
