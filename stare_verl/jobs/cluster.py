@@ -158,6 +158,10 @@ class LocalCluster:
         env[RUN_TAG_ENV] = self.tag
         env.pop(RAY_ADDRESS_ENV, None)
         env.setdefault("RAY_AUTH_MODE", "disabled")  # a cluster of this host only: its drivers need no token
+        # Ray's 60 s for a node to register with the GCS is too short on a loaded 2-core host (as for a CPU run)
+        from stare_verl.jobs.train.launch import RAY_START_WAIT_S
+
+        env.setdefault("RAY_raylet_start_wait_time_s", str(RAY_START_WAIT_S))
         return env
 
     def start(self) -> str:

@@ -104,3 +104,14 @@ def test_local_cluster_refuses_a_bad_gpu_list_before_starting_anything():
         with pytest.raises(ValueError, match="gpus_per_node needs 2 counts >= 0"):
             cluster.start()
         assert cluster.nodes == [] and cluster.temp_dir is None
+
+
+def test_local_cluster_nodes_wait_longer_for_their_raylet_unless_told():
+    """`ray start` of the head timed out ("Try increase the RAY_raylet_start_wait_time_s config") on the loaded 2-core
+    host: the nodes get the CPU run's wait; a value in the cluster's env wins."""
+    from stare_verl.jobs.cluster import LocalCluster
+    from stare_verl.jobs.train.launch import RAY_START_WAIT_S
+
+    assert LocalCluster(n_nodes=2)._env()["RAY_raylet_start_wait_time_s"] == str(RAY_START_WAIT_S)
+    own = LocalCluster(n_nodes=2, env={"RAY_raylet_start_wait_time_s": "42"})._env()
+    assert own["RAY_raylet_start_wait_time_s"] == "42"
