@@ -136,7 +136,7 @@ class LocalCluster:
     gpus_per_node: list[int] | None = None
     env: dict[str, str] | None = None
     object_store_mb: int = 200
-    start_timeout_s: float = 120.0
+    start_timeout_s: float = 300.0
     tag: str = field(default_factory=lambda: f"cluster-{uuid.uuid4().hex[:12]}")
     nodes: list[LocalNode] = field(default_factory=list)
     address: str | None = None
