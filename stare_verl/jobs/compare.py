@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryFile() as noise, stderr_to(noise):
             runs = [run_options(method, seed) for seed in seeds for method in methods]
-            problem = (_same_runs(methods, runs[: len(methods)]) or bad_option(runs[0])
+            problem = (_same_runs(methods, runs[: len(methods)]) or next(filter(None, map(bad_option, runs[: len(methods)])), None)
                        or _recipe_problem(runs[: len(methods)]) or baseline_mismatch(runs[: len(methods)]))  # fmt: skip
     except (OptionsError, ValueError) as err:  # ValueError: a boolean key that holds no boolean
         problem = str(err)

@@ -91,6 +91,14 @@ def _hydra_value(value: Any) -> str:
     return str(value)
 
 
+def _same_value(a: str, b: str) -> bool:
+    """Whether two Hydra override values are one value: equal numbers, or equal text up to case and quotes."""
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a.strip().strip("'\"").lower() == b.strip().strip("'\"").lower()
+
+
 class EntropyControl:
     """One entropy-control method (subclass per method; see the module docstring).
 
@@ -175,6 +183,28 @@ class EntropyControl:
         """The overrides a run of this method launches with: the user's, then :meth:`launch_overrides` (so the
         method's own settings win); and the user's overrides it drops (none here; see ``TwinBased``)."""
         return [*user, *self.launch_overrides()], []
+
+    def replaced_overrides(self, user: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
+        """The user's Hydra overrides that this method's own settings would silently replace: ``(override,
+        "<key>=<the method's value>")`` for each override (``key=value``, ``+key=value``, ``++key=value`` or
+        ``~key``) of a key that :meth:`launch_overrides` sets to another value, or of ``algorithm.adv_estimator``
+        (which selects the method: :attr:`estimator`, ``stare`` for the twin) (values compared as numbers where
+        both are numbers, else case-insensitively as text). Overrides the method drops on purpose (the twin's
+        STARE keys, see :meth:`compose_overrides`) are not counted."""
+        # the advantage estimator is the method's (the twin-based methods run the recipe's ``stare`` twin)
+        own = {"algorithm.adv_estimator": self.estimator or "stare"}
+        for o in self.launch_overrides():
+            key, _, value = o.lstrip("+~").partition("=")
+            own[key] = value
+        _, dropped = self.compose_overrides(list(user))
+        out = []
+        for o in user:
+            if o in dropped:
+                continue
+            key, has_value, value = o.lstrip("+~").partition("=")
+            if key in own and (o.startswith("~") or not has_value or not _same_value(value, own[key])):
+                out.append((o, f"{key}={own[key]}"))
+        return out
 
     @property
     def label(self) -> str:

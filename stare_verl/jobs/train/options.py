@@ -553,12 +553,20 @@ def explain(exc: ValidationError, model: type[BaseModel], flags: Mapping[str, st
 # what depends on this machine
 def bad_option(opts: TrainOptions) -> str | None:
     """What stops ``opts`` from running here, as a one-line message, or None: a stall-watch variable out of range
-    (``$STARE_STALL_TIMEOUT_S``), a run folder (``--run-dir`` / ``$RUN_DIR``) that a file blocks, an ``--sft-cache``
-    that is no folder. Checked before anything runs or is written."""
+    (``$STARE_STALL_TIMEOUT_S``), an override the method's own settings would replace
+    (:meth:`~stare_verl.methods.base.EntropyControl.replaced_overrides`), a run folder (``--run-dir`` / ``$RUN_DIR``)
+    that a file blocks, an ``--sft-cache`` that is no folder. Checked before anything runs or is written."""
     try:
         no_step_timeout()
     except ValueError as exc:
         return str(exc)
+    replaced = opts.entropy_method.replaced_overrides(opts.overrides)
+    if replaced:
+        method = opts.entropy_method
+        return (f"the method {method.label} sets {', '.join(own for _, own in replaced)} itself, which would silently "
+                f"replace the override{'s' if len(replaced) > 1 else ''} {' '.join(o for o, _ in replaced)}; give a "
+                f"method's setting after its name instead ({method.name}:KEY=VALUE; `stare-verl methods` lists "
+                "them), or leave the override out")  # fmt: skip
     run_dir = opts.run_dir or os.environ.get("RUN_DIR")
     if run_dir:
         problem = folder_problem(Path(run_dir))
