@@ -6,8 +6,8 @@ Against a server (SGLang / vLLM, OpenAI chat-completions)::
         --data data/tooluse/aime2024_test.parquet --k 32 --temperature 1.0 --top-p 0.7 \\
         --max-tokens 8192 --concurrency 64
 
-Without ``--url``: the newest local checkpoint under ``runs/`` (or ``--checkpoint DIR``) on this CPU, on its
-run's ``val.parquet`` (or ``--data``).
+Without ``--url``: the newest local checkpoint under ``runs/`` (or ``--checkpoint DIR``, or ``--model`` a prepared
+registered model or a model folder) on this CPU, on its run's ``val.parquet`` (or ``--data``).
 
 Writes ``--out`` (per-sample JSONL; default under ``runs/eval/``), ``<out stem>.summary.json`` and prints a
 table. Running the same command again resumes: answered samples are not asked again.
@@ -30,7 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the evaluation options to ``p`` (for a ``stare-verl eval`` subcommand); returns ``p``."""
     g = p.add_argument_group("server (omit --url to evaluate a local checkpoint on CPU)")
     g.add_argument("--url", default=None, help="OpenAI-compatible server, e.g. http://localhost:30000 (/v1 optional)")
-    g.add_argument("--model", default=None, help="served model name (default: the server's only model)")
+    g.add_argument("--model", default=None,
+                   help="with --url: the served model's name (default: the server's only model); without: the model "
+                        "evaluated on this CPU, a prepared registered model (smollm2-135m) or a model folder")
     g.add_argument("--api-key", default=None, help="bearer token (default $OPENAI_API_KEY; SGLang/vLLM need none)")
     g.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
     g.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
@@ -147,6 +149,32 @@ def _validation_line(err) -> str:
     return "; ".join(parts)
 
 
+def _local_model(a: argparse.Namespace) -> Path | None:
+    """Without ``--url``, the folder ``--model`` names (a prepared registered model such as ``smollm2-135m``, or a
+    Hugging Face folder: :func:`stare_verl.models.registry.resolve_model`), to evaluate on this CPU; None without
+    ``--model``.
+
+    Raises:
+        ValueError: ``--model`` and ``--checkpoint`` both given, ``--model tiny`` (the jobs train it: give its
+            checkpoint), or a model that does not resolve (not registered, not prepared, no loadable folder).
+    """
+    if a.model is None:
+        return None
+    from stare_verl.models.registry import ModelError, resolve_model
+
+    if a.checkpoint:
+        raise ValueError(f"--model {a.model} and --checkpoint {a.checkpoint} both name the model to evaluate on "
+                         "this CPU: give one (with --url, --model names the server's model)")  # fmt: skip
+    try:
+        model = resolve_model(a.model)
+    except ModelError as err:
+        raise ValueError(f"{err} (without --url, --model is the model evaluated on this CPU)") from None
+    if model.path is None:
+        raise ValueError(f"--model {a.model} is the from-scratch model the jobs train: give its checkpoint (--checkpoint "
+                         "DIR, or the newest under --runs-dir without either option)")  # fmt: skip
+    return model.path
+
+
 def run(a: argparse.Namespace) -> int:
     """Run an evaluation from parsed arguments (see :func:`add_arguments`); returns the exit status (2: a bad
     option, before anything is read or written)."""
@@ -197,7 +225,7 @@ def run(a: argparse.Namespace) -> int:
             problems = load_problems(data, a.limit, settings.tools)
             records, out, meta = asyncio.run(_api(a, settings, problems, data))
         else:
-            ck = Path(a.checkpoint) if a.checkpoint else find_latest_checkpoint(a.runs_dir)
+            ck = _local_model(a) or (Path(a.checkpoint) if a.checkpoint else find_latest_checkpoint(a.runs_dir))
             if a.data:
                 data = Path(a.data)
             else:

@@ -528,3 +528,43 @@ def test_a_local_checkpoint_whose_weights_do_not_load_is_one_error_not_a_traceba
         run_local_eval(ck, [], EvalSettings(), None)  # refused before the results file is touched
     assert str(err.value).startswith(f"{ck}: ") and "\n" not in str(err.value)
     assert "safetensors" in str(err.value)
+
+
+def test_model_without_url_is_the_model_evaluated_here(tmp_path, capsys):
+    """--model was read only with --url: without it the newest checkpoint under runs/ was evaluated instead of the
+    model the user named. Now it names the folder (or prepared registered model) evaluated on this CPU."""
+    from tests.support.tiny import build_tiny_model
+
+    model = Path(build_tiny_model(tmp_path / "my-model"))
+    rows = [to_tool_use_row(make_row(q, a, "rg/chain_sum", i, "test", family="tool_use"))
+            for i, (q, (a, _)) in enumerate(list(KNOWN.items())[:2])]  # fmt: skip
+    data = write_parquet(rows, tmp_path / "val.parquet")
+    runs = tmp_path / "runs"
+    args = ["--model", str(model), "--data", str(data), "--runs-dir", str(runs), "--k", "1", "--max-tokens", "8",
+            "--no-progress"]  # fmt: skip
+    assert cli.main(args) == 0
+    assert f"evaluating local checkpoint {model}" in capsys.readouterr().err
+    recs = [json.loads(x) for x in (runs / "eval" / "my-model" / "val_k1_t1_p0.7.jsonl").read_text().splitlines()]
+    assert sorted(r["problem_index"] for r in recs) == [0, 1] and all(1 <= r["tokens"] <= 8 for r in recs)
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--model", "MODEL", "--checkpoint", "CK"], "both name the model to evaluate on this CPU"),
+        (["--model", "tiny"], "the from-scratch model the jobs train"),
+        (["--model", "no-such-model"], "neither a registered model"),
+        (["--model", "EMPTY"], "the folder has no config.json"),
+    ],
+)  # fmt: skip
+def test_model_without_url_that_cannot_be_evaluated_is_one_error(tmp_path, capsys, extra, said):
+    from tests.support.model_folder import write_model_folder
+
+    folder = write_model_folder(tmp_path / "m")
+    (tmp_path / "empty").mkdir()
+    names = {"MODEL": str(folder), "CK": str(folder), "EMPTY": str(tmp_path / "empty")}
+    args = [names.get(x, x) for x in extra] + ["--runs-dir", str(tmp_path / "runs"), "--no-progress"]
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and said in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
