@@ -130,7 +130,9 @@ def resolve_options(extra_info: Mapping | None = None, **reward_kwargs: Any) -> 
     try:
         opts = RewardOptions(**merged)
     except ValidationError as err:
-        raise ValueError(f"invalid reward options for envs.reward.compute_score: {err}") from err
+        said = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in err.errors())  # fmt: skip
+        raise ValueError(f"invalid reward options for envs.reward.compute_score: {said}") from err
     if key is not None and len(_OPTIONS_CACHE) < 1024:
         _OPTIONS_CACHE[key] = opts
     return opts

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
+from stare_verl.validation import error_text
+
 
 class MethodConfigError(ValueError):
     """An entropy-control method's config is invalid; the message names the key and what is allowed."""
@@ -97,5 +99,5 @@ def format_validation_error(err: ValidationError, where: str, model: type[BaseMo
             allowed = ", ".join(model.model_fields)
             lines.append(f"{where}.{key}: unknown key; " + (f"allowed keys: {allowed}" if allowed else "it takes no settings"))
         else:
-            lines.append(f"{where}.{key}: {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"{where}.{key}: {error_text(e)} (got {e.get('input')!r})")
     return f"invalid {where} config:\n  " + "\n  ".join(lines)

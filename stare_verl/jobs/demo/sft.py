@@ -62,6 +62,7 @@ from stare_verl.jobs.demo.warm_start import (
     warm_start_problems,
 )
 from stare_verl.jobs.families import DEFAULT_FAMILY, family_arg, job_family, job_family_names
+from stare_verl.validation import error_text
 
 __all__ = [
     "CONFIG_FILE",
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             num_threads=a.threads, progress=not a.no_progress, **given,
         )
     except ValidationError as err:
-        ap.error("; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
+        ap.error("; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {error_text(e)}"
                            for e in err.errors()))  # fmt: skip
     if a.warmup_steps is not None and a.warmup_steps > cfg.steps:  # the lr would never reach --lr
         ap.error(f"--warmup-steps {a.warmup_steps} exceeds the run's {cfg.steps} steps: the lr would never reach "

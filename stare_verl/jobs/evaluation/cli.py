@@ -142,10 +142,12 @@ def bad_option(a: argparse.Namespace) -> str | None:
 
 def _validation_line(err) -> str:
     """A pydantic ValidationError as one line naming the command-line options."""
+    from stare_verl.validation import error_text
+
     parts = []
     for e in err.errors():
         field = str(e["loc"][0]) if e.get("loc") else "?"
-        parts.append(f"{FIELD_OPTIONS.get(field, field)}: {e['msg']}")
+        parts.append(f"{FIELD_OPTIONS.get(field, field)}: {error_text(e)}")
     return "; ".join(parts)
 
 

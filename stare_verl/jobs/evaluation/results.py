@@ -39,6 +39,7 @@ from stare_verl.jobs.evaluation.episode import (
 )
 from stare_verl.jobs.evaluation.metrics import unique_records
 from stare_verl.jobs.evaluation.settings import EvalSettings, sample_seed
+from stare_verl.validation import error_text
 
 __all__ = [
     "ResultsBusy",
@@ -173,7 +174,7 @@ class ResultsFile:
                     row = EvalRecord.model_validate({k: rec[k] for k in RECORD_KEYS}, strict=True).model_dump()
                 except ValidationError as err:
                     e = err.errors()[0]
-                    why = f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                    why = f"{'.'.join(map(str, e['loc']))}: {error_text(e)}"
                 else:
                     if row["sample_index"] < 0 or row["problem_index"] < 0:
                         why = "negative sample_index or problem_index"

@@ -49,6 +49,7 @@ from stare_verl.jobs.families import DEFAULT_FAMILY, family_arg, job_family, job
 from stare_verl.jobs.families.base import JobFamily
 from stare_verl.jobs.pretrained import N_HELDOUT, PRETRAINED_DEFAULTS
 from stare_verl.jobs.stall import no_step_timeout
+from stare_verl.validation import error_text
 
 TINY_DEFAULTS = {"steps": 30, "n_eval": 200, "eval_samples": 1, "n_train": 1024}
 """The defaults of a tiny-model run where the user gave none (a ``--model`` run's:
@@ -264,7 +265,7 @@ class _TrainFields(BaseModel):
             flag = {f: _flag(o) for o, fields in SFT_OPTIONS.items() for f in fields}
             flag.update({f: _flag(o) for o, f in _SFT_RUN_OPTIONS.items()})
             raise ValueError("; ".join(f"{flag.get(e['loc'][0] if e['loc'] else '', 'the --sft-* options')}: "
-                                       f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())) from None
+                                       f"{error_text(e)}" for e in exc.errors())) from None
 
     @property
     def job_family(self) -> JobFamily:
@@ -534,7 +535,7 @@ def explain(exc: ValidationError, model: type[BaseModel], flags: Mapping[str, st
     said = []
     flags = flags or {}
     for e in exc.errors():
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = error_text(e)
         name = e["loc"][0] if e["loc"] else None
         info = model.model_fields.get(name) if isinstance(name, str) else None
         flag = flags.get(str(name)) or _flag(str(name))
