@@ -1,4 +1,5 @@
-"""Pydantic validation errors as the one-line messages the jobs print (a light module: pydantic only)."""
+"""Pydantic validation errors as the one-line messages the jobs print (a light module: no imports beyond the
+standard library, so the evaluation and the options pay nothing for it)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ import re
 import sys
 from pathlib import Path
 
+from stare_verl.validation import error_text
+
 __all__ = ["add_arguments", "build_parser", "main", "run"]
 
 
@@ -142,8 +144,6 @@ def bad_option(a: argparse.Namespace) -> str | None:
 
 def _validation_line(err) -> str:
     """A pydantic ValidationError as one line naming the command-line options."""
-    from stare_verl.validation import error_text
-
     parts = []
     for e in err.errors():
         field = str(e["loc"][0]) if e.get("loc") else "?"

@@ -561,9 +561,9 @@ def bad_option(opts: TrainOptions) -> str | None:
         no_step_timeout()
     except ValueError as exc:
         return str(exc)
-    replaced = opts.entropy_method.replaced_overrides(opts.overrides)
+    method = opts.entropy_method
+    replaced = method.replaced_overrides(opts.overrides)
     if replaced:
-        method = opts.entropy_method
         return (f"the method {method.label} sets {', '.join(own for _, own in replaced)} itself, which would silently "
                 f"replace the override{'s' if len(replaced) > 1 else ''} {' '.join(o for o, _ in replaced)}; give a "
                 f"method's setting after its name instead ({method.name}:KEY=VALUE; `stare-verl methods` lists "
