@@ -561,7 +561,9 @@ def _print_report(label: str, path: Path, rep: BuildReport, max_bad: int = 20) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (see the module docstring). Returns the exit status."""
+    """CLI entry point (see the module docstring). Returns the exit status: 0 done; 2 refused (an unknown source or
+    split, a missing or malformed file, a source neither reachable nor cached), nothing written; 1 written, but with
+    bad rows under ``--strict``."""
     ap = argparse.ArgumentParser(prog="python -m envs.datasets", description="Build verl RLHF parquet datasets.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 

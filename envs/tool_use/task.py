@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.contract import AGENT_NAME, MODEL_TEXT_KEY, TOOL_USE
-from envs.datasets import BadRow, BuildReport, build_hub, make_row, write_parquet
+from envs.datasets import BadRow, BuildReport, DatasetUnavailableError, build_hub, make_row, write_parquet
 from envs.tool_use import TOOL_USE_SYSTEM
 from envs.tool_use.episode import EpisodeStats
 from envs.tools.schema import TOOL_NAME
@@ -254,7 +254,8 @@ def compute_score(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (module docstring). Returns the exit status."""
+    """CLI entry point (module docstring). Returns the exit status: 0 done; 2 refused (an unknown source, a missing or
+    malformed file, a source neither reachable nor cached: as ``python -m envs.datasets``); 1 another failure."""
     p = argparse.ArgumentParser(prog="python -m envs.tool_use.task", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     off = sub.add_parser("offline", help="reasoning-gym arithmetic (no network)")
@@ -285,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         for stem, rep in named:
             path = write_parquet(rep.rows, out / f"{stem}.parquet")
             print(f"{stem}: {len(rep.rows)} rows -> {path} (bad {len(rep.bad)}, duplicates {rep.duplicates})")
+    except (DatasetUnavailableError, KeyError, ValueError, FileNotFoundError) as err:  # refused: as envs.datasets
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - CLI: one clear line, non-zero status
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return 1

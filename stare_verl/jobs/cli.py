@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from stare_verl.jobs.exits import USAGE_ERROR
+
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
     from stare_verl.jobs.recipes import recipe_names, recipes_dir
@@ -71,13 +73,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     bad = next(filter(None, map(override_problem, args.overrides)), None)
     if bad:  # an empty value composes (as the empty string): refused before it would pass the check
         print(f"error: {bad}", file=sys.stderr)
-        return 1
+        return USAGE_ERROR
     tmp = tempfile.TemporaryDirectory()
     source = _recipe_source(args.recipe, tmp.name)
     if isinstance(source, str):
         tmp.cleanup()
         print(source, file=sys.stderr)
-        return 1
+        return USAGE_ERROR
     name, folder = source
     noise = tempfile.TemporaryFile()  # verl's import-time warnings: shown only when the check fails
     try:
@@ -88,7 +90,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             stare = validate_recipe(cfg)
     except Exception as err:  # report any composition/validation failure as a one-line error
         print(f"error: recipe {args.recipe!r} would fail at launch: {err}", file=sys.stderr)
-        return 1
+        return USAGE_ERROR
     finally:
         noise.close()
         tmp.cleanup()

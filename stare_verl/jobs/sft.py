@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from stare_verl.jobs.exits import RUN_FAILED, USAGE_ERROR
 from stare_verl.jobs.recipes import is_override, override_problem
 from stare_verl.jobs.runlog import SFT_HF_SUBDIR, latest_hf_checkpoint
 from stare_verl.jobs.sft_data import build_sft_data
@@ -317,12 +318,17 @@ def main(argv: list[str] | None = None) -> int:
         args, passthrough = t.parse_known_args(rest)
         return _train(args, overrides, passthrough)
     args = p.parse_args(argv)
+    from envs.datasets import DatasetUnavailableError
+
     try:
         res = build_sft_data(args.out, args.demos, args.demo_seed, args.retool, args.retool_file,
                              args.retool_limit, args.n_val, args.seed, args.tokenizer, args.max_length)
+    except (FileNotFoundError, ValueError, KeyError, DatasetUnavailableError) as err:  # a missing/malformed input
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        return USAGE_ERROR
     except Exception as err:  # noqa: BLE001 - CLI: one clear line, non-zero status
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
+        return RUN_FAILED
     print(f"train: {res['train']}\nval: {res['val']}\ncounts: {res['counts']}")
     return 0
 

@@ -23,11 +23,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stare_verl.jobs.exits import STALLED
+
 __all__ = ["DEFAULT_AFTER_DEATH_S", "DEFAULT_NO_STEP_S", "MIN_NO_STEP_S", "RAY_LOG_DEATH", "STALL_ENV", "STALLED",
            "WORKER_DEATH", "RayLogTail", "StallWatch", "no_step_timeout"]  # fmt: skip
-
-STALLED = 124
-"""Exit status of a run the job stopped because it made no progress (as ``timeout(1)`` reports one)."""
 
 STALL_ENV = "STARE_STALL_TIMEOUT_S"
 """Environment variable: seconds without a new RL step before a CPU run is stopped (0: never)."""

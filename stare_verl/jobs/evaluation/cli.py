@@ -11,7 +11,9 @@ registered model or a model folder) on this CPU, on its run's ``val.parquet`` (o
 
 Writes ``--out`` (per-sample JSONL; default under ``runs/eval/``), ``<out stem>.summary.json`` and prints a
 table. Running the same command again resumes: answered samples are not asked again.
-Exit status: 0 done, 1 error (message on stderr), 130 interrupted (what was answered is kept).
+Exit status (:mod:`stare_verl.jobs.exits`): 0 done; 2 refused before anything was asked (a bad option, a missing or
+malformed data file or checkpoint, results on disk from other settings); 1 failed while running (the server
+cannot be reached or fails, the sandbox is unavailable: what was answered is kept); 130 interrupted (the same).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 import sys
 from pathlib import Path
 
+from stare_verl.jobs.exits import INTERRUPTED, RUN_FAILED, USAGE_ERROR
 from stare_verl.validation import error_text
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
@@ -178,14 +181,14 @@ def _local_model(a: argparse.Namespace) -> Path | None:
 
 
 def run(a: argparse.Namespace) -> int:
-    """Run an evaluation from parsed arguments (see :func:`add_arguments`); returns the exit status (2: a bad
-    option, before anything is read or written)."""
+    """Run an evaluation from parsed arguments (see :func:`add_arguments`); returns the exit status
+    (:mod:`stare_verl.jobs.exits`: 2 refused, before anything is asked; 1 failed while running; 130 interrupted)."""
     from pydantic import ValidationError
 
     bad = bad_option(a)
     if bad:
         print(f"error: {bad}", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
 
     from envs.sandbox import SandboxUnavailable
     from stare_verl.jobs.evaluation.client import EvalClientError
@@ -254,14 +257,16 @@ def run(a: argparse.Namespace) -> int:
         out = out or getattr(a, "resolved_out", None)
         where = f"; answered samples are kept in {out}: run the same command again to resume" if out else ""
         print(f"interrupted{where}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except ValidationError as err:
         print(f"error: {_validation_line(err)}", file=sys.stderr)
-        return 2
-    except (EvalClientError, DatasetError, ResumeMismatch, LocalCheckpointError,
-            SandboxUnavailable, FileNotFoundError, ValueError) as err:
+        return USAGE_ERROR
+    except (EvalClientError, SandboxUnavailable) as err:  # it ran and could not go on: what was answered is kept
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return RUN_FAILED
+    except (DatasetError, ResumeMismatch, LocalCheckpointError, FileNotFoundError, ValueError) as err:  # refused
+        print(f"error: {err}", file=sys.stderr)
+        return USAGE_ERROR
     meta.update(data=str(data), **settings.model_dump(exclude={"reward_kwargs"}), results=str(out))
     summary = summarize(records, a.pass_k, meta)
     path = Path(a.summary) if a.summary else out.with_name(out.name.removesuffix(".jsonl") + ".summary.json")

@@ -241,9 +241,8 @@ def train_cpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
         print(
             f"error: the cold-start SFT checkpoint {sft_dir} has held-out greedy accuracy {sft_acc:.3f} < "
             f"{min_acc} (--min-sft-accuracy); RL from it would have little to learn from. "
-            f"The same configuration retrains to the same checkpoint on this machine: train longer (--sft-steps "
-            f"{max(1500, sft_cfg.steps + 500)}, a checkpoint of its own; when the copy plateau ends depends on the "
-            "seed and the machine), try another --sft-seed, or lower the threshold.",
+            f"Train longer (--sft-steps {max(1500, sft_cfg.steps + 500)}, a checkpoint of its own; when the copy "
+            "plateau ends depends on the seed and the machine), try another --sft-seed, or lower the threshold.",
             file=sys.stderr,
         )
         return 1

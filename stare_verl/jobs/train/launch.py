@@ -18,16 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stare_verl.jobs.exits import INTERRUPTED
 from stare_verl.jobs.logfilter import RepeatedWarningFilter
 from stare_verl.jobs.procs import RUN_TAG_ENV, cpu_env, kill_tagged, remove_orphan_shm
 from stare_verl.jobs.runlog import RunFolder
 from stare_verl.jobs.stall import STALLED, RayLogTail, StallWatch, no_step_timeout
 from stare_verl.methods import EntropyControl
-
-INTERRUPTED = 130
-"""Exit status of a run stopped by Ctrl-C, SIGTERM or SIGHUP (128 + SIGINT, as a shell reports it)."""
-
-
 
 RAY_START_WAIT_S = 300
 """Seconds a CPU run's own Ray node may take to register with its GCS (``RAY_raylet_start_wait_time_s``): Ray's 60 s

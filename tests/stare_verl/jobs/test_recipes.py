@@ -103,10 +103,10 @@ def test_cli_check_reports_ok_and_errors(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=C2"]) == 0
     assert "variant=C2" in capsys.readouterr().out
-    assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=X9"]) == 1
+    assert main(["check", "shortcot_qwen2.5-32b_stare", "algorithm.stare.variant=X9"]) == 2
     assert "algorithm.stare.variant" in capsys.readouterr().err
     # an error is not preceded by verl's "All configuration checks passed" line
-    assert main(["check", "shortcot_qwen2.5-32b_stare", "trainer.v1.trainer_mode=sync"]) == 1
+    assert main(["check", "shortcot_qwen2.5-32b_stare", "trainer.v1.trainer_mode=sync"]) == 2
     out, err = capsys.readouterr()
     assert "checks passed" not in out and "token_stats_sync" in err
     # recipes in a sub-folder, e.g. the CPU ones
@@ -114,13 +114,13 @@ def test_cli_check_reports_ok_and_errors(capsys, monkeypatch, tmp_path):
     out = capsys.readouterr().out
     assert "rollout=hf" in out and "W=1.0 M=1.0" in out
     # an unknown name is one line with a hint, not Hydra's search path
-    assert main(["check", "longcot_tiny_grpo"]) == 1
+    assert main(["check", "longcot_tiny_grpo"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: no recipe 'longcot_tiny_grpo'; did you mean cpu/longcot_tiny_grpo? (stare-verl recipes lists them)"
     )
     assert main(["check", "cpu/longcot_tiny_grpo.yaml", "actor_rollout_ref.model.path=m"]) == 0
     # an empty value would compose as the empty string and pass: one line naming the key (key=null is Hydra's null)
-    assert main(["check", "cpu/longcot_tiny_grpo", "actor_rollout_ref.model.path=m", "actor_rollout_ref.actor.optim.lr="]) == 1
+    assert main(["check", "cpu/longcot_tiny_grpo", "actor_rollout_ref.model.path=m", "actor_rollout_ref.actor.optim.lr="]) == 2
     assert capsys.readouterr().err == (
         "error: override 'actor_rollout_ref.actor.optim.lr=' gives actor_rollout_ref.actor.optim.lr no value: write "
         "one, actor_rollout_ref.actor.optim.lr=null for null or actor_rollout_ref.actor.optim.lr='' for an empty string\n"
@@ -156,20 +156,20 @@ def test_cli_check_takes_a_path_or_a_users_own_verl_yaml_and_suggests_names(caps
     assert "variant=C2" in out and "target=0.25 nats" in out and "rollout=sglang" in out
     # the user's file is checked as verl would: a key verl needs is reported, not passed over
     own.write_text("algorithm: {adv_estimator: stare}\ntrainer: {v1: {trainer_mode: stare_sync}}\n")
-    assert main(["check", str(own), "actor_rollout_ref.model.path=m"]) == 1
+    assert main(["check", str(own), "actor_rollout_ref.model.path=m"]) == 2
     assert "micro_batch_size" in capsys.readouterr().err
     own.write_text("- not\n- a mapping\n")
-    assert main(["check", str(own)]) == 1
+    assert main(["check", str(own)]) == 2
     assert "no YAML mapping" in capsys.readouterr().err
-    assert main(["check", "tooluse_tiny_star"]) == 1
+    assert main(["check", "tooluse_tiny_star"]) == 2
     assert "did you mean cpu/tooluse_tiny_stare" in capsys.readouterr().err
-    assert main(["check", "shortcot_qwen25-math-7b_stare"]) == 1
+    assert main(["check", "shortcot_qwen25-math-7b_stare"]) == 2
     assert "did you mean shortcot_qwen2.5-math-7b_stare" in capsys.readouterr().err
-    assert main(["check", "tooluse_tiny_stare.yaml"]) == 1
+    assert main(["check", "tooluse_tiny_stare.yaml"]) == 2
     assert "did you mean cpu/tooluse_tiny_stare?" in capsys.readouterr().err
-    assert main(["check", "nothing/like/this.yaml"]) == 1
+    assert main(["check", "nothing/like/this.yaml"]) == 2
     assert capsys.readouterr().err.startswith("error: no file 'nothing/like/this.yaml'")
-    assert main(["check", "zzzzzzzz"]) == 1
+    assert main(["check", "zzzzzzzz"]) == 2
     assert capsys.readouterr().err.strip() == "error: no recipe 'zzzzzzzz' (stare-verl recipes lists them)"
 
 

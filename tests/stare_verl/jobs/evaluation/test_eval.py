@@ -307,12 +307,12 @@ def test_clear_errors_for_bad_input(tmp_path, capsys):
     with pytest.raises(DatasetError, match="row 0: prompt is not a list"):
         load_problems(tmp_path / "bad.jsonl")
 
-    # the CLI turns them into one line and status 1
+    # the CLI turns them into one line: status 1 for a server that cannot be reached (it ran), 2 for a refused input
     assert cli.main(["--url", f"http://127.0.0.1:{port}", "--model", "m", "--data", str(data), "--retries", "0"]) == 1
     assert "cannot reach the server" in capsys.readouterr().err
-    assert cli.main(["--url", f"http://127.0.0.1:{port}", "--data", str(tmp_path / "nope.parquet")]) == 1
+    assert cli.main(["--url", f"http://127.0.0.1:{port}", "--data", str(tmp_path / "nope.parquet")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert cli.main(["--runs-dir", str(tmp_path / "runs"), "--no-progress"]) == 1
+    assert cli.main(["--runs-dir", str(tmp_path / "runs"), "--no-progress"]) == 2
     assert re.search(r"no checkpoint found under .*runs.*make train-tooluse", capsys.readouterr().err)
 
 
@@ -347,7 +347,7 @@ def test_cli_resume_refuses_stale_samples_and_starts_afresh(tmp_path, capsys, ca
         # the ground truth of "2 + 3" changes in place: the old records were scored against "5"
         rows = [make_row(q, "6" if a == "5" else a, "toy", i, "test") for i, (q, (a, _)) in enumerate(KNOWN.items())]
         write_parquet(rows, data)
-        assert cli.main([*base, "--model", "scripted"]) == 1
+        assert cli.main([*base, "--model", "scripted"]) == 2
         err = capsys.readouterr().err
         assert "data_sha256 differ" in err and "content changed" in err and "--overwrite" in err
         assert srv.chat_requests == 12  # nothing asked, nothing reused
@@ -357,7 +357,7 @@ def test_cli_resume_refuses_stale_samples_and_starts_afresh(tmp_path, capsys, ca
         capsys.readouterr()
         # the settings file deleted: another model and temperature must not reuse the old samples
         (tmp_path / "res.jsonl.meta.json").unlink()
-        assert cli.main([*base, "--model", "other", "--temperature", "0.5"]) == 1
+        assert cli.main([*base, "--model", "other", "--temperature", "0.5"]) == 2
         err = capsys.readouterr().err
         assert "settings file" in err and "is missing" in err and "--overwrite" in err
         assert srv.chat_requests == 24
@@ -564,7 +564,7 @@ def test_model_without_url_that_cannot_be_evaluated_is_one_error(tmp_path, capsy
     (tmp_path / "empty").mkdir()
     names = {"MODEL": str(folder), "CK": str(folder), "EMPTY": str(tmp_path / "empty")}
     args = [names.get(x, x) for x in extra] + ["--runs-dir", str(tmp_path / "runs"), "--no-progress"]
-    assert cli.main(args) == 1
+    assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and said in err and err.count("\n") == 1
     assert not (tmp_path / "runs").exists()

@@ -1,0 +1,63 @@
+"""The exit statuses every command shares (:mod:`stare_verl.jobs.exits`): a refused command is status 2 and one
+``error:`` line whichever subcommand refused it, and writes nothing; a command that ran and failed is status 1.
+(``check`` with a value verl refuses: ``test_recipes.py``.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from stare_verl.jobs import exits
+from stare_verl.jobs.cli import main
+
+
+def _argv(tmp_path, case: str) -> list[str]:
+    (tmp_path / "notes.md").write_text("a file without the methods table's markers\n")
+    return {
+        "check: no such recipe": ["check", "no_such_recipe"],
+        "plot: no such run": ["plot", str(tmp_path / "no-run")],
+        "methods: no markers": ["methods", "--write", str(tmp_path / "notes.md")],
+        "eval: no data file": ["eval", "--url", "http://127.0.0.1:9", "--data", str(tmp_path / "none.parquet"),
+                               "--out", str(tmp_path / "out" / "r.jsonl")],
+        "eval: no checkpoint": ["eval", "--runs-dir", str(tmp_path / "out"), "--no-progress"],
+        "train: unknown method": ["train", "--family", "shortcot", "--method", "nope", "--dry-run"],
+        "compare: unknown method": ["compare", "--methods", "nope", "--out", str(tmp_path / "out")],
+        "sft data: no such file": ["sft", "data", "--demos", "0", "--retool-file", str(tmp_path / "none.jsonl"),
+                                   "--out", str(tmp_path / "out")],
+    }[case]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["check: no such recipe", "plot: no such run", "methods: no markers", "eval: no data file",
+     "eval: no checkpoint", "train: unknown method", "compare: unknown method", "sft data: no such file"],
+)  # fmt: skip
+def test_a_refused_command_is_status_2_and_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    argv = _argv(tmp_path, case)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(argv) == exits.USAGE_ERROR == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(err) == 1 and err[0].startswith("error: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no run folder, no results file, no data
+
+
+def test_tool_use_data_cli_refuses_a_missing_file_as_the_datasets_cli(tmp_path, capsys):
+    from envs.datasets import main as datasets_main
+    from envs.tool_use.task import main as task_main
+
+    missing = str(tmp_path / "none.jsonl")
+    assert task_main(["hub", "math500", "--from-file", missing, "--out", str(tmp_path / "d")]) == 2
+    assert datasets_main(["hub", "math500", "--from-file", missing, "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") and "none.jsonl" in line for line in err)
+
+
+def test_a_server_that_cannot_be_reached_is_status_1(tmp_path, capsys):
+    """It ran (the data was read, the server asked) and failed: 1, not a refusal."""
+    from envs.datasets import make_row, write_parquet
+
+    data = write_parquet([make_row("1 + 1?", "2", "toy", 0, "test")], tmp_path / "d.parquet")
+    argv = ["eval", "--url", "http://127.0.0.1:9", "--model", "m", "--data", str(data), "--retries", "0",
+            "--out", str(tmp_path / "r.jsonl"), "--no-progress"]  # fmt: skip
+    assert main(argv) == exits.RUN_FAILED == 1
+    assert "cannot reach the server" in capsys.readouterr().err
