@@ -199,7 +199,7 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
     for s, rows in enumerate(sets):
         row_set[rows] = s
     lp_type = log_probs.dtype.type
-    lo, hi = _windows(log_probs, entropys, mask, row_set, len(sets), ratio)
+    lo, hi = _windows(log_probs, mask, row_set, len(sets), ratio)
     end, n_model, n_valid, below, below_above, n_window = (np.empty(b, dtype=np.int64) for _ in range(6))
     ent_sum, lp_sum, below_sum = np.empty(b), np.empty(b), np.empty(b)
     window, window_ent = np.empty((b, t), dtype=log_probs.dtype), np.empty((b, t), dtype=entropys.dtype)
@@ -341,8 +341,9 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def _windows(log_probs, entropys, mask, row_set, n_sets: int, ratio: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(lo, hi)``: ``[2]`` bounds (log-probs' dtype) of each set's window, from a strided sample of the batch.
+def _windows(log_probs, mask, row_set, n_sets: int, ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)``: ``[2]`` bounds (log-probs' dtype) of each set's window, from a strided sample of the batch
+    (:func:`kernels.sample_candidates`).
 
     The bounds lie five standard errors of the sample quantile (plus two sample steps) on either side of the
     ratio-quantile of the sampled candidates; with fewer than 1024 sampled candidates, or a batch too small for a
@@ -354,7 +355,7 @@ def _windows(log_probs, entropys, mask, row_set, n_sets: int, ratio: float) -> t
     if size == 0:
         return lo, hi
     stride = max(size // SAMPLE_SIZE, 1)
-    samples, counts = kernels.sample_candidates(log_probs, entropys, mask, row_set, n_sets, stride)
+    samples, counts = kernels.sample_candidates(log_probs, mask, row_set, n_sets, stride)
     for s in range(n_sets):
         sample = samples[s, : counts[s]]
         m = sample.size

@@ -275,16 +275,18 @@ def pass_a(r0, r1, log_probs, entropys, mask, first, row_set, lo, hi, window, wi
 
 
 @numba.njit(cache=True, nogil=True)
-def sample_candidates(log_probs, entropys, mask, row_set, n_sets, stride):  # pragma: no cover - compiled
-    """A strided sample of each set's candidates: ``(samples, counts)``, ``samples[s, :counts[s]]`` the log-probs of
-    the valid tokens of set ``s``'s rows (``row_set``) among the flat positions ``stride // 2 + q * stride`` of the
-    ``[B, T]`` batch, in position order (``samples``: ``[n_sets, ceil(B * T / stride)]`` of the log-probs' dtype)."""
+def sample_candidates(log_probs, mask, row_set, n_sets, stride):  # pragma: no cover - compiled
+    """A strided sample of each set's candidates: ``(samples, counts)``, ``samples[s, :counts[s]]`` the finite
+    log-probs of the model tokens of set ``s``'s rows (``row_set``) among the flat positions ``stride // 2 + q *
+    stride`` of the ``[B, T]`` batch, in position order (``samples``: ``[n_sets, ceil(B * T / stride)]`` of the
+    log-probs' dtype). The entropies are not read (each sampled position costs a cache miss per array read): a
+    token whose entropy is NaN or inf, no candidate, may enter the sample, which sets only the window's bounds."""
     t = log_probs.shape[1]
     size = log_probs.shape[0] * t
     n = (size - stride // 2 + stride - 1) // stride if size > stride // 2 else 0
     samples = np.empty((n_sets, n), dtype=log_probs.dtype)
     counts = np.zeros(n_sets, dtype=np.int64)
-    lp, ent = np.empty(n, dtype=log_probs.dtype), np.empty(n, dtype=entropys.dtype)
+    lp = np.empty(n, dtype=log_probs.dtype)
     ok = np.empty(n, dtype=np.bool_)
     # the reads first, without a branch between them, so that the processor overlaps their cache misses
     for q in range(n):
@@ -292,12 +294,11 @@ def sample_candidates(log_probs, entropys, mask, row_set, n_sets, stride):  # pr
         r = pos // t
         c = pos - r * t
         lp[q] = log_probs[r, c]
-        ent[q] = entropys[r, c]
         ok[q] = mask[r, c] > 0
     for q in range(n):
         s = row_set[(stride // 2 + q * stride) // t]
-        v, e = lp[q], ent[q]
-        if 0 <= s < n_sets and ok[q] and np.isfinite(v) and np.isfinite(e):
+        v = lp[q]
+        if 0 <= s < n_sets and ok[q] and np.isfinite(v):
             samples[s, counts[s]] = v
             counts[s] += 1
     return samples, counts
