@@ -3,9 +3,10 @@
 The same results as the step-by-step NumPy path (:func:`stare_verl.methods.stare.core.token_masks`,
 :func:`~stare_verl.methods.stare.core.select_token_set`, :func:`~stare_verl.methods.stare.core.reweight_advantages`
 and the covariance sums), without its ``[B, T]`` temporaries: pass A finds where each row's model tokens end,
-counts the model and valid tokens and sums their entropy and log-probs, and copies the candidate log-probs that fall
-inside a window around the expected top-P threshold (taken from a strided sample); the exact threshold is the k-th
-smallest of those few values; pass B sums the covariance metrics' high-surprisal tokens and reweights the chosen ones.
+counts the model and valid tokens and sums their entropy and log-probs, sums the candidates below a window around the
+expected top-P threshold (taken from a strided sample) and copies those inside it; the exact threshold is the k-th
+smallest of those few values, and the chosen tokens' sums follow from the window's; pass B sums the covariance
+metrics' high-surprisal tokens and reweights the chosen ones.
 The window decides only the cost: when it misses the k-th smallest (a sample that misrepresents the batch) pass A
 runs again with a window that holds every candidate. Both passes run over ranges of rows that threads take one at a
 time (:func:`_in_row_ranges`).
@@ -198,12 +199,12 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
     for s, rows in enumerate(sets):
         row_set[rows] = s
     lp_type = log_probs.dtype.type
-    lo, hi = _windows(log_probs, entropys, mask, row_set, len(sets), ratio)
-    end, n_model, n_valid, below, n_window = (np.empty(b, dtype=np.int64) for _ in range(5))
-    ent_sum, lp_sum = np.empty(b), np.empty(b)
-    window = np.empty((b, t), dtype=log_probs.dtype)
+    lo, hi = _windows(log_probs, mask, row_set, len(sets), ratio)
+    end, n_model, n_valid, below, below_above, n_window = (np.empty(b, dtype=np.int64) for _ in range(6))
+    ent_sum, lp_sum, below_sum = np.empty(b), np.empty(b), np.empty(b)
+    window, window_ent = np.empty((b, t), dtype=log_probs.dtype), np.empty((b, t), dtype=entropys.dtype)
     a_args = (log_probs, entropys, mask, first, row_set)
-    a_out = (window, end, n_model, n_valid, ent_sum, lp_sum, below, n_window)
+    a_out = (window, window_ent, end, n_model, n_valid, ent_sum, lp_sum, below, below_sum, below_above, n_window)
     _pass_a(*a_args, lo, hi, *a_out)
     n_valid_all = int(n_valid.sum())
     total_ent = float(ent_sum.sum())
@@ -233,12 +234,16 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
     out = output(gate_on)
     weight = np.array([w, m], dtype=row_adv.dtype)
     n_high, s_high = np.empty(b), np.empty(b)
-    n_sel, n_sel_high, n_above = (np.zeros(b, dtype=np.int64) for _ in range(3))
-    s_sel, s_sel_high = np.zeros(b), np.zeros(b)
     _in_row_ranges(kernels.pass_b, log_probs.shape,
-                   log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, row_advantages,
+                   log_probs, entropys, mask, end, n_model, n_valid, high_thr, row_set, thr, weight, allow,
+                   row_advantages,
                    advantages if out is None else out,  # gate off, [B, T] advantages: no row set, nothing written
-                   n_high, s_high, n_sel, s_sel, n_sel_high, s_sel_high, n_above)  # fmt: skip
+                   n_high, s_high)  # fmt: skip
+    n_sel, n_above = np.zeros(b, dtype=np.int64), np.zeros(b, dtype=np.int64)
+    s_sel = np.zeros(b)
+    if gate_on:
+        kernels.chosen_sums(window, window_ent, n_window, below, below_sum, below_above, row_set, thr, allow, n_sel,
+                            s_sel, n_above)  # fmt: skip
 
     cov_base = class_sums(row_adv, n_high, s_high, n_valid.astype(np.float64), lp_sum)
     adv_d, lp_adv_d = cov_base.adv.copy(), cov_base.lp_adv.copy()
@@ -252,8 +257,11 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
                 continue
             a = row_adv[rows].astype(np.float64)
             delta = (weight_s - 1.0) * a  # what each chosen token adds to its advantage
-            cnt, nh = n_sel[rows].astype(np.float64), n_sel_high[rows].astype(np.float64)
-            lp_s, lp_h = s_sel[rows], s_sel_high[rows]
+            cnt, lp_s = n_sel[rows].astype(np.float64), s_sel[rows]
+            # the chosen tokens of high surprisal: all of them when the threshold lies below the high-surprisal
+            # bound (v <= thr < high_thr), else the row's high tokens (v < high_thr <= thr: all chosen; a tie at
+            # thr is not high)
+            nh, lp_h = (cnt, lp_s) if thr[s] < high_thr else (n_high[rows], s_high[rows])
             for q, part in ((0, a > 0), (2, a < 0)):
                 d = delta[part]
                 adv_d[q] += float(np.dot(d, nh[part]))
@@ -333,8 +341,9 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def _windows(log_probs, entropys, mask, row_set, n_sets: int, ratio: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(lo, hi)``: ``[2]`` bounds (log-probs' dtype) of each set's window, from a strided sample of the batch.
+def _windows(log_probs, mask, row_set, n_sets: int, ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)``: ``[2]`` bounds (log-probs' dtype) of each set's window, from a strided sample of the batch
+    (:func:`kernels.sample_candidates`).
 
     The bounds lie five standard errors of the sample quantile (plus two sample steps) on either side of the
     ratio-quantile of the sampled candidates; with fewer than 1024 sampled candidates, or a batch too small for a
@@ -346,7 +355,7 @@ def _windows(log_probs, entropys, mask, row_set, n_sets: int, ratio: float) -> t
     if size == 0:
         return lo, hi
     stride = max(size // SAMPLE_SIZE, 1)
-    samples, counts = kernels.sample_candidates(log_probs, entropys, mask, row_set, n_sets, stride)
+    samples, counts = kernels.sample_candidates(log_probs, mask, row_set, n_sets, stride)
     for s in range(n_sets):
         sample = samples[s, : counts[s]]
         m = sample.size

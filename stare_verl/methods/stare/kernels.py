@@ -11,7 +11,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba.core import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 # Let LLVM reorder the sums so the loop vectorises; keep NaN/inf semantics (no "nnan"/"ninf"): a NaN or inf
 # anywhere in a row must still reach that row's total, which is the caller's finiteness check.
@@ -77,11 +77,13 @@ def log_prob_row_stats(
 # Two passes over [B, T], each a serial kernel over a range of rows [r0, r1) (the caller runs row ranges on several
 # threads: the kernels release the GIL), each reading a row's tokens only up to its last model token.
 # Pass A: per row where its model tokens end, the model and valid token counts, the entropy and log-prob sums, and,
-# for rows of a token set (advantage > 0 or < 0), the candidates below a window [lo, hi] (counted) and inside it
-# (copied into the row's segment of `window`, in row order). Pass B, with the selection threshold known: the
-# covariance metrics' high-surprisal sums, and the chosen tokens' advantages reweighted (with `rows_mode` each row's
-# advantages are written whole from its per-response advantage and the mask, so that the [B, T] GRPO advantages need
-# not exist beforehand; else the chosen entries of `adv` are multiplied in place). A token is valid when mask > 0
+# for rows of a token set (advantage > 0 or < 0), the candidates below a window [lo, hi] (counted, their log-probs
+# summed, those with surprisal above their entropy counted: all of them are chosen) and inside it (log-prob and
+# entropy copied into the row's segment of `window` / `window_ent`, in row order). With the threshold known,
+# `chosen_sums` completes the chosen tokens' sums from the window alone, and pass B sums the covariance metrics'
+# high-surprisal tokens and reweights the chosen tokens' advantages (with `rows_mode` each row's advantages are
+# written whole from its per-response advantage and the mask, so that the [B, T] GRPO advantages need not exist
+# beforehand; else the chosen entries of `adv` are multiplied in place). A token is valid when mask > 0
 # and its log-prob and entropy are finite; sums run in float64.
 
 
@@ -95,6 +97,65 @@ def _trailing_zeros(typingctx, x):  # pragma: no cover - compiled
         return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
 
     return types.uint64(types.uint64), codegen
+
+
+@intrinsic
+def _contiguous_window_bits(typingctx, row, start, lo, hi):  # pragma: no cover - compiled
+    """:func:`_window_bits` of a contiguous row: one vector load of the 64 values and two vector compares whose 64
+    flags are the bits (LLVM's ``bitcast <64 x i1> to i64``; a loop that shifts each flag into place is compiled
+    to scalar code)."""
+    if not (
+        isinstance(row, types.Array)
+        and row.ndim == 1
+        and row.layout == "C"
+        and row.dtype in (types.float32, types.float64)
+        and lo == row.dtype
+        and hi == row.dtype
+        and isinstance(start, types.Integer)
+    ):
+        return None
+
+    def codegen(context, builder, signature, args):
+        arr, j, a, b = args
+        row_type = signature.args[0]
+        data = context.make_array(row_type)(context, builder, arr).data
+        vec = ir.VectorType(context.get_value_type(row_type.dtype), 64)
+        ptr = builder.bitcast(builder.gep(data, [j]), vec.as_pointer())
+        values = builder.load(ptr, align=row_type.dtype.bitwidth // 8)
+        undef = ir.Constant(vec, ir.Undefined)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), 64), [0] * 64)
+
+        def splat(x):
+            one = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
+            return builder.shuffle_vector(one, undef, zeros)
+
+        above, below = builder.fcmp_ordered(">=", values, splat(a)), builder.fcmp_ordered("<=", values, splat(b))
+        inside = builder.and_(above, below)
+        return builder.bitcast(inside, ir.IntType(64))
+
+    return types.uint64(row, start, lo, hi), codegen
+
+
+def _window_bits(row, start, lo, hi):  # pragma: no cover - compiled (see the overload below)
+    """A uint64 whose bit q is set when ``lo <= row[start + q] <= hi`` (q < 64; NaN sets no bit), for a 1-D
+    float32/float64 ``row`` with ``start + 64 <= row.size`` and bounds of its dtype. Only in compiled code."""
+    raise NotImplementedError("_window_bits is compiled only")
+
+
+@overload(_window_bits)
+def _window_bits_impl(row, start, lo, hi):  # pragma: no cover - compiled
+    """The vector form for a contiguous row, a loop for a strided one."""
+    if isinstance(row, types.Array) and row.layout == "C":
+        return lambda row, start, lo, hi: _contiguous_window_bits(row, start, lo, hi)
+
+    def strided(row, start, lo, hi):
+        bits = np.uint64(0)
+        for q in range(64):
+            v = row[start + q]
+            bits |= np.uint64((v >= lo) & (v <= hi)) << np.uint64(q)
+        return bits
+
+    return strided
 
 
 @numba.njit(cache=True, nogil=True)
@@ -128,64 +189,104 @@ def _row_end(row):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def pass_a(r0, r1, log_probs, entropys, mask, first, row_set, lo, hi, window, end, n_model, n_valid, ent_sum, lp_sum,
-           below, n_window):  # pragma: no cover - compiled
+def pass_a(r0, r1, log_probs, entropys, mask, first, row_set, lo, hi, window, window_ent, end, n_model, n_valid,
+           ent_sum, lp_sum, below, below_sum, below_above, n_window):  # pragma: no cover - compiled
     """Pass A (see above) over rows ``[r0, r1)``. ``first``: from :func:`first_model`; ``row_set[i]``: the set of
     row i (0 or 1), -1 for none; ``lo``/``hi``: ``[2]`` window bounds of each set in the log-probs' dtype;
-    ``window``: ``[B, T]`` scratch of the log-probs' dtype. Writes ``end`` (one past each row's last model token,
-    0 for a row without one) and the ``[B]`` counts and sums."""
+    ``window``/``window_ent``: ``[B, T]`` scratch of the log-probs' / entropies' dtype, receiving the log-probs and
+    entropies of the window's tokens. Writes ``end`` (one past each row's last model token, 0 for a row without
+    one), the ``[B]`` counts and sums, and for the rows of a set the count ``below``, log-prob sum ``below_sum`` and
+    count with surprisal above their entropy ``below_above`` of the valid tokens below ``lo``."""
     for i in range(r0, r1):
         lp_row, ent_row, mask_row = log_probs[i], entropys[i], mask[i]
         stop = _row_end(mask_row) if first[i] >= 0 else 0
         end[i] = stop
         s = row_set[i]
-        a = lo[s] if s >= 0 else -np.inf
-        cm, cv, nb, es, ls = 0.0, 0.0, 0.0, 0.0, 0.0
-        # branch-free, float64 counters (selects, not jumps; no int/float mix): the form LLVM vectorises
-        for j in range(stop):
-            v = lp_row[j]
-            e = ent_row[j]
-            m = mask_row[j] > 0
-            ok = m & ((v - v) == 0) & ((e - e) == 0)  # finite: inf - inf and NaN - NaN are NaN
-            cm += 1.0 if m else 0.0
-            cv += 1.0 if ok else 0.0
-            nb += 1.0 if ok & (v < a) else 0.0
-            es += e if ok else 0.0
-            ls += v if ok else 0.0
-        n_model[i], n_valid[i], ent_sum[i], lp_sum[i], below[i] = int(cm), int(cv), es, ls, int(nb)
+        cm, nb, es, ls, sb, na = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        # first without the finiteness test: a NaN or inf among the row's model tokens makes its entropy or
+        # log-prob sum non-finite (float64 sums of finite values do not overflow), and only then is the row
+        # summed again with the test. Branch-free, float64 counters (selects, not jumps; no int/float mix): the
+        # form LLVM vectorises.
+        if s >= 0:
+            a = lo[s]
+            for j in range(stop):
+                v = lp_row[j]
+                e = ent_row[j]
+                m = mask_row[j] > 0
+                low = m & (v < a)
+                cm += 1.0 if m else 0.0
+                es += e if m else 0.0
+                ls += v if m else 0.0
+                nb += 1.0 if low else 0.0
+                sb += v if low else 0.0
+                na += 1.0 if low & (-v > e) else 0.0
+        else:
+            for j in range(stop):
+                v = lp_row[j]
+                m = mask_row[j] > 0
+                cm += 1.0 if m else 0.0
+                es += ent_row[j] if m else 0.0
+                ls += v if m else 0.0
+        cv = cm
+        if not ((es - es) == 0 and (ls - ls) == 0):
+            a = lo[s] if s >= 0 else -np.inf
+            cm, cv, nb, es, ls, sb, na = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+            for j in range(stop):
+                v = lp_row[j]
+                e = ent_row[j]
+                m = mask_row[j] > 0
+                ok = m & ((v - v) == 0) & ((e - e) == 0)  # finite: inf - inf and NaN - NaN are NaN
+                low = ok & (v < a)
+                cm += 1.0 if m else 0.0
+                cv += 1.0 if ok else 0.0
+                es += e if ok else 0.0
+                ls += v if ok else 0.0
+                nb += 1.0 if low else 0.0
+                sb += v if low else 0.0
+                na += 1.0 if low & (-v > e) else 0.0
+        n_model[i], n_valid[i], ent_sum[i], lp_sum[i] = int(cm), int(cv), es, ls
+        below[i], below_sum[i], below_above[i] = int(nb), sb, int(na)
         nw = 0
         if s >= 0:
-            b = hi[s]
-            win_row = window[i]
+            a, b = lo[s], hi[s]
+            win_row, win_ent = window[i], window_ent[i]
             # few tokens fall inside the window: per block of 64 tokens a bit mask of those whose log-prob does
-            # (a loop LLVM vectorises), then a visit of its set bits only, in order
+            # (vector compares), then a visit of its set bits only, in order
             for j0 in range(0, stop, 64):
-                bits = np.uint64(0)
-                for j in range(j0, min(j0 + 64, stop)):
-                    v = lp_row[j]
-                    bits |= np.uint64((v >= a) & (v <= b)) << np.uint64(j - j0)  # NaN compares False
+                if j0 + 64 <= lp_row.size:  # the block's tokens from stop on are cleared
+                    bits = _window_bits(lp_row, j0, a, b)
+                    if stop - j0 < 64:
+                        bits &= (np.uint64(1) << np.uint64(stop - j0)) - np.uint64(1)
+                else:  # the last block of a row shorter than 64 beyond j0
+                    bits = np.uint64(0)
+                    for j in range(j0, stop):
+                        v = lp_row[j]
+                        bits |= np.uint64((v >= a) & (v <= b)) << np.uint64(j - j0)  # NaN compares False
                 while bits != 0:
                     j = j0 + np.int64(_trailing_zeros(bits))
                     v = lp_row[j]
                     e = ent_row[j]
                     if (mask_row[j] > 0) & ((v - v) == 0) & ((e - e) == 0):
                         win_row[nw] = v
+                        win_ent[nw] = e
                         nw += 1
                     bits &= bits - np.uint64(1)  # clear the lowest set bit
         n_window[i] = nw
 
 
 @numba.njit(cache=True, nogil=True)
-def sample_candidates(log_probs, entropys, mask, row_set, n_sets, stride):  # pragma: no cover - compiled
-    """A strided sample of each set's candidates: ``(samples, counts)``, ``samples[s, :counts[s]]`` the log-probs of
-    the valid tokens of set ``s``'s rows (``row_set``) among the flat positions ``stride // 2 + q * stride`` of the
-    ``[B, T]`` batch, in position order (``samples``: ``[n_sets, ceil(B * T / stride)]`` of the log-probs' dtype)."""
+def sample_candidates(log_probs, mask, row_set, n_sets, stride):  # pragma: no cover - compiled
+    """A strided sample of each set's candidates: ``(samples, counts)``, ``samples[s, :counts[s]]`` the finite
+    log-probs of the model tokens of set ``s``'s rows (``row_set``) among the flat positions ``stride // 2 + q *
+    stride`` of the ``[B, T]`` batch, in position order (``samples``: ``[n_sets, ceil(B * T / stride)]`` of the
+    log-probs' dtype). The entropies are not read (each sampled position costs a cache miss per array read): a
+    token whose entropy is NaN or inf, no candidate, may enter the sample, which sets only the window's bounds."""
     t = log_probs.shape[1]
     size = log_probs.shape[0] * t
     n = (size - stride // 2 + stride - 1) // stride if size > stride // 2 else 0
     samples = np.empty((n_sets, n), dtype=log_probs.dtype)
     counts = np.zeros(n_sets, dtype=np.int64)
-    lp, ent = np.empty(n, dtype=log_probs.dtype), np.empty(n, dtype=entropys.dtype)
+    lp = np.empty(n, dtype=log_probs.dtype)
     ok = np.empty(n, dtype=np.bool_)
     # the reads first, without a branch between them, so that the processor overlaps their cache misses
     for q in range(n):
@@ -193,12 +294,11 @@ def sample_candidates(log_probs, entropys, mask, row_set, n_sets, stride):  # pr
         r = pos // t
         c = pos - r * t
         lp[q] = log_probs[r, c]
-        ent[q] = entropys[r, c]
         ok[q] = mask[r, c] > 0
     for q in range(n):
         s = row_set[(stride // 2 + q * stride) // t]
-        v, e = lp[q], ent[q]
-        if 0 <= s < n_sets and ok[q] and np.isfinite(v) and np.isfinite(e):
+        v = lp[q]
+        if 0 <= s < n_sets and ok[q] and np.isfinite(v):
             samples[s, counts[s]] = v
             counts[s] += 1
     return samples, counts
@@ -240,18 +340,54 @@ def _scaled(row_adv, mask_value, factor):  # pragma: no cover - compiled
     return (row_adv * mask_value) * factor
 
 
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, inline="always")
+def _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, checked, high_thr, chosen_ok, t, all_ties, w, rv,
+                row_adv):  # pragma: no cover - compiled
+    """Pass B's loop over one row's tokens up to ``stop``: ``(n_high, s_high)``, and the row's advantages written
+    (see :func:`pass_b`). ``checked``: test each token for finite log-prob and entropy (a row with a non-finite
+    one); without, the entropies are not read. ``chosen_ok``: the row belongs to a set (its tokens below ``t``, and
+    equal to it with ``all_ties``, are chosen). Inlined with constant ``checked``/``chosen_ok``, each combination
+    compiles to its own loop."""
+    cast = adv_row.dtype.type
+    one = cast(1)
+    c, sh = 0.0, 0.0
+    for j in range(stop):
+        v = lp_row[j]
+        mv = mask_row[j]
+        ok = mv > 0
+        if checked:
+            e = ent_row[j]
+            ok = ok & ((v - v) == 0) & ((e - e) == 0)
+        vz = v if ok else 0.0  # finite: its product with the 0/1 flag below stays exact
+        h = 1.0 if ok & (v < high_thr) else 0.0
+        c += h
+        sh += vz * h  # (the form LLVM vectorises: a select of v itself into the sum is not)
+        if chosen_ok:
+            # the tokens below the threshold, and those equal to it when every tie is taken
+            chosen = ok & ((v < t) | ((v == t) & all_ties))
+            if row_adv is None:
+                adv_row[j] = adv_row[j] * (w if chosen else one)
+            else:
+                adv_row[j] = _scaled(rv, cast(mv), w if chosen else one)
+        elif row_adv is not None:
+            adv_row[j] = rv * cast(mv)
+    return c, sh
+
+
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def pass_b(r0, r1, log_probs, entropys, mask, end, high_thr, row_set, thr, weight, allow, row_adv, adv, n_high, s_high,
-           n_sel, s_sel, n_sel_high, s_sel_high, n_above):  # pragma: no cover - compiled
+def pass_b(r0, r1, log_probs, entropys, mask, end, n_model, n_valid, high_thr, row_set, thr, weight, allow, row_adv,
+           adv, n_high, s_high):  # pragma: no cover - compiled
     """Pass B (see above) over rows ``[r0, r1)``. ``high_thr``: a token is high-surprisal when
     ``log_prob < high_thr`` (the log-probs' dtype); ``thr``/``weight``: ``[2]`` per set (the k-th smallest log-prob,
     the weight in the advantages' dtype); ``allow[i]``: how many tokens equal to the threshold row i may take (-1:
-    all); ``end``: from :func:`pass_a`. ``adv``: ``[B, T]``. With ``row_adv`` None the chosen entries of ``adv`` are
-    multiplied by their weight in place; with ``row_adv`` (``[B]``, ``adv``'s dtype) every entry is written,
-    ``row_adv[i] * mask[i, j]`` in ``adv``'s dtype (as torch's ``row_adv[:, None] * mask``), times the weight where
-    chosen. (``row_adv is None`` is settled when the kernel is compiled: each mode has its own loops.)"""
+    all); ``end``, ``n_model``, ``n_valid``: from :func:`pass_a` (a row whose model tokens are all valid is read
+    without the finiteness test and without its entropies). ``adv``: ``[B, T]``. With ``row_adv`` None the chosen
+    entries of ``adv`` are multiplied by their weight in place; with ``row_adv`` (``[B]``, ``adv``'s dtype) every
+    entry is written, ``row_adv[i] * mask[i, j]`` in ``adv``'s dtype (as torch's ``row_adv[:, None] * mask``),
+    times the weight where chosen. (``row_adv is None`` is settled when the kernel is compiled: each mode has its
+    own loops.) Writes the ``[B]`` count ``n_high`` and log-prob sum ``s_high`` of each row's valid tokens below
+    ``high_thr``; the chosen tokens' own sums come from pass A and the window."""
     cast = adv.dtype.type
-    one = cast(1)
     for i in range(r0, r1):
         s = row_set[i]
         t = thr[max(s, 0)]
@@ -263,57 +399,57 @@ def pass_b(r0, r1, log_probs, entropys, mask, end, high_thr, row_set, thr, weigh
         # update is not vectorised)
         lp_row, ent_row, mask_row, adv_row = log_probs[i], entropys[i], mask[i], adv[i]
         rv = cast(0) if row_adv is None else row_adv[i]
-        c, sh = 0.0, 0.0
-        ns, ss, nsh, ssh, na = 0.0, 0.0, 0.0, 0.0, 0.0
-        if s < 0:
-            for j in range(stop):
-                v = lp_row[j]
-                e = ent_row[j]
-                ok = (mask_row[j] > 0) & ((v - v) == 0) & ((e - e) == 0)
-                vz = v if ok else 0.0  # finite: products with the 0/1 flags below stay exact
-                h = 1.0 if ok & (v < high_thr) else 0.0
-                c += h
-                sh += vz * h
-            if row_adv is not None:  # nothing chosen: the row's GRPO advantages
-                for j in range(mask_row.size):
-                    adv_row[j] = rv * cast(mask_row[j])
+        checked = n_valid[i] != n_model[i]
+        if s >= 0:
+            if checked:
+                c, sh = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, True, high_thr, True, t, all_ties, w,
+                                    rv, row_adv)
+            else:
+                c, sh = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, False, high_thr, True, t, all_ties, w,
+                                    rv, row_adv)
+        elif checked:
+            c, sh = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, True, high_thr, False, t, all_ties, w, rv,
+                                row_adv)
         else:
+            c, sh = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, False, high_thr, False, t, all_ties, w,
+                                rv, row_adv)
+        if row_adv is not None:  # past the last model token: no token chosen
+            for j in range(stop, mask_row.size):
+                adv_row[j] = rv * cast(mask_row[j])
+        if s >= 0 and left > 0:  # the row's share of the tied tokens: the earliest
             for j in range(stop):
                 v = lp_row[j]
                 e = ent_row[j]
-                ok = (mask_row[j] > 0) & ((v - v) == 0) & ((e - e) == 0)
-                vz = v if ok else 0.0
-                h = 1.0 if ok & (v < high_thr) else 0.0
-                c += h
-                sh += vz * h
-                # the tokens below the threshold, and those equal to it when every tie is taken (-1)
-                chosen = ok & ((v < t) | ((v == t) & all_ties))
-                sel = 1.0 if chosen else 0.0
-                if row_adv is None:
-                    adv_row[j] = adv_row[j] * (w if chosen else one)
-                else:
-                    adv_row[j] = _scaled(rv, cast(mask_row[j]), w if chosen else one)
-                ns += sel
-                ss += vz * sel
-                nsh += h * sel
-                ssh += vz * (h * sel)
-                na += sel if -v > e else 0.0
-            if row_adv is not None:  # past the last model token: no token chosen
-                for j in range(stop, mask_row.size):
-                    adv_row[j] = rv * cast(mask_row[j])
-            if left > 0:  # the row's share of the tied tokens: the earliest
-                for j in range(stop):
-                    v = lp_row[j]
-                    e = ent_row[j]
-                    if left > 0 and v == t and (mask_row[j] > 0) and (e - e) == 0:
-                        left -= 1
-                        adv_row[j] = adv_row[j] * w
-                        ns += 1
-                        ss += v
-                        if v < high_thr:
-                            nsh += 1
-                            ssh += v
-                        if -v > e:
-                            na += 1
+                if left > 0 and v == t and (mask_row[j] > 0) and (e - e) == 0:
+                    left -= 1
+                    adv_row[j] = adv_row[j] * w
         n_high[i], s_high[i] = c, sh
-        n_sel[i], s_sel[i], n_sel_high[i], s_sel_high[i], n_above[i] = int(ns), ss, int(nsh), ssh, int(na)
+
+
+@numba.njit(cache=True, nogil=True)
+def chosen_sums(window, window_ent, n_window, below, below_sum, below_above, row_set, thr, allow, n_sel, s_sel,
+                n_above):  # pragma: no cover - compiled
+    """The chosen tokens' sums of each row of a set (``row_set[i] >= 0``), from pass A's: its valid tokens below the
+    window (all chosen: the window's lower bound lies at or below the threshold) and its window tokens below
+    ``thr`` of its set, or equal to it (all with ``allow[i]`` -1, else the first ``allow[i]``, the window holding a
+    row's tokens in order). Writes ``[B]`` ``n_sel``, ``s_sel`` (their log-prob sum, float64) and ``n_above`` (those
+    whose surprisal exceeds their entropy); rows of no set are left untouched."""
+    for i in range(row_set.size):
+        s = row_set[i]
+        if s < 0:
+            continue
+        t = thr[s]
+        left = allow[i]
+        ns, ss, na = below[i], below_sum[i], below_above[i]
+        win_row, win_ent = window[i], window_ent[i]
+        for q in range(n_window[i]):
+            v = win_row[q]
+            take = v < t
+            if v == t:
+                take = left != 0
+                left -= 1 if left > 0 else 0
+            if take:
+                ns += 1
+                ss += v
+                na += 1 if -v > win_ent[q] else 0
+        n_sel[i], s_sel[i], n_above[i] = ns, ss, na

@@ -298,3 +298,42 @@ def test_row_ranges_on_several_threads_give_the_one_thread_results(monkeypatch, 
         assert torch.equal(a, a1)
         assert metrics.keys() == m1.keys()
         assert all(metrics[k] == m1[k] or (math.isnan(metrics[k]) and math.isnan(m1[k])) for k in m1)
+
+
+def _threads(monkeypatch, threads):
+    """The fused passes on ``threads`` threads, over ranges of one or two rows (many ranges, every thread busy)."""
+    monkeypatch.setattr(fused, "CHUNK_TOKENS", 1000)
+    monkeypatch.setattr(fused, "_torch_threads", lambda: threads)
+
+
+SPLIT_BATCHES = {  # (b, t, batch kind or edge); 512 x 1024: the sampled window
+    "random": (96, 600, "random"),
+    "all": (96, 600, "all"),
+    "random_sampled": (512, 1024, "random"),
+    "all_sampled": (512, 1024, "all"),
+    **{edge: (None, None, edge) for edge in ("all_equal_log_probs", "groups_of_one", "mask_all_zero",
+                                             "empty_responses", "log_probs_all_nan")},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("ratio", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+@pytest.mark.parametrize("batch", list(SPLIT_BATCHES))
+def test_the_split_passes_give_the_step_by_step_results(monkeypatch, batch, variant, ratio, threads):
+    """The chosen tokens' sums come from pass A's sums below the window and the window itself, pass B sums only the
+    high-surprisal metrics: advantages and every metric as the step-by-step NumPy path (the reference) gives them, for
+    thresholds below and above the high-surprisal bound (P 0.9: the bound lies below the threshold), on 1, 2 and 4
+    threads."""
+    b, t, kind = SPLIT_BATCHES[batch]
+    data = _edge(kind) if b is None else _batch(b, t, seed=b + t + 1, **KINDS[kind])
+    algo = _algo(variant, top_p_ratio=ratio)
+    with monkeypatch.context() as m:
+        _threads(m, threads)
+        new = _rows_path(data, algo, monkeypatch)
+    metrics = new[1]
+    if ratio == 0.9 and b is not None:  # the threshold above the high-surprisal bound: the row's high tokens
+        assert 0 <= metrics["stare/surprisal_threshold_plus"] < metrics["entropy_control/batch_entropy"]
+    elif ratio == 0.1 and b is not None:  # below it: every chosen token is of high surprisal
+        assert metrics["stare/surprisal_threshold_plus"] > metrics["entropy_control/batch_entropy"] > 0
+    _same(new, _step_by_step(data, algo, monkeypatch))
