@@ -349,7 +349,7 @@ def test_stare_verl_check_reads_the_key_with_the_same_reader(estimator, raw, ok,
     rc = main(["check", "cpu/shortcot_tiny_grpo", f"algorithm.adv_estimator={estimator}",
                f"algorithm.norm_adv_by_std_in_grpo={value}"])  # fmt: skip
     out, err = capsys.readouterr()
-    assert rc == (0 if ok else 1), err
+    assert rc == (0 if ok else 2), err
     if not ok:
         assert "algorithm.norm_adv_by_std_in_grpo" in err
     else:  # 0 and "false": Dr.GRPO for forking as for STARE
@@ -363,7 +363,7 @@ def test_check_of_verls_own_grpo_accepts_0_and_1_and_refuses_strings(raw, ok, ca
     # 0 and 1 read by Python truthiness mean false and true, as verl's estimator reads them; a string does not
     rc = main(["check", "cpu/tiny_grpo", f"algorithm.norm_adv_by_std_in_grpo={raw}"])
     out, err = capsys.readouterr()
-    assert rc == (0 if ok else 1), err
+    assert rc == (0 if ok else 2), err
     if ok:
         assert out.startswith("ok: ")
     else:
