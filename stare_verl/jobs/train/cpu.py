@@ -46,7 +46,7 @@ from stare_verl.jobs.train.heldout import (
     heldout_entropy_curve,
 )
 from stare_verl.jobs.train.launch import INTERRUPTED, method_overrides, resume_clause, run_env, timed
-from stare_verl.jobs.train.options import WARM_START_STEPS, TrainOptions, bad_option
+from stare_verl.jobs.train.options import WARM_START_STEPS, TrainOptions, bad_option, settings_differ
 from stare_verl.recipe_files import recipes_dir
 
 HELDOUT_POINTS = 6
@@ -221,6 +221,11 @@ def train_cpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
     noise.close()
     done = run.latest_step()
     if done is not None and done >= opts.steps and run.is_finished():
+        differ = settings_differ(run.read_summary().get("settings"), opts.run_settings())
+        if differ:  # never "nothing to train" for a command whose run this is not
+            print(f"error: {run_dir} holds a finished run of other settings ({'; '.join(differ)}); use another "
+                  "--run-dir, or delete that folder to run it again", file=sys.stderr)  # fmt: skip
+            return 2
         print(f"[{name}] {run_dir} already holds step {done} >= --steps {opts.steps}: nothing to train (raise "
               "--steps to continue it)", flush=True)  # fmt: skip
         return 0
@@ -374,6 +379,7 @@ def train_tiny_recipe(job: TinyLaunch, model_dir: Path, t0: float, before: dict 
         "family": family,
         "method": opts.method,
         "seed": opts.seed,
+        "settings": opts.run_settings(),
         "steps": rows[-1]["step"] if rows else 0,
         "backend": backend.to_dict(),
         "rollout_engine": rollout_engine(backend),

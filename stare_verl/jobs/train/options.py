@@ -303,6 +303,14 @@ class _TrainFields(BaseModel):
         problems and samples): what an option is compared with to tell whether it was given."""
         return type(self).parse({"model": self.model})
 
+    def run_settings(self) -> dict[str, Any]:
+        """The options that decide what a run trains (JSON-able; ``summary.json`` records them as ``settings``): all
+        but where it is written and logged, whether it is only planned, how often it saves, and its budget and
+        evaluation sizes (``steps``, ``n_eval``, ``eval_samples``: a comparison checks those itself, with its own
+        rules). A finished run is reused only for the same settings (``stare_verl.jobs.compare.reuse_mismatch``)."""
+        skip = {"dry_run", "logger", "run_dir", "save_freq", "steps", "n_eval", "eval_samples"}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.model_dump(exclude=skip).items()}
+
     def to_argv(self) -> list[str]:
         """The ``stare-verl train`` arguments that parse back to these options (:func:`parse_options`): each
         option off its default (the model kind's, for those that depend on it), then the Hydra overrides."""
@@ -317,6 +325,22 @@ class _TrainFields(BaseModel):
             else:
                 out += [_flag(name), ",".join(value) if isinstance(value, list) else str(value)]
         return out + list(self.overrides)
+
+
+def settings_differ(recorded: Any, settings: dict[str, Any]) -> list[str]:
+    """What differs between the settings a finished run recorded (``summary.json``'s ``settings``) and ``settings``
+    (:meth:`TrainOptions.run_settings`), one ``"<key> <recorded>, not <asked>"`` each, by key; ``[]`` when they are
+    the same or when nothing was recorded (a run from before the record: not checked)."""
+    if not isinstance(recorded, dict):
+        return []
+
+    def shown(value: Any) -> str:
+        if isinstance(value, list):
+            return "[" + " ".join(map(str, value)) + "]" if value else "none"
+        return str(value)
+
+    return [f"{key} {shown(recorded.get(key))}, not {shown(settings.get(key))}"
+            for key in sorted(set(recorded) | set(settings)) if recorded.get(key) != settings.get(key)]  # fmt: skip
 
 
 SFT_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -556,7 +580,8 @@ def bad_option(opts: TrainOptions) -> str | None:
     """What stops ``opts`` from running here, as a one-line message, or None: a stall-watch variable out of range
     (``$STARE_STALL_TIMEOUT_S``), an override the method's own settings would replace
     (:meth:`~stare_verl.methods.base.EntropyControl.replaced_overrides`), a run folder (``--run-dir`` / ``$RUN_DIR``)
-    that a file blocks, an ``--sft-cache`` that is no folder. Checked before anything runs or is written."""
+    that a file blocks, an ``--sft-cache`` that is no folder, a ``$STARE_CACHE_DIR`` that a file blocks. Checked
+    before anything runs or is written."""
     try:
         no_step_timeout()
     except ValueError as exc:
@@ -579,6 +604,11 @@ def bad_option(opts: TrainOptions) -> str | None:
             what = "is a file" if path.exists() else "does not exist"
             return (f"--sft-cache {opts.sft_cache} {what}; give an existing SFT cache folder, or create an empty one "
                     "(mkdir -p) to start a new cache there")  # fmt: skip
+    env_cache = os.environ.get("STARE_CACHE_DIR")
+    if env_cache and not opts.sft_cache:  # the cache (SFT checkpoints, prepared models) is made when missing
+        problem = folder_problem(Path(env_cache))
+        if problem is not None:
+            return f"the cache folder {env_cache} cannot be made: {problem} ($STARE_CACHE_DIR)"
     return None
 
 

@@ -61,3 +61,19 @@ def test_a_server_that_cannot_be_reached_is_status_1(tmp_path, capsys):
             "--out", str(tmp_path / "r.jsonl"), "--no-progress"]  # fmt: skip
     assert main(argv) == exits.RUN_FAILED == 1
     assert "cannot reach the server" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["train", "--cpu", "--family", "shortcot", "--steps", "1"],
+                                     ["train", "--cpu", "--family", "shortcot", "--steps", "1", "--dry-run"],
+                                     ["compare", "--family", "shortcot", "--methods", "grpo", "--seeds", "0"]])
+def test_a_cache_folder_that_is_a_file_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch, command):
+    """``$STARE_CACHE_DIR`` naming a file was a traceback deep in the cold-start SFT (a fresh user's find), after the
+    run folder was made; the dry run planned a model path under the file. Now one line, status 2, nothing made."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cache.txt").write_text("not a folder")
+    monkeypatch.setenv("STARE_CACHE_DIR", str(tmp_path / "cache.txt"))
+    assert main([*command, "--run-dir" if command[0] == "train" else "--out", str(tmp_path / "out")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert err == [f"error: the cache folder {tmp_path / 'cache.txt'} cannot be made: {tmp_path / 'cache.txt'} is a "
+                   "file ($STARE_CACHE_DIR)"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.txt"]

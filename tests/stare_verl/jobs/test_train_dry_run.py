@@ -460,3 +460,28 @@ def test_real_runs_refuse_impossible_override_values_before_anything_is_written(
         err = capsys.readouterr().err
         assert err.startswith("error: ") and said in err and err.count("\n") == 1
     assert list(cpu_machine.iterdir()) == []
+
+
+def test_a_finished_run_of_other_settings_is_refused_and_the_same_command_is_nothing_to_train(
+    cpu_machine, tmp_path, capsys
+):
+    """``train --run-dir`` on a finished run: the same command has nothing to train (status 0); another lr (an
+    override) or method setting is refused with what differs, never "nothing to train" as if it were that run."""
+    import json
+
+    from stare_verl.jobs.train.options import parse_options
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "global_step_3").mkdir(parents=True)
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("3")
+    argv = ["--cpu", "--family", "shortcot", "--method", "stare", "--steps", "3", "--run-dir", str(run)]
+    opts = parse_options(argv)
+    (run / "summary.json").write_text(json.dumps({"steps": 3, "settings": opts.run_settings()}))
+    assert train.main(argv) == 0
+    assert "nothing to train" in capsys.readouterr().out
+    for extra, said in [(["actor_rollout_ref.actor.optim.lr=1e-4"], "overrides none, not [actor_rollout_ref.actor."
+                                                                        "optim.lr=1e-4]"),
+                        (["--method", "stare:reweight_w=2"], "method stare, not stare:reweight_w=2")]:  # fmt: skip
+        assert train.main([*argv, *extra]) == 2
+        out, err = capsys.readouterr()
+        assert f"holds a finished run of other settings ({said})" in err and "nothing to train" not in out
