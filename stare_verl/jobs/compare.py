@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from stare_verl.jobs.families import DEFAULT_FAMILY, job_family
 from stare_verl.jobs.runlog import RunFolder, heldout_curve, own_metric, shared_metric_key, step_axis
+from stare_verl.jobs.train.options import settings_differ
 
 if TYPE_CHECKING:
     from stare_verl.jobs.train import TrainOptions
@@ -158,13 +159,18 @@ def baseline_mismatch(runs: list[TrainOptions]) -> str | None:
             "false for all, and no method setting of its own such as stare:norm_adv_by_std_in_grpo=...)")
 
 
-def reuse_mismatch(summary: dict[str, Any], steps: int, n_eval: int, eval_samples: int) -> str | None:
+def reuse_mismatch(summary: dict[str, Any], steps: int, n_eval: int, eval_samples: int,
+                   settings: dict[str, Any] | None = None) -> str | None:
     """Why a finished run (its ``summary.json``) cannot stand in a comparison of ``steps`` RL steps evaluated on
-    ``n_eval`` held-out problems with ``eval_samples`` samples at T = 1: other steps, another number of problems,
-    or fewer samples (more are fine: pass@k is reported at the comparison's k); None when it can. A run without
-    held-out evaluations (a run from ``MODEL``) is checked on its steps only; what a summary does not say is not
-    checked."""
+    ``n_eval`` held-out problems with ``eval_samples`` samples at T = 1, its run trained with ``settings``
+    (:meth:`~stare_verl.jobs.train.options.TrainOptions.run_settings`: the method, seed, model, Hydra overrides, so
+    ``--lr`` and ``--mini-batches`` too): other steps, another number of problems, fewer samples (more are fine:
+    pass@k is reported at the comparison's k), or other settings (each one that differs is named); None when it can.
+    A run without held-out evaluations (a run from ``MODEL``) is checked on its steps only; what a summary does not
+    say (a run from before ``settings`` was recorded) is not checked."""
     why = []
+    if settings is not None:
+        why += settings_differ(summary.get("settings"), settings)
     if "steps" in summary and summary["steps"] != steps:
         why.append(f"{summary.get('steps')} steps, not {steps}")
     after = summary.get("eval_after") if isinstance(summary.get("eval_after"), dict) else {}
@@ -185,6 +191,18 @@ def _heldout_points(heldout: dict[str, Any], steps: int) -> list[list[float]]:
         b, a = (heldout.get(k) if isinstance(heldout.get(k), dict) else {} for k in ("before", "after"))
         xs, ys = heldout_curve({"by_step": [{**b, "step": 0}, {**a, "step": steps}]})
     return [[x, y] for x, y in zip(xs, ys, strict=True)]
+
+
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with every NaN / inf float replaced by None (JSON's null), in nested lists and dicts: a run without
+    a metric (a method without STARE's gate) is NaN in the statistics, which strict JSON readers refuse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def _median(xs: list) -> float | None:
@@ -262,13 +280,13 @@ def write_report(stats: list[dict[str, Any]], out_dir: Path, family: str = DEFAU
     lines.append("| run | steps | acc before (greedy) | " + " | ".join(c[1] for c in cols) + " |")
     lines.append("|---|---|---|" + "---|" * len(cols))
     for s in stats:
-        cells = [f"{s[k]:.4f}" if isinstance(s.get(k), (int, float)) else "-" for k, _ in cols]
+        cells = [f"{s[k]:.4f}" if isinstance(s.get(k), (int, float)) and math.isfinite(s[k]) else "-" for k, _ in cols]
         before = f"{s['acc_before_greedy']:.4f}" if s["acc_before_greedy"] is not None else "-"
         lines.append(f"| {s['run']} | {s['steps']} | {before} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "table.md").write_text(table + "\n")
-    (out_dir / "table.json").write_text(json.dumps(stats, indent=1))
+    (out_dir / "table.json").write_text(json.dumps(_finite_or_null(stats), indent=1, allow_nan=False))
     colors = _colors(methods)
     where = f"CPU {family} task" + (f", {regime}" if regime else "")
 
@@ -386,7 +404,8 @@ def _dry_run(runs: list[TrainOptions], family: str, steps: int, n_eval: int, eva
         print(f"[compare] dry run {i}/{len(runs)}: {run_dir.name} (stare-verl train {' '.join(opts.to_argv())})",
               flush=True)  # fmt: skip
         if RunFolder(run_dir).is_finished():
-            other = reuse_mismatch(RunFolder(run_dir).read_summary(), steps, n_eval, eval_samples)
+            other = reuse_mismatch(RunFolder(run_dir).read_summary(), steps, n_eval, eval_samples,
+                                   opts.run_settings())
             if other:
                 print(f"error: {run_dir} holds a finished run of other settings ({other})", file=sys.stderr)
                 rc = 2
@@ -479,9 +498,15 @@ def main(argv: list[str] | None = None) -> int:
     shared = {k: v for k, v in vars(args).items() if k in ("family", *SFT_SHARED_OPTIONS)}  # the options given
     fam = job_family(shared.get("family", DEFAULT_FAMILY))
     steps = fam.compare_steps if args.steps is None else args.steps
-    # a seed given twice would be one run counted twice in the table's mean and sd
-    seeds = list(dict.fromkeys(list(fam.compare_seeds) if args.seeds is None else args.seeds))
-    methods = list(dict.fromkeys(args.methods or ["stare", "grpo"]))
+    # a seed or method given twice would be one run counted twice in the table's mean and sd: refused, as two
+    # spellings of one run are (_same_runs), not silently dropped
+    for flag, given in (("--seeds", args.seeds), ("--methods", args.methods)):
+        twice = [str(x) for x in dict.fromkeys(x for x in given or [] if given.count(x) > 1)]
+        if twice:
+            print(f"error: {flag} {' '.join(twice)} given twice: give each once", file=sys.stderr)
+            return 2
+    seeds = list(fam.compare_seeds) if args.seeds is None else list(args.seeds)
+    methods = list(args.methods or ["stare", "grpo"])
     if args.lr is not None and not (math.isfinite(args.lr) and 0 < args.lr <= LR_MAX):
         print(f"error: --lr must be in (0, {LR_MAX:g}] (got {args.lr:g})", file=sys.stderr)
         return 2
@@ -534,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
             if rc != 0:
                 print(f"error: run {run_dir.name} failed ({rc}); the comparison stops here", file=sys.stderr)
                 return rc
-        other = reuse_mismatch(RunFolder(run_dir).read_summary(), steps, args.n_eval, args.eval_samples)
+        other = reuse_mismatch(RunFolder(run_dir).read_summary(), steps, args.n_eval, args.eval_samples,
+                               opts.run_settings())
         if other:  # a finished folder of another comparison: never reported as if it were this one's
             print(f"error: {run_dir} holds a finished run of other settings ({other}); use another --out, or "
                   "delete that folder to run it again", file=sys.stderr)  # fmt: skip

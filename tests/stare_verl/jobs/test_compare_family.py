@@ -59,7 +59,7 @@ def test_compare_passes_the_family_to_every_run(tmp_path, monkeypatch):
     ).read_text()
     # other families: 30 steps, under runs/compare
     seen.clear()
-    assert compare.main(["--family", "tooluse", "--seeds", "0", "1", "0", "2"]) == 0  # a repeated seed runs once
+    assert compare.main(["--family", "tooluse", "--seeds", "0", "1", "2"]) == 0
     assert sorted(seen) == sorted(("tooluse", m, s, 30, True) for m in ("stare", "grpo") for s in (0, 1, 2))
     assert (tmp_path / "runs" / "compare" / "table.md").exists()
 
@@ -233,10 +233,17 @@ def test_compare_refuses_a_norm_flag_that_is_no_boolean(tmp_path, monkeypatch, c
     (["--steps", "6"], "4 steps, not 6"), (["--n-eval", "9"], "5 held-out problems, not 9"),
     (["--eval-samples", "4"], "2 samples per problem, fewer than 4"), (["--eval-samples", "1"], None),
     ([], None),
+    # the settings a run trained with (a fresh user's find: these were reused and relabelled)
+    (["--lr", "0.0001"], "overrides none, not [actor_rollout_ref.actor.optim.lr=0.0001]"),
+    (["--mini-batches", "2"], "overrides none, not [actor_rollout_ref.actor.ppo_mini_batch_size=4 "
+                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32]"),
+    (["actor_rollout_ref.actor.clip_ratio_high=0.3"], "overrides none, not [actor_rollout_ref.actor.clip_ratio_high=0.3]"),
+    (["--sft-seed", "3"], "sft_seed None, not 3"),
 ])  # fmt: skip
 def test_a_finished_run_of_other_settings_is_not_reused(tmp_path, monkeypatch, capsys, change, why):
-    """A finished run folder is the comparison's cache: one of another --steps, --n-eval or fewer --eval-samples is
-    refused with what differs, never reported as this comparison's."""
+    """A finished run folder is the comparison's cache: one of another --steps, --n-eval, fewer --eval-samples or
+    other training settings (--lr, --mini-batches, a Hydra override, a cold-start option) is refused with what
+    differs, never reported as this comparison's."""
     ran = []
 
     def fake_train_cpu(args):
@@ -249,6 +256,7 @@ def test_a_finished_run_of_other_settings_is_not_reused(tmp_path, monkeypatch, c
                  "T=1": {"accuracy": 0.25, "n": args.n_eval * args.eval_samples,
                          "samples_per_problem": args.eval_samples, "pass_at_k": {"1": 0.25}}}  # fmt: skip
         (run / "summary.json").write_text(json.dumps({"method": args.method, "seed": args.seed, "steps": args.steps,
+                                                      "settings": args.run_settings(),  # as the real run records
                                                       "eval_before": after, "eval_after": after}))  # fmt: skip
         return 0
 
@@ -258,8 +266,9 @@ def test_a_finished_run_of_other_settings_is_not_reused(tmp_path, monkeypatch, c
     argv = ["--family", "shortcot", "--seeds", "0", "--methods", "grpo"]
     assert compare.main([*argv, *[x for kv in base.items() for x in kv]]) == 0 and ran == ["grpo"]
     capsys.readouterr()
-    opts = {**base, **dict(zip(change[::2], change[1::2], strict=True))}
-    rc = compare.main([*argv, *[x for kv in opts.items() for x in kv]])
+    flags, overrides = [c for c in change if "=" not in c], [c for c in change if "=" in c]
+    opts = {**base, **dict(zip(flags[::2], flags[1::2], strict=True))}
+    rc = compare.main([*argv, *[x for kv in opts.items() for x in kv], *overrides])
     err = capsys.readouterr().err
     assert ran == ["grpo"]  # the folder exists: never trained again
     if why:
@@ -305,6 +314,9 @@ def test_overrides_after_seeds_and_methods_end_them(tmp_path, monkeypatch):
      "stare:reweight_w=1.10 are one run (method stare-reweight_w1.1, the same settings): give each method once"),
     (["--methods", "stare", "stare:"], "error: --methods stare and stare: are one run (method stare, the same "
                                         "settings): give each method once"),
+    # given twice: one run counted twice in the mean and sd, refused like two spellings of one run (it was dropped)
+    (["--seeds", "0", "1", "0"], "error: --seeds 0 given twice: give each once"),
+    (["--methods", "stare", "grpo", "stare", "grpo"], "error: --methods stare grpo given twice: give each once"),
     (["--lr", "5"], "error: --lr must be in (0, 1] (got 5)"),
     (["--lr", "nan"], "error: --lr must be in (0, 1] (got nan)"),
     (["--steps", str(10**9)], "error: --steps must be in [1, 100000] (got 1000000000)"),
