@@ -186,9 +186,11 @@ def entropy_report(
     report["below_with_gate_on"] = verdict == "below" and last_gated * 2 > quarter
     where = (
         f"last-quarter entropy {report['entropy_last_quarter']:.4f} = {ratio:.2f} x the target {target:g} "
-        f"(first quarter {report['entropy_first_quarter']:.4f}), gate on in {len(gated)} of {len(gate_rows)} steps"
-    )
-    if not report["reweighting"]:
+        f"(first quarter {report['entropy_first_quarter']:.4f})"
+    ) + (f", gate on in {len(gated)} of {len(gate_rows)} steps" if gate_rows else "")
+    if not gate_rows:  # another method than STARE and its twin: it logs no STARE gate
+        message = f"{where}; no STARE gate logged (another entropy control: its own metrics are under its prefix)"
+    elif not report["reweighting"]:
         message = f"{where}; no reweighting (W = M = 1, the GRPO-ds twin): the gate only marks entropy < target"
     elif verdict == "held":
         message = f"entropy held (within {band:.0%} of the target): {where}"
@@ -225,11 +227,15 @@ def format_entropy_report(report: dict[str, Any]) -> list[str]:
     lines = [
         f"entropy ({r['entropy_key']}): first quarter {f(r['entropy_first_quarter'], '.4f')}, last quarter "
         f"{f(r['entropy_last_quarter'], '.4f')} vs target {f(r['target_entropy'], 'g')} "
-        f"({f(r['last_quarter_over_target'], '.2f')} x); gate on in {r['gate_on_steps']} of {r['gate_steps']} steps",
-        f"weights with the gate on: {_set_weight('L+', r['l_plus_weight'], r['l_plus_token_share'])}, "
-        f"{_set_weight('L-', r['l_minus_weight'], r['l_minus_token_share'])}; mean token weight over all steps "
-        f"{f(r['mean_token_weight'], '.4f')}",
+        f"({f(r['last_quarter_over_target'], '.2f')} x)"
+        + (f"; gate on in {r['gate_on_steps']} of {r['gate_steps']} steps" if r["gate_steps"] else ""),
     ]
+    if r["gate_steps"]:  # STARE or its twin: the gate's weights (another method logs none)
+        lines.append(
+            f"weights with the gate on: {_set_weight('L+', r['l_plus_weight'], r['l_plus_token_share'])}, "
+            f"{_set_weight('L-', r['l_minus_weight'], r['l_minus_token_share'])}; mean token weight over all steps "
+            f"{f(r['mean_token_weight'], '.4f')}"
+        )
     if r.get("l_plus_above_entropy") is not None:
         lines.append(
             f"L+ tokens whose surprisal exceeds their state's entropy (amplifying them surely raises it): "

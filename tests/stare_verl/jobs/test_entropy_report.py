@@ -139,3 +139,17 @@ def test_new_runs_log_the_shared_quantities_under_entropy_control_and_read_alike
     assert rep_new["target_entropy"] == 0.03 and rep_new["gate_on_steps"] == sum(GRPO_GATE)
     assert {k: v for k, v in rep_new.items() if k != "entropy_key"} == {
         k: v for k, v in rep_old.items() if k != "entropy_key"}
+
+
+def test_a_method_without_stares_gate_is_not_reported_as_the_grpo_twin():
+    """Another entropy control (REPO-R here) logs no ``stare/gate_on``: its report said "gate on in 0 of 0 steps"
+    and "no reweighting (W = M = 1, the GRPO-ds twin)" (a fresh user's find). Now no gate and no STARE weights."""
+    rows = [{"step": i + 1, "entropy_control/batch_entropy": e, "entropy_control/target_entropy": 0.03, "repo_r/zeta": 0.001}
+            for i, e in enumerate(GRPO_ENT)]  # fmt: skip
+    rep = entropy_report(rows, BEFORE, GRPO_AFTER)
+    assert rep["gate_steps"] == 0 and rep["target_entropy"] == 0.03
+    assert "GRPO-ds twin" not in rep["message"] and "gate on" not in rep["message"]
+    assert rep["message"].endswith("no STARE gate logged (another entropy control: its own metrics are under its prefix)")
+    lines = format_entropy_report(rep)
+    assert lines[0].endswith("vs target 0.03 (0.46 x)") and not any("gate" in ln for ln in lines[:-1])
+    assert not any(ln.startswith("weights with the gate on") for ln in lines)

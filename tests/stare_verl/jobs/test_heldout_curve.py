@@ -214,6 +214,10 @@ def test_compare_overlays_each_methods_curve(tmp_path, monkeypatch):
     out = tmp_path / "cmp"
     compare.write_report(stats, out)
     assert (out / "heldout_entropy_overlay.png").read_bytes().startswith(b"\x89PNG")
+    # a statistic these runs do not have (no gate logged) is JSON's null and the table's "-", never NaN
+    assert any(isinstance(v, float) and v != v for s in stats for v in s.values())
+    table = json.loads((out / "table.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in table.json"))
+    assert any(v is None for row in table for v in row.values()) and "nan" not in (out / "table.md").read_text()
     overlay = next(fig for fig in seen if "grpo (mean of 2)" in fig and any(
         x == [0, 15, 30] and y[0] == 0.05 for x, y in fig.values()) and fig["grpo (mean of 2)"][1][0] == 0.05)
     assert overlay["grpo (mean of 2)"][1] == pytest.approx([0.05, 0.046, 0.042])
