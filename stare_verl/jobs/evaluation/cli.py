@@ -194,6 +194,7 @@ def run(a: argparse.Namespace) -> int:
     from stare_verl.jobs.evaluation.client import EvalClientError
     from stare_verl.jobs.evaluation.local import (
         LocalCheckpointError,
+        check_local_checkpoint,
         find_latest_checkpoint,
         find_run_data,
         heldout_data_for_sft,
@@ -231,6 +232,7 @@ def run(a: argparse.Namespace) -> int:
             records, out, meta = asyncio.run(_api(a, settings, problems, data))
         else:
             ck = _local_model(a) or (Path(a.checkpoint) if a.checkpoint else find_latest_checkpoint(a.runs_dir))
+            check_local_checkpoint(ck)  # refused before its results file (a lock, the settings) is written
             if a.data:
                 data = Path(a.data)
             else:

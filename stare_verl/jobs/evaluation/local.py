@@ -54,6 +54,24 @@ class LocalCheckpointError(FileNotFoundError):
     """No usable local checkpoint (or its data) was found; the message says what to do."""
 
 
+def check_local_checkpoint(checkpoint: str | Path) -> None:
+    """Refuse a local model folder the evaluation cannot load, before anything is written for it.
+
+    Raises:
+        LocalCheckpointError: not a Hugging Face model folder with weights (``config.json`` and ``*.safetensors``),
+            or its weights do not load (a truncated or overwritten file, a missing shard): one line, not a traceback.
+    """
+    ck = Path(checkpoint)
+    if not _has_weights(ck):
+        raise LocalCheckpointError(f"{ck} is not a Hugging Face model folder with weights (config.json + "
+                                   "*.safetensors)")
+    from stare_verl.models.registry import weights_problem
+
+    problem = weights_problem(ck)
+    if problem:
+        raise LocalCheckpointError(f"{ck}: {problem}")
+
+
 def _has_weights(d: Path) -> bool:
     return (d / "config.json").is_file() and any(any(d.glob(p)) for p in _WEIGHTS)
 
@@ -180,14 +198,7 @@ def run_local_eval(
     from stare_verl.jobs.evaluation.sandbox import loop_deadline_s, sandbox_tool
 
     ck = Path(checkpoint)
-    if not _has_weights(ck):
-        raise LocalCheckpointError(f"{ck} is not a Hugging Face model folder with weights (config.json + "
-                                   "*.safetensors)")
-    from stare_verl.models.registry import weights_problem
-
-    problem = weights_problem(ck)  # a truncated or overwritten file, a missing shard: one line, not a traceback
-    if problem:
-        raise LocalCheckpointError(f"{ck}: {problem}")
+    check_local_checkpoint(ck)
     if settings.seed is None:  # the engine always samples with a seed
         settings = settings.model_copy(update={"seed": 0})
     max_tokens = settings.max_tokens

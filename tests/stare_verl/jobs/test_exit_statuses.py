@@ -77,3 +77,21 @@ def test_a_cache_folder_that_is_a_file_is_refused_before_anything_is_written(tmp
     assert err == [f"error: the cache folder {tmp_path / 'cache.txt'} cannot be made: {tmp_path / 'cache.txt'} is a "
                    "file ($STARE_CACHE_DIR)"]  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.txt"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "no weights"])
+def test_eval_refuses_a_checkpoint_it_cannot_load_before_writing_its_results_file(tmp_path, capsys, kind):
+    """``eval --checkpoint`` of a folder it cannot load was refused (status 2) after its results file's lock and
+    settings were written beside ``--out`` (a fresh user's find); now nothing is written."""
+    ck = tmp_path / "ck"
+    if kind != "missing":
+        ck.mkdir()
+    if kind == "no weights":
+        (ck / "config.json").write_text("{}")
+    from envs.datasets import make_row, write_parquet
+
+    data = write_parquet([make_row("1 + 1?", "2", "toy", 0, "test")], tmp_path / "d.parquet")  # a good data file
+    out = tmp_path / "res" / "c1.jsonl"
+    assert main(["eval", "--checkpoint", str(ck), "--data", str(data), "--out", str(out), "--no-progress"]) == 2
+    assert "is not a Hugging Face model folder with weights" in capsys.readouterr().err
+    assert not (tmp_path / "res").exists()
