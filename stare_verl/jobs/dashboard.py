@@ -154,10 +154,12 @@ def method_settings(run: RunFolder, summary: dict[str, Any]) -> dict[str, Any]:
     if method is None:  # no method recorded, or an old or unknown one: no settings shown
         return {}
     try:
-        import yaml
+        from omegaconf import OmegaConf
 
-        cfg = yaml.safe_load((run.logs / "hydra" / ".hydra" / "config.yaml").read_text())
-        section = cfg["algorithm"][method.name]
+        cfg = OmegaConf.load(run.logs / "hydra" / ".hydra" / "config.yaml")
+        # resolved against the whole config: a target that follows STARE's (${algorithm.stare.target_entropy}) shows
+        # its value, not the interpolation
+        section = OmegaConf.to_container(cfg.algorithm[method.name], resolve=True)
         if isinstance(section, dict):
             try:  # typed as the method reads it (YAML may keep 1e-06 as a string)
                 return type(method).parse(section).model_dump()

@@ -195,3 +195,20 @@ def test_tool_statistics_reach_the_step_metrics_and_metrics_jsonl(tmp_path):
     assert {k: v for k, v in kept.items() if k != "step"} == means
     out = write_metrics_jsonl([{"step": 1, **means}], tmp_path / "metrics.jsonl")
     assert json.loads(out.read_text())["reward/num_tool_errors/mean"] == 0.5
+
+
+def test_a_method_target_that_follows_stares_is_shown_resolved(tmp_path):
+    """REPO-R's and the adaptive coefficient's target follows the recipe's STARE target by interpolation; the title
+    showed ``target_entropy=${algorithm.stare.target_entropy}`` (a fresh user's find), now the value."""
+    from stare_verl.jobs.dashboard import method_settings
+    from stare_verl.jobs.runlog import RunFolder
+
+    hydra = tmp_path / "run" / "logs" / "hydra" / ".hydra"
+    hydra.mkdir(parents=True)
+    for name in ("repo_r", "adaptive_entropy"):
+        (hydra / "config.yaml").write_text(
+            "algorithm:\n  stare:\n    target_entropy: 0.11\n"
+            f"  {name}:\n    target_entropy: ${{algorithm.stare.target_entropy}}\n"
+        )
+        settings = method_settings(RunFolder(tmp_path / "run"), {"method": name})
+        assert settings["target_entropy"] == 0.11, name
