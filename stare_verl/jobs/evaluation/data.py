@@ -24,6 +24,8 @@ class DatasetError(ValueError):
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
+    if path.is_dir():
+        raise DatasetError(f"data file {path} is a folder: give the .parquet (or .jsonl) file in it")
     if not path.is_file():
         raise DatasetError(
             f"data file {path} does not exist (build one with `python -m envs.datasets ...` or "
@@ -31,11 +33,22 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
         )
     try:
         if path.suffix in (".jsonl", ".json"):
+            rows = []
             with path.open() as f:
-                return [json.loads(line) for line in f if line.strip()]
+                for number, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as err:  # the file's line, not the position inside the row
+                        raise DatasetError(f"cannot read {path} as JSONL: line {number}: {err.msg} (column "
+                                           f"{err.colno})") from err  # fmt: skip
+            return rows
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
+    except DatasetError:
+        raise
     except Exception as err:  # noqa: BLE001 - any reader failure: one clear message
         raise DatasetError(f"cannot read {path} as {'JSONL' if path.suffix != '.parquet' else 'parquet'}: "
                            f"{type(err).__name__}: {err}") from err

@@ -95,3 +95,19 @@ def test_eval_refuses_a_checkpoint_it_cannot_load_before_writing_its_results_fil
     assert main(["eval", "--checkpoint", str(ck), "--data", str(data), "--out", str(out), "--no-progress"]) == 2
     assert "is not a Hugging Face model folder with weights" in capsys.readouterr().err
     assert not (tmp_path / "res").exists()
+
+
+def test_eval_data_errors_name_the_files_line_and_a_folder(tmp_path, capsys):
+    """A malformed JSONL row is named by its line in the file (it said "line 1 column 2", the position inside the
+    row); a folder given as --data is named a folder (it said "does not exist")."""
+    import json as _json
+
+    good = _json.dumps({"prompt": [{"role": "user", "content": "1 + 1?"}], "data_source": "toy",
+                        "reward_model": {"ground_truth": "2"}})  # fmt: skip
+    (tmp_path / "bad.jsonl").write_text(f"{good}\n\n{{'broken': }}\n")
+    base = ["eval", "--url", "http://127.0.0.1:9", "--model", "m", "--no-progress", "--out", str(tmp_path / "o.jsonl")]
+    assert main([*base, "--data", str(tmp_path / "bad.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "as JSONL: line 3: " in err and "column 2" in err
+    assert main([*base, "--data", str(tmp_path)]) == 2
+    assert f"data file {tmp_path} is a folder" in capsys.readouterr().err
