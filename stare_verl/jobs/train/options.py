@@ -305,10 +305,12 @@ class _TrainFields(BaseModel):
 
     def run_settings(self) -> dict[str, Any]:
         """The options that decide what a run trains (JSON-able; ``summary.json`` records them as ``settings``): all
-        but where it is written and logged, whether it is only planned, how often it saves, and its budget and
-        evaluation sizes (``steps``, ``n_eval``, ``eval_samples``: a comparison checks those itself, with its own
-        rules). A finished run is reused only for the same settings (``stare_verl.jobs.compare.reuse_mismatch``)."""
-        skip = {"dry_run", "logger", "run_dir", "save_freq", "steps", "n_eval", "eval_samples"}
+        but where it is written and logged, whether it is only planned, the machine flags (``--cpu``: a CPU run here
+        either way), the SFT's thread count, the accuracy a cold start must reach to go on, how often it saves, and
+        its budget and evaluation sizes (``steps``, ``n_eval``, ``eval_samples``: a comparison checks those itself,
+        with its own rules). A finished run is reused only for the same settings (:func:`settings_differ`)."""
+        skip = {"dry_run", "logger", "run_dir", "save_freq", "steps", "n_eval", "eval_samples", "cpu", "gpu",
+                "sft_threads", "min_sft_accuracy"}
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.model_dump(exclude=skip).items()}
 
     def to_argv(self) -> list[str]:

@@ -479,6 +479,8 @@ def test_a_finished_run_of_other_settings_is_refused_and_the_same_command_is_not
     (run / "summary.json").write_text(json.dumps({"steps": 3, "settings": opts.run_settings()}))
     assert train.main(argv) == 0
     assert "nothing to train" in capsys.readouterr().out
+    assert train.main([a for a in argv if a != "--cpu"]) == 0  # the machine flag is no setting of the run
+    assert "nothing to train" in capsys.readouterr().out
     for extra, said in [(["actor_rollout_ref.actor.optim.lr=1e-4"], "overrides none, not [actor_rollout_ref.actor."
                                                                         "optim.lr=1e-4]"),
                         (["--method", "stare:reweight_w=2"], "method stare, not stare:reweight_w=2")]:  # fmt: skip
