@@ -125,11 +125,14 @@ def test_cli_offline_writes_parquet_that_verl_dataset_reads(tmp_path):
     assert item["raw_prompt"][0]["content"] == TOOL_USE_SYSTEM
 
 
-def test_cli_reports_errors_with_status_1(tmp_path, capsys):
+def test_cli_refuses_a_missing_input_file_with_status_2(tmp_path, capsys):
+    """A missing --from-file is the caller's input: refused as a usage error (2, as envs.datasets), nothing written."""
     assert (
-        main(["hub", "aime2024", "--out", str(tmp_path), "--from-file", str(tmp_path / "missing.jsonl")]) == 1
+        main(["hub", "aime2024", "--out", str(tmp_path), "--from-file", str(tmp_path / "missing.jsonl")]) == 2
     )
-    assert capsys.readouterr().err.startswith("error: ")
+    err = capsys.readouterr().err
+    assert err.startswith("error: DatasetUnavailableError") and "missing.jsonl" in err
+    assert not list(tmp_path.rglob("*.parquet"))
 
 
 def test_compute_score_uses_model_text_not_tool_output():
