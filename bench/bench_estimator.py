@@ -1,7 +1,8 @@
 """Median time of the `stare` estimator vs verl's `grpo_vectorized`, 30% padding, gate forced on.
 
 On CPU tensors (as verl's driver holds them), torch with 2 threads: sizes 512 x 8192 and 64 x 16384, variants O1
-(default) and C2, the two timed alternately in one process (median of the per-pair ratios): target ratio <= 3. The
+(default) and C2, the estimator called as the trainer calls it (with the run's controller, so the config is
+parsed once per run, not once per call), the two timed alternately in one process (median of the per-pair ratios): target ratio <= 3. The
 ratio depends on the machine's load (verl's two [B, T] torch passes wait for their second thread on a busy CPU,
 while the estimator's compiled passes hand row ranges to whichever of its threads runs), so the header prints the
 load average. Where CUDA is available, sizes
@@ -32,6 +33,8 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
 
 from stare_verl.methods.stare import compute_stare_advantage
+from stare_verl.methods.stare.config import parse_stare_config
+from stare_verl.methods.stare.controller import StareController
 
 CPU_SIZES = [(512, 8192), (64, 16384)]
 GPU_SIZES = [(512, 8192), (1024, 16384)]
@@ -79,10 +82,12 @@ def bench(device: str, b: int, t: int) -> None:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for variant in ("O1", "C2"):
         algo = OmegaConf.create({"norm_adv_by_std_in_grpo": True, "stare": {"variant": variant}})
+        # as the trainer calls it (stare_verl.trainer): with the run's controller, its config parsed once per run
+        controller = StareController(parse_stare_config(algo))
         grpo, stare, ratio = paired_ms(
             lambda: compute_grpo_vectorized_outcome_advantage(rewards, mask, uid),
-            lambda algo=algo: compute_stare_advantage(
-                rewards, mask, uid, algo, old_log_probs=logp, entropys=ent
+            lambda algo=algo, controller=controller: compute_stare_advantage(
+                rewards, mask, uid, algo, old_log_probs=logp, entropys=ent, controller=controller
             ),
             sync,
         )

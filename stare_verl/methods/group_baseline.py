@@ -203,7 +203,8 @@ def group_row_advantage(
     from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
 
     scores = token_level_rewards.sum(dim=-1)
-    if not bool(torch.isfinite(scores).all()):
+    scores_np = scores.detach().double().cpu().numpy()
+    if not np.isfinite(scores_np).all():  # [B] on the host anyway: no torch reduction of its own
         return None
     kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": cfg.norm_adv_by_std_in_grpo is not False}
     codes, n_groups = verl_group_codes(index)
@@ -214,7 +215,6 @@ def group_row_advantage(
     # the same groups, the rows of each in the same order, without verl factorising the labels a second time
     row, _ = compute_grpo_vectorized_outcome_advantage(scores[:, None], ones, codes, **kw)
     row = row[:, 0]
-    scores_np = scores.detach().double().cpu().numpy()
     zero_var = zero_variance_groups(scores_np, codes, n_groups, np.ones(len(scores_np), dtype=bool),
                                     cfg.zero_variance_tol)  # fmt: skip
     rows = zero_var[codes]

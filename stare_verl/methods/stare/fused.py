@@ -4,7 +4,7 @@ The same results as the step-by-step NumPy path (:func:`stare_verl.methods.stare
 :func:`~stare_verl.methods.stare.core.select_token_set`, :func:`~stare_verl.methods.stare.core.reweight_advantages`
 and the covariance sums), without its ``[B, T]`` temporaries: pass A finds where each row's model tokens end,
 counts the model and valid tokens and sums their entropy and log-probs, sums the candidates below a window around the
-expected top-P threshold (taken from a strided sample) and copies those inside it; the exact threshold is the k-th
+expected top-P threshold (taken from a sample of the batch) and copies those inside it; the exact threshold is the k-th
 smallest of those few values, and the chosen tokens' sums follow from the window's; pass B sums the covariance
 metrics' high-surprisal tokens and reweights the chosen ones.
 The window decides only the cost: when it misses the k-th smallest (a sample that misrepresents the batch) pass A
@@ -202,7 +202,7 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
     lo, hi = _windows(log_probs, mask, row_set, len(sets), ratio)
     end, n_model, n_valid, below, below_above, n_window = (np.empty(b, dtype=np.int64) for _ in range(6))
     ent_sum, lp_sum, below_sum = np.empty(b), np.empty(b), np.empty(b)
-    window, window_ent = np.empty((b, t), dtype=log_probs.dtype), np.empty((b, t), dtype=entropys.dtype)
+    window, window_ent = _empty((b, t), log_probs.dtype), _empty((b, t), entropys.dtype)
     a_args = (log_probs, entropys, mask, first, row_set)
     a_out = (window, window_ent, end, n_model, n_valid, ent_sum, lp_sum, below, below_sum, below_above, n_window)
     _pass_a(*a_args, lo, hi, *a_out)
@@ -270,6 +270,20 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
                 lp_adv_d[q + 1] += float(np.dot(d, lp_s[part] - lp_h[part]))
     cov_eff = CovarianceSums(n=cov_base.n, lp=cov_base.lp, adv=adv_d, lp_adv=lp_adv_d)
     return out, FusedStep(int(n_model.sum()), n_valid_all, batch_entropy, summaries, cov_base, cov_eff)
+
+
+def _empty(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised ``shape`` array of ``dtype`` (float32/float64) whose memory torch's CPU allocator gives.
+
+    Not ``np.empty``: NumPy advises the kernel to back arrays of 4 MiB or more with transparent huge pages (where
+    THP is in ``madvise`` mode, the usual default), so the first write anywhere in a 2 MiB page zero-fills all of
+    it. Pass A writes a few tokens at the start of each row of its ``[B, T]`` window scratch: with huge pages that
+    zero-fills the whole scratch on every call (measured in ``docs/results/estimator-speed.md``). torch allocates
+    with ``malloc`` and no advice: only the 4 KiB pages written are faulted in, and freed blocks are reused.
+    """
+    import torch
+
+    return torch.empty(shape, dtype=torch.float64 if np.dtype(dtype) == np.float64 else torch.float32).numpy()
 
 
 def _pass_a(log_probs, entropys, mask, first, row_set, lo, hi, *out) -> None:
@@ -342,12 +356,14 @@ def _torch_threads() -> int:
 
 
 def _windows(log_probs, mask, row_set, n_sets: int, ratio: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(lo, hi)``: ``[2]`` bounds (log-probs' dtype) of each set's window, from a strided sample of the batch
-    (:func:`kernels.sample_candidates`).
+    """``(lo, hi)``: ``[2]`` bounds (log-probs' dtype) of each set's window, from a sample of the batch in blocks of
+    adjacent positions (:func:`kernels.sample_candidates`).
 
     The bounds lie five standard errors of the sample quantile (plus two sample steps) on either side of the
-    ratio-quantile of the sampled candidates; with fewer than 1024 sampled candidates, or a batch too small for a
-    sample to pay (:data:`~stare_verl.methods.stare.core.SAMPLED_SELECTION_MIN`), the window holds every candidate.
+    ratio-quantile of the sampled candidates (standard errors of independent draws: adjacent tokens' surprisals
+    correlate, so the blocks hold fewer independent draws and the margin is somewhat less than five of their
+    errors; a window that misses only costs pass A a second run); with fewer than 1024 sampled candidates, or a batch
+    too small for a sample to pay (:data:`~stare_verl.methods.stare.core.SAMPLED_SELECTION_MIN`), the window holds every candidate.
     """
     dtype = log_probs.dtype
     lo, hi = np.full(2, -np.inf, dtype=dtype), np.full(2, np.inf, dtype=dtype)

@@ -217,6 +217,40 @@ def test_a_window_that_misses_the_threshold_falls_back_to_every_candidate(monkey
         monkeypatch.undo()
 
 
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+def test_the_block_sample_gives_a_narrow_window_that_holds_the_threshold(monkeypatch, variant):
+    """The sample reads blocks of adjacent positions: on a batch of independent surprisals (the bench's) its window
+    holds the k-th smallest at the first pass A and holds a few percent of the candidates, not all of them."""
+    import stare_verl.methods.stare.fused as fused
+
+    for seed in range(3):
+        batch = _batch(256, 2048, seed)
+        windows, calls = [], []
+        real_windows, real_pass_a = fused._windows, fused._pass_a
+
+        def recorded(log_probs, mask, row_set, n_sets, ratio, out=windows):
+            lo, hi = real_windows(log_probs, mask, row_set, n_sets, ratio)
+            cand = (mask > 0) & (row_set[:, None] >= 0)  # every set's candidates (the bounds are per set)
+            for s in range(n_sets):
+                in_set = (mask > 0) & (row_set[:, None] == s)
+                out.append(np.count_nonzero(in_set & (log_probs >= lo[s]) & (log_probs <= hi[s])) / in_set.sum())
+            assert cand.any()
+            return lo, hi
+
+        def counted(*args):
+            calls.append(1)
+            return real_pass_a(*args)
+
+        with monkeypatch.context() as m:
+            m.setattr(fused, "_windows", recorded)
+            m.setattr(fused, "_pass_a", counted)
+            new = _run(batch, variant)
+        assert len(calls) == 1  # the window held the k-th smallest: no second pass A
+        assert len(windows) == (2 if variant == "C2" else 1)
+        assert all(0.0 < share < 0.06 for share in windows), windows  # +-5 standard errors of 0.1 at ~8k draws
+        _same(new, _step_by_step_run(monkeypatch, batch, variant))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32, torch.int64])
 def test_the_fused_path_across_dtypes(monkeypatch, dtype, mask_dtype):
