@@ -228,7 +228,7 @@ def test_the_block_sample_gives_a_narrow_window_that_holds_the_threshold(monkeyp
         windows, calls = [], []
         real_windows, real_pass_a = fused._windows, fused._pass_a
 
-        def recorded(log_probs, mask, row_set, n_sets, ratio, out=windows):
+        def recorded(log_probs, mask, row_set, n_sets, ratio, out=windows, real_windows=real_windows):
             lo, hi = real_windows(log_probs, mask, row_set, n_sets, ratio)
             cand = (mask > 0) & (row_set[:, None] >= 0)  # every set's candidates (the bounds are per set)
             for s in range(n_sets):
@@ -237,7 +237,7 @@ def test_the_block_sample_gives_a_narrow_window_that_holds_the_threshold(monkeyp
             assert cand.any()
             return lo, hi
 
-        def counted(*args):
+        def counted(*args, calls=calls, real_pass_a=real_pass_a):
             calls.append(1)
             return real_pass_a(*args)
 
