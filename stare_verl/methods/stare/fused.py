@@ -242,8 +242,9 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
     n_sel, n_above = np.zeros(b, dtype=np.int64), np.zeros(b, dtype=np.int64)
     s_sel = np.zeros(b)
     if gate_on:
-        kernels.chosen_sums(window, window_ent, n_window, below, below_sum, below_above, row_set, thr, allow, n_sel,
-                            s_sel, n_above)  # fmt: skip
+        # ranges sized by the window tokens a row holds (few), not by T
+        _in_row_ranges(kernels.chosen_sums, (b, int(n_window.max(initial=0))), window, window_ent, n_window, below, below_sum,
+                       below_above, row_set, thr, allow, n_sel, s_sel, n_above)  # fmt: skip
 
     cov_base = class_sums(row_adv, n_high, s_high, n_valid.astype(np.float64), lp_sum)
     adv_d, lp_adv_d = cov_base.adv.copy(), cov_base.lp_adv.copy()
@@ -300,8 +301,8 @@ _pool_lock = threading.Lock()
 
 def _in_row_ranges(kernel, shape: tuple[int, int], *args) -> None:
     """Run ``kernel(r0, r1, *args)`` (a compiled kernel that releases the GIL) over consecutive row ranges covering
-    the ``shape = (B, T)`` batch, on as many threads as torch's intra-op thread count (the CPU budget the driver gives
-    its tensor work).
+    the ``shape = (B, T)`` batch (``T``: about how many entries the kernel visits per row, which sizes the ranges), on
+    as many threads as torch's intra-op thread count (the CPU budget the driver gives its tensor work).
 
     The ranges are handed out one at a time to whichever thread asks next, the calling thread included: on a loaded
     machine a helper thread that gets no CPU takes no range (and is called off once the caller has run every range),

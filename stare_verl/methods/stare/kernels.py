@@ -431,14 +431,14 @@ def pass_b(r0, r1, log_probs, entropys, mask, end, n_model, n_valid, high_thr, r
 
 
 @numba.njit(cache=True, nogil=True)
-def chosen_sums(window, window_ent, n_window, below, below_sum, below_above, row_set, thr, allow, n_sel, s_sel,
-                n_above):  # pragma: no cover - compiled
+def chosen_sums(r0, r1, window, window_ent, n_window, below, below_sum, below_above, row_set, thr, allow, n_sel,
+                s_sel, n_above):  # pragma: no cover - compiled
     """The chosen tokens' sums of each row of a set (``row_set[i] >= 0``), from pass A's: its valid tokens below the
     window (all chosen: the window's lower bound lies at or below the threshold) and its window tokens below
     ``thr`` of its set, or equal to it (all with ``allow[i]`` -1, else the first ``allow[i]``, the window holding a
     row's tokens in order). Writes ``[B]`` ``n_sel``, ``s_sel`` (their log-prob sum, float64) and ``n_above`` (those
-    whose surprisal exceeds their entropy); rows of no set are left untouched."""
-    for i in range(row_set.size):
+    whose surprisal exceeds their entropy) for the rows ``[r0, r1)``; rows of no set are left untouched."""
+    for i in range(r0, r1):
         s = row_set[i]
         if s < 0:
             continue
