@@ -54,6 +54,9 @@ def _recipe_source(arg: str, tmp: str) -> tuple[str, Path | None] | str:
     name = arg.removesuffix(".yaml")
     if name in names:
         return name, None
+    if path.exists():  # a file or folder that is no YAML recipe (a recipe name matched above)
+        what = "a folder" if path.is_dir() else "a file"
+        return f"error: {arg!r} is {what}, not a recipe: give a recipe name or a .yaml / .yml verl config"
     if "/" in name and not name.startswith("cpu/"):  # a path that is no file
         return f"error: no file {arg!r} (a recipe name, a path to a recipe or to your own verl YAML)"
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)

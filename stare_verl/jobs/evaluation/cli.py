@@ -125,8 +125,21 @@ FIELD_OPTIONS = {"k": "--k", "temperature": "--temperature", "top_p": "--top-p",
 
 
 def bad_option(a: argparse.Namespace) -> str | None:
-    """The first numeric option below its minimum (``OPTION_MINIMA``), or a non-finite / non-positive time or a
-    ``--pass-k`` outside 1..k, as a one-line message; None when all are fine."""
+    """The first numeric option below its minimum (``OPTION_MINIMA``), a non-finite / non-positive time, a
+    ``--pass-k`` outside 1..k, a ``--url`` that is no server URL (an empty one included: it is not "no URL"), or an
+    ``--out`` / ``--summary`` that is a folder, as a one-line message; None when all are fine. Checked before any
+    data is read, any server asked or any file written."""
+    if getattr(a, "url", None) is not None:
+        from stare_verl.jobs.evaluation.client import api_base
+
+        try:
+            api_base(a.url)
+        except ValueError as err:
+            return f"--url: {err}"
+    for name in ("out", "summary"):
+        v = getattr(a, name, None)
+        if v is not None and (not v.strip() or Path(v).is_dir()):
+            return f"--{name} {v!r} is {'a folder' if v.strip() else 'empty'}: give a file path"
     for name, low in OPTION_MINIMA:
         v = getattr(a, name, None)
         if v is not None and v < low:

@@ -59,11 +59,13 @@ def api_base(url: str) -> str:
     all give ``http://h:30000/v1``.
 
     Raises:
-        ValueError: not an http(s) URL, no host, or a port outside 1..65535.
+        ValueError: not an http(s) URL, whitespace inside it, no host, or a port outside 1..65535.
     """
     u = (url or "").strip().rstrip("/")
     if not u.startswith(("http://", "https://")):
         raise ValueError(f"server URL must start with http:// or https://, got {url!r}")
+    if any(c.isspace() for c in u):  # httpx takes "http://local host:1" and fails only when it connects
+        raise ValueError(f"server URL {url!r} is not a valid URL: it holds whitespace")
     try:
         parsed = httpx.URL(u)
     except (httpx.InvalidURL, ValueError) as err:
@@ -244,8 +246,10 @@ class ChatClient:
             except ValueError as err:
                 raise RequestFailed(f"{method} {url}: the answer is not JSON: {resp.text[:300]!r}") from err
         if unreachable:
+            # a refused first contact stops after 2 attempts whatever max_retries (--retries) allows: say so
+            cut = ", a refused first contact is tried twice only" if tries < self.config.max_retries + 1 else ""
             raise ServerUnreachable(
-                f"cannot reach the server at {self.config.url} ({last}; {tries} attempt(s)). Is it running, and "
+                f"cannot reach the server at {self.config.url} ({last}; {tries} attempt(s){cut}). Is it running, and "
                 "listening on that host and port (SGLang: --host/--port; vLLM: --host/--port)?"
             )
         raise RequestFailed(f"{method} {url} failed after {tries} attempt(s): {last}")

@@ -167,6 +167,13 @@ def test_cli_check_takes_a_path_or_a_users_own_verl_yaml_and_suggests_names(caps
     assert "did you mean shortcot_qwen2.5-math-7b_stare" in capsys.readouterr().err
     assert main(["check", "tooluse_tiny_stare.yaml"]) == 2
     assert "did you mean cpu/tooluse_tiny_stare?" in capsys.readouterr().err
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)))
+    for path, what in ((binary, "a file"), (tmp_path, "a folder")):  # they exist: not "no file"
+        assert main(["check", str(path)]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"error: {str(path)!r} is {what}, not a recipe: give a recipe name or a .yaml / .yml verl config"
+        )
     assert main(["check", "nothing/like/this.yaml"]) == 2
     assert capsys.readouterr().err.startswith("error: no file 'nothing/like/this.yaml'")
     assert main(["check", "zzzzzzzz"]) == 2

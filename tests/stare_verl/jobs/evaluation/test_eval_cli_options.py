@@ -29,6 +29,28 @@ def test_bad_options_are_one_line_before_anything_runs(argv, message, tmp_path, 
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--url", ""], "--url: server URL must start with http:// or https://, got ''"),  # not "no URL"
+        (["--url", "   "], "--url: server URL must start with http:// or https://, got '   '"),
+        (["--url", "localhost:30000"], "--url: server URL must start with http:// or https://, got 'localhost:30000'"),
+        (["--url", "http://local host:30000"], "--url: server URL 'http://local host:30000' is not a valid URL"),
+        (["--url", "http://127.0.0.1:99999"], "--url: server URL 'http://127.0.0.1:99999': port 99999 is not in"),
+        (["--out", "."], "--out '.' is a folder: give a file path"),
+        (["--out", ""], "--out '' is empty: give a file path"),
+        (["--summary", "."], "--summary '.' is a folder: give a file path"),
+    ],
+)
+def test_bad_url_and_output_paths_are_refused_before_data_or_server(argv, message, tmp_path, capsys, monkeypatch):
+    """Refused in one line before the data is read (--data names no file here) or a server is asked."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*argv, "--data", str(tmp_path / "missing.parquet"), "--runs-dir", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {message}") and "\n" not in err, err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
 def test_validation_errors_name_the_option(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["--url", "http://127.0.0.1:9/v1", "--data", "x.jsonl", "--top-p", "2"]) == 2
