@@ -295,6 +295,9 @@ def _pass_a(log_probs, entropys, mask, first, row_set, lo, hi, *out) -> None:
 CHUNK_TOKENS = 1 << 17
 """About how many ``[B, T]`` entries one row range of :func:`_in_row_ranges` covers."""
 
+_CPUS = os.cpu_count() or 1
+"""The machine's CPUs, read once (``os.cpu_count`` reads ``/sys`` on every call)."""
+
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None
 _pool_lock = threading.Lock()
 
@@ -310,7 +313,7 @@ def _in_row_ranges(kernel, shape: tuple[int, int], *args) -> None:
     only, so the outcome does not depend on which thread runs which range.
     """
     b, t = shape
-    threads = max(1, min(_torch_threads(), os.cpu_count() or 1))
+    threads = max(1, min(_torch_threads(), _CPUS))
     rows_per = max(1, CHUNK_TOKENS // max(t, 1))
     n_chunks = -(-b // rows_per) if b else 0
     if threads == 1 or n_chunks <= 1:
