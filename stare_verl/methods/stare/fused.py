@@ -242,9 +242,9 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
     n_sel, n_above = np.zeros(b, dtype=np.int64), np.zeros(b, dtype=np.int64)
     s_sel = np.zeros(b)
     if gate_on:
-        # ranges sized by the window tokens a row holds (few), not by T
-        _in_row_ranges(kernels.chosen_sums, (b, int(n_window.max(initial=0))), window, window_ent, n_window, below, below_sum,
-                       below_above, row_set, thr, allow, n_sel, s_sel, n_above)  # fmt: skip
+        widest = int(n_window.max(initial=0))  # ranges sized by the window tokens a row holds (few), not by T
+        _in_row_ranges(kernels.chosen_sums, (b, widest), window, window_ent, n_window, below, below_sum, below_above,
+                       row_set, thr, allow, n_sel, s_sel, n_above)  # fmt: skip
 
     cov_base = class_sums(row_adv, n_high, s_high, n_valid.astype(np.float64), lp_sum)
     adv_d, lp_adv_d = cov_base.adv.copy(), cov_base.lp_adv.copy()
