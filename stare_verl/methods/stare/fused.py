@@ -367,7 +367,8 @@ def _windows(log_probs, mask, row_set, n_sets: int, ratio: float) -> tuple[np.nd
     ratio-quantile of the sampled candidates (standard errors of independent draws: adjacent tokens' surprisals
     correlate, so the blocks hold fewer independent draws and the margin is somewhat less than five of their
     errors; a window that misses only costs pass A a second run); with fewer than 1024 sampled candidates, or a batch
-    too small for a sample to pay (:data:`~stare_verl.methods.stare.core.SAMPLED_SELECTION_MIN`), the window holds every candidate.
+    too small for a sample to pay (:data:`~stare_verl.methods.stare.core.SAMPLED_SELECTION_MIN`), the window holds
+    every candidate.
     """
     dtype = log_probs.dtype
     lo, hi = np.full(2, -np.inf, dtype=dtype), np.full(2, np.inf, dtype=dtype)

@@ -286,7 +286,8 @@ def test_clear_errors_for_bad_input(tmp_path, capsys):
     async def probe_default_retries():  # default max_retries=5: a refused first contact is tried twice only
         cfg = ClientConfig(url=f"http://127.0.0.1:{port}", model="m", backoff_s=0.01)
         async with ChatClient(cfg) as c:
-            with pytest.raises(ServerUnreachable, match=r"2 attempt\(s\), a refused first contact is tried twice only\)"):
+            cut = r"2 attempt\(s\), a refused first contact is tried twice only\)"
+            with pytest.raises(ServerUnreachable, match=cut):
                 await c.check_model()
             return c.requests
 
