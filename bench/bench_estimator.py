@@ -1,13 +1,13 @@
 """Median time of the `stare` estimator vs verl's `grpo_vectorized`, 30% padding, gate forced on.
 
 On CPU tensors (as verl's driver holds them), torch with 2 threads: sizes 512 x 8192 and 64 x 16384, variants O1
-(default) and C2, the estimator called as the trainer calls it (with the run's controller, so the config is
-parsed once per run, not once per call), the two timed alternately in one process (median of the per-pair ratios): target ratio <= 3. The
-ratio depends on the machine's load (verl's two [B, T] torch passes wait for their second thread on a busy CPU,
-while the estimator's compiled passes hand row ranges to whichever of its threads runs), so the header prints the
-load average. Where CUDA is available, sizes
-512 x 8192 and 1024 x 16384 on CUDA tensors: target <= 10 ms for 1024 x 16384. The gate is forced on (entropy
-below target) so the reweighting path is timed.
+(default) and C2, the estimator called as the trainer calls it (with the run's controller, so the config is parsed
+once per run, not once per call), the two timed alternately in one process (median of the per-pair ratios): target
+ratio <= 3. The ratio depends on the machine's load (verl's two [B, T] torch passes wait for their second thread on
+a busy CPU, while the estimator's compiled passes hand row ranges to whichever of its threads runs), so the header
+prints the load average; it also depends on which side's freed [B, T] output the allocator returned to the kernel
+(docs/results/estimator-speed.md). Where CUDA is available, sizes 512 x 8192 and 1024 x 16384 on CUDA tensors:
+target <= 10 ms for 1024 x 16384. The gate is forced on (entropy below target) so the reweighting path is timed.
 
 Also the cost of the entropy-dynamics metrics (Cov(log pi, A) and its quadrants, GRPO and effective
 advantage): the estimator as shipped vs the same without the metrics, paired on CPU; target ratio <= 1.10.
