@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -90,16 +91,21 @@ def _default_out(base: Path, name: str, data: Path, a: argparse.Namespace) -> Pa
 
 async def _api(a: argparse.Namespace, settings, problems, data: Path):
     from stare_verl.jobs.evaluation.client import ChatClient, ClientConfig
-    from stare_verl.jobs.evaluation.runner import ResultsFile, load_tools, run_api_eval
+    from stare_verl.jobs.evaluation.runner import load_tools, run_api_eval
 
     cfg = ClientConfig(url=a.url, model=a.model, max_concurrency=a.concurrency, request_timeout_s=a.request_timeout,
                        max_retries=a.retries, **({"api_key": a.api_key} if a.api_key else {}))
+    # the tools first: a bad tool config is the caller's input, refused before the server is asked or a file made
+    tools = load_tools(a.tool_config) if any(p.tool_use for p in problems) else {}
     async with ChatClient(cfg) as client:
-        model = await client.check_model()
-        out = Path(a.out) if a.out else _default_out(Path(a.runs_dir) / "eval", model, data, a)
-        a.resolved_out = out  # for the interruption message
-        results = ResultsFile(out, settings.fingerprint(model, str(data.resolve())), overwrite=a.overwrite)
-        tools = load_tools(a.tool_config) if any(p.tool_use for p in problems) else {}
+        try:
+            model = await client.check_model()
+            out = Path(a.out) if a.out else _default_out(Path(a.runs_dir) / "eval", model, data, a)
+            a.resolved_out = out  # for the interruption message
+            results = _results_file(out, settings.fingerprint(model, str(data.resolve())), a.overwrite)
+        except BaseException:
+            await _close_tools(tools)
+            raise
         try:
             print(f"evaluating {model} at {cfg.url} on {data} ({len(problems)} problems x {settings.k}) -> {out}",
                   file=sys.stderr)
@@ -107,11 +113,27 @@ async def _api(a: argparse.Namespace, settings, problems, data: Path):
                                          progress=not a.no_progress)
         finally:
             results.close()
-            for t in tools.values():
-                close = getattr(t, "aclose", None)
-                if close is not None:
-                    await close()
+            await _close_tools(tools)
         return records, out, {"model": model, "url": cfg.url}
+
+
+def _results_file(out: Path, fingerprint, overwrite: bool):
+    """:class:`~stare_verl.jobs.evaluation.results.ResultsFile` at ``out``; a folder that cannot be made or written
+    is a ValueError naming ``--out`` (a refused input), not the OS error alone."""
+    from stare_verl.jobs.evaluation.runner import ResultsFile
+
+    try:
+        return ResultsFile(out, fingerprint, overwrite=overwrite)
+    except OSError as err:
+        raise ValueError(f"--out {out}: cannot write there: {err.strerror or err}") from None
+
+
+async def _close_tools(tools: dict) -> None:
+    """Close the tools that hold resources (their sandboxes)."""
+    for t in tools.values():
+        close = getattr(t, "aclose", None)
+        if close is not None:
+            await close()
 
 
 # (option, smallest allowed value) of the numeric options, checked before anything is read or written
@@ -138,8 +160,17 @@ def bad_option(a: argparse.Namespace) -> str | None:
             return f"--url: {err}"
     for name in ("out", "summary"):
         v = getattr(a, name, None)
-        if v is not None and (not v.strip() or Path(v).is_dir()):
+        if v is None:
+            continue
+        if not v.strip() or Path(v).is_dir():
             return f"--{name} {v!r} is {'a folder' if v.strip() else 'empty'}: give a file path"
+        if getattr(a, "data", None) and Path(v).resolve() == Path(a.data).resolve():
+            return f"--{name} {v!r} is the --data file: the results would overwrite the problems"
+        unwritable = _unwritable_folder(Path(v))
+        if unwritable:
+            return f"--{name} {v!r}: {unwritable}"
+    if a.out and a.summary and Path(a.out).resolve() == Path(a.summary).resolve():
+        return f"--summary {a.summary!r} is the --out file: give two paths"
     for name, low in OPTION_MINIMA:
         v = getattr(a, name, None)
         if v is not None and v < low:
@@ -155,6 +186,20 @@ def bad_option(a: argparse.Namespace) -> str | None:
     for k in a.pass_k or []:
         if not 1 <= k <= a.k:
             return f"--pass-k {k}: each k of pass@k must lie in 1..--k ({a.k})"
+    return None
+
+
+def _unwritable_folder(path: Path) -> str | None:
+    """Why the folder of ``path`` cannot be made or written to (its nearest existing ancestor is a file, or not
+    writable), or None when it can."""
+    folder = path.resolve().parent
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None:  # pragma: no cover - "/" exists
+        return None
+    if not existing.is_dir():
+        return f"{existing} is a file, so the folder {folder} cannot be made"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{'the folder' if existing == folder else 'no folder can be made in'} {existing} is not writable"
     return None
 
 
@@ -216,7 +261,6 @@ def run(a: argparse.Namespace) -> int:
     from stare_verl.jobs.evaluation.runner import (
         DatasetError,
         EvalSettings,
-        ResultsFile,
         ResumeMismatch,
         load_problems,
     )
@@ -260,8 +304,8 @@ def run(a: argparse.Namespace) -> int:
                 out = _default_out(base, "local" if run_dir else ck.name, data, a)
             print(f"evaluating local checkpoint {ck} on {data} ({len(problems)} problems x {settings.k}) -> {out}",
                   file=sys.stderr)
-            results = ResultsFile(out, settings.fingerprint(f"local:{ck.resolve()}", str(data.resolve())),
-                                  overwrite=a.overwrite)
+            results = _results_file(out, settings.fingerprint(f"local:{ck.resolve()}", str(data.resolve())),
+                                    a.overwrite)  # fmt: skip
             try:
                 records = run_local_eval(ck, problems, settings, results, max_batch_size=a.batch_size,
                                          progress=not a.no_progress)

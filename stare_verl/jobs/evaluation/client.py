@@ -91,6 +91,9 @@ class ClientConfig(BaseModel):
         request_timeout_s: limit of one request (reading the answer included), seconds.
         connect_timeout_s: limit of establishing a connection, seconds.
         max_retries: retries after the first attempt (timeouts, connection errors, 5xx, 429).
+        probe_timeout_s: seconds the first contact (``GET /v1/models``) waits for an answer (at most
+            ``request_timeout_s``): a server that accepts connections but never answers is reported in about
+            twice this, not after ``max_retries`` full request timeouts.
         backoff_s, backoff_max_s: first retry delay and its cap (doubled each retry; +-25% jitter).
     """
 
@@ -103,6 +106,7 @@ class ClientConfig(BaseModel):
     request_timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
     max_retries: int = Field(5, ge=0, le=100)
+    probe_timeout_s: float = Field(30.0, gt=0)
     backoff_s: float = Field(1.0, ge=0)
     backoff_max_s: float = Field(60.0, ge=0)
 
@@ -154,13 +158,15 @@ def _parse_chat(body: Any) -> ChatResult:
 
 
 def _error_text(resp: httpx.Response) -> str:
+    """The error a server answered, on one line (an HTML page's whitespace folded), cut at 300 characters."""
     try:
         body = resp.json()
         err = body.get("error", body) if isinstance(body, dict) else body
-        msg = err.get("message", err) if isinstance(err, dict) else err
-        return str(msg)[:500]
+        msg = str(err.get("message", err) if isinstance(err, dict) else err)
     except ValueError:
-        return resp.text[:500]
+        msg = resp.text
+    msg = " ".join(msg.split())
+    return msg if len(msg) <= 300 else msg[:300] + " ..."
 
 
 class ChatClient:
@@ -201,18 +207,23 @@ class ChatClient:
     async def _request(self, method: str, path: str, json: dict | None = None, probe: bool = False) -> Any:
         """One API call with retries; returns the decoded JSON body.
 
-        ``probe``: the first contact with the server. A refused connection (or DNS failure) is then retried
-        once only, after ``backoff_s``, instead of ``max_retries`` times: nothing listens there, and the user
-        should hear so in seconds, not after the whole backoff schedule. Timeouts and 5xx still retry.
+        ``probe``: the first contact with the server. It waits ``probe_timeout_s`` (at most the request timeout)
+        for an answer, and a refused connection, a DNS failure or no answer in time is retried once only, after
+        ``backoff_s``, instead of ``max_retries`` times: nothing (or nothing that answers) listens there, and the
+        user should hear so in seconds, not after the whole backoff schedule. 5xx still retry.
 
         Raises:
-            ServerUnreachable: connection errors on every attempt.
+            ServerUnreachable: connection errors on every attempt, or (``probe``) no answer in time.
             RequestFailed: a non-retryable 4xx, or retryable failures on every attempt.
         """
         url = self.config.url + path
         last = ""
-        unreachable = True
+        unreachable = True  # every attempt so far: a connection error, or (probe) no answer in time
         tries = self.config.max_retries + 1
+        timeout = None  # the client's
+        if probe:
+            wait = min(self.config.probe_timeout_s, self.config.request_timeout_s)
+            timeout = httpx.Timeout(wait, connect=self.config.connect_timeout_s)
         for attempt in range(self.config.max_retries + 1):
             if attempt and probe and unreachable and attempt >= 2:
                 tries = attempt
@@ -223,10 +234,15 @@ class ChatClient:
             self.requests += 1
             try:
                 async with self._sem:
-                    resp = await self._http.request(method, path, json=json)
+                    if timeout is None:
+                        resp = await self._http.request(method, path, json=json)
+                    else:
+                        resp = await self._http.request(method, path, json=json, timeout=timeout)
             except httpx.TimeoutException as err:
-                unreachable = unreachable and isinstance(err, httpx.ConnectTimeout)
-                last = f"timed out ({type(err).__name__}; request_timeout_s={self.config.request_timeout_s:g})"
+                unreachable = unreachable and (probe or isinstance(err, httpx.ConnectTimeout))
+                limit = (f"no answer in {timeout.read:g} s on first contact (probe_timeout_s)" if probe else
+                         f"request_timeout_s={self.config.request_timeout_s:g}")  # fmt: skip
+                last = f"timed out ({type(err).__name__}; {limit})"
                 logger.warning("%s %s: %s (attempt %d)", method, url, last, attempt + 1)
                 continue
             except httpx.TransportError as err:
@@ -246,8 +262,9 @@ class ChatClient:
             except ValueError as err:
                 raise RequestFailed(f"{method} {url}: the answer is not JSON: {resp.text[:300]!r}") from err
         if unreachable:
-            # a refused first contact stops after 2 attempts whatever max_retries (--retries) allows: say so
-            cut = ", a refused first contact is tried twice only" if tries < self.config.max_retries + 1 else ""
+            # a first contact refused or unanswered stops after 2 attempts whatever max_retries (--retries) allows
+            cut = ", a first contact refused or unanswered is tried twice only"
+            cut = cut if tries < self.config.max_retries + 1 else ""
             raise ServerUnreachable(
                 f"cannot reach the server at {self.config.url} ({last}; {tries} attempt(s){cut}). Is it running, and "
                 "listening on that host and port (SGLang: --host/--port; vLLM: --host/--port)?"

@@ -39,7 +39,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
                     if not line.strip():
                         continue
                     try:
-                        rows.append(json.loads(line))
+                        rows.append(json.loads(line.rstrip("\r\n")))  # a column past the text, not "line 2"
                     except json.JSONDecodeError as err:  # the file's line, not the position inside the row
                         raise DatasetError(f"cannot read {path} as JSONL: line {number}: {err.msg} (column "
                                            f"{err.colno})") from err  # fmt: skip

@@ -21,7 +21,9 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
     its defaults. Tools are built with verl's ``initialize_tools_from_config``.
 
     Raises:
-        FileNotFoundError: ``tool_config`` given but missing; envs.sandbox.SandboxUnavailable: no sandbox.
+        FileNotFoundError: ``tool_config`` given but missing. ValueError: a file that is no readable YAML, no
+            mapping with a non-empty ``tools`` list, or whose tools verl cannot build (an unknown ``class_name``,
+            a bad schema); the message names the file. envs.sandbox.SandboxUnavailable: no sandbox.
     """
     from verl.tools.tool_registry import initialize_tools_from_config
 
@@ -38,9 +40,40 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
         return {tool.tool_schema.function.name: tool}
     if not Path(tool_config).is_file():
         raise FileNotFoundError(f"tool config {tool_config} does not exist")
-    with contextlib.redirect_stdout(sys.stderr):  # verl prints each tool schema
-        tools = initialize_tools_from_config(str(tool_config))
+    _check_tool_config(Path(tool_config))
+    from envs.sandbox import SandboxUnavailable
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # verl prints each tool schema
+            tools = initialize_tools_from_config(str(tool_config))
+    except SandboxUnavailable:
+        raise
+    except Exception as err:  # noqa: BLE001 - verl's own errors (an unknown class, a bad schema): one line
+        raise ValueError(f"tool config {tool_config}: verl cannot build its tools: {_one_line(err)}") from None
     return {t.tool_schema.function.name: t for t in tools}
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: message`` with the message's lines folded into one (OmegaConf's errors span several)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
+def _check_tool_config(path: Path) -> None:
+    """Raise ValueError unless ``path`` is readable YAML holding a mapping with a non-empty ``tools`` list of
+    mappings, each naming a ``class_name`` (verl's tool config format, ``multi_turn.tool_config_path``)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as err:  # noqa: BLE001 - binary or malformed file: one line naming it
+        raise ValueError(f"tool config {path} is no readable YAML: {_one_line(err)}") from None
+    tools = raw.get("tools") if isinstance(raw, DictConfig) else None
+    if not isinstance(tools, ListConfig) or len(tools) == 0:
+        raise ValueError(f"tool config {path} is no verl tool config: expected a mapping with a non-empty `tools` "
+                         "list (see recipes/tool_use/tool_config.yaml)")  # fmt: skip
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, DictConfig) or not tool.get("class_name"):
+            raise ValueError(f"tool config {path}: tools[{i}] names no class_name")
 
 
 def tool_runner(tools: dict[str, Any], settings: EvalSettings, tool_timeout_s: float | None = None) -> Any:

@@ -286,7 +286,7 @@ def test_clear_errors_for_bad_input(tmp_path, capsys):
     async def probe_default_retries():  # default max_retries=5: a refused first contact is tried twice only
         cfg = ClientConfig(url=f"http://127.0.0.1:{port}", model="m", backoff_s=0.01)
         async with ChatClient(cfg) as c:
-            cut = r"2 attempt\(s\), a refused first contact is tried twice only\)"
+            cut = r"2 attempt\(s\), a first contact refused or unanswered is tried twice only\)"
             with pytest.raises(ServerUnreachable, match=cut):
                 await c.check_model()
             return c.requests
@@ -316,6 +316,42 @@ def test_clear_errors_for_bad_input(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert cli.main(["--runs-dir", str(tmp_path / "runs"), "--no-progress"]) == 2
     assert re.search(r"no checkpoint found under .*runs.*make train-tooluse", capsys.readouterr().err)
+
+
+def test_a_server_that_accepts_but_never_answers_is_reported_in_seconds():
+    """The first contact waits probe_timeout_s, not the 600 s request timeout, and is tried twice, not 6 times."""
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel accepts connections into the backlog; nothing ever reads or answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+        async def probe():
+            cfg = ClientConfig(url=url, model="m", probe_timeout_s=0.5, backoff_s=0.01)  # request_timeout_s 600
+            async with ChatClient(cfg) as c:
+                with pytest.raises(ServerUnreachable) as err:
+                    await c.check_model()
+                return c.requests, str(err.value)
+
+        t0 = time.monotonic()
+        requests, message = asyncio.run(probe())
+        took = time.monotonic() - t0
+    assert requests == 2 and took < 60, (requests, took)  # 6 x 600 s before
+    assert "no answer in 0.5 s on first contact (probe_timeout_s)" in message
+    assert "2 attempt(s), a first contact refused or unanswered is tried twice only" in message
+
+
+def test_an_html_error_page_is_one_line():
+    import httpx
+
+    from stare_verl.jobs.evaluation.client import _error_text
+
+    page = "<html>\n<head><title>404 Not Found</title></head>\n<body>\n" + "<p>x</p>\n" * 200 + "</body></html>"
+    text = _error_text(httpx.Response(404, text=page))
+    assert "\n" not in text and text.startswith("<html> <head><title>404 Not Found</title></head> <body>")
+    assert len(text) == 304 and text.endswith(" ...")  # 300 characters and the mark that it was cut
+    assert _error_text(httpx.Response(400, json={"error": {"message": "bad\n  request"}})) == "bad request"
 
 
 def test_cli_end_to_end_table_summary_and_resume(tmp_path, capsys):

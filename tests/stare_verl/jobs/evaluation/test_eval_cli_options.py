@@ -110,3 +110,64 @@ def test_a_bad_server_url_is_one_line(url, why, tmp_path, capsys, monkeypatch):
     assert cli.main(["--url", url, "--data", "d.jsonl", "--model", "m", "--max-tokens", "8", "--no-progress"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and why in err[-1]  # no traceback (was an OverflowError group)
+
+
+def _math_jsonl(path):
+    row = {"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "x", "reward_model": {"ground_truth": "2"}}
+    path.write_text(json.dumps(row) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("case", ["out_is_data", "summary_is_out", "out_under_a_file"])
+def test_output_paths_that_would_destroy_or_cannot_be_made_are_refused_first(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = _math_jsonl(tmp_path / "problems.jsonl")
+    before = data.read_bytes()
+    (tmp_path / "afile").write_text("x")
+    argv, said = {
+        "out_is_data": (["--out", str(data), "--overwrite"], "is the --data file: the results would overwrite"),
+        "summary_is_out": (["--out", "r.jsonl", "--summary", "r.jsonl"], "is the --out file: give two paths"),
+        "out_under_a_file": (["--out", str(tmp_path / "afile" / "r.jsonl")], "is a file, so the folder"),
+    }[case]
+    # a closed port: were the paths checked after the server, the error would be the connection's
+    assert cli.main(["--url", "http://127.0.0.1:9", "--data", str(data), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --") and said in err and "\n" not in err, err
+    assert data.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "problems.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "config, said",
+    [
+        ("- a\n- b\n", "is no verl tool config: expected a mapping with a non-empty `tools` list"),
+        (b"\xea\x00\xff\xfe binary", "is no readable YAML"),
+        ("tools: []\n", "is no verl tool config"),
+        ("tools:\n  - config: {}\n", "tools[0] names no class_name"),
+        ("tools:\n  - class_name: nope.Nope\n    config: {}\n", "verl cannot build its tools"),
+        ("tools:\n  - class_name: nope.Nope\n    config: {type: native}\n", "verl cannot build its tools"),
+    ],
+)
+def test_a_bad_tool_config_is_refused_before_the_server_and_writes_nothing(config, said, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = _math_jsonl(tmp_path / "problems.jsonl")
+    tc = tmp_path / "tools.yaml"
+    tc.write_bytes(config if isinstance(config, bytes) else config.encode())
+    out = tmp_path / "out" / "r.jsonl"
+    argv = ["--url", "http://127.0.0.1:9", "--data", str(data), "--tools", "on", "--tool-config", str(tc),
+            "--out", str(out), "--model", "m", "--max-tokens", "8"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: tool config {tc}") and said in err and "\n" not in err, err
+    assert not (tmp_path / "out").exists()  # no results file, lock or settings file
+
+
+def test_a_broken_jsonl_line_names_its_own_column(tmp_path):
+    """A line cut short (the parser runs off its end) is reported at its own last column, not "column 1" of the
+    next line."""
+    good = json.dumps({"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "x",
+                       "reward_model": {"ground_truth": "2"}})  # fmt: skip
+    broken = '{"prompt": [], "data_source"'
+    path = tmp_path / "rows.jsonl"
+    path.write_text(f"{good}\n{broken}\n{good}\n")
+    with pytest.raises(DatasetError, match=rf"line 2: Expecting ':' delimiter \(column {len(broken) + 1}\)"):
+        load_problems(path)
