@@ -338,6 +338,12 @@ def validate_recipe(cfg: DictConfig) -> Any:
     problem = config_problem(cfg)
     if problem:
         raise ValueError(problem)
+    from stare_verl.methods import ESTIMATORS, METHODS, check_runnable
+    from stare_verl.methods.settings import config_bool, read_bool
+
+    # ours first (the trainer mode, the method's section, the boolean keys every method reads): a user's own YAML
+    # with a bad algorithm.stare value hears about it before verl's mandatory keys it may also lack
+    method = check_runnable(cfg)
     # verl prints "All configuration checks passed" on success, which reads wrongly right above one of our
     # errors below: keep its other output (warnings), drop that line.
     with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -347,13 +353,9 @@ def validate_recipe(cfg: DictConfig) -> Any:
             print(line)
     omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout, dataclass_type=RolloutConfig)
     algo: dict[str, Any] = OmegaConf.to_container(cfg.algorithm, resolve=True)  # type: ignore[assignment]
-    from stare_verl.methods import ESTIMATORS, METHODS, check_runnable
-    from stare_verl.methods.settings import config_bool, read_bool
-
     estimator = cfg.algorithm.adv_estimator
-    # the trainer mode, the entropy and the boolean keys every method reads (read by the project's reader: 0 and
-    # "false" are false, "maybe", 2 and null are errors naming the key), before verl's dataclass reads them its way
-    method = check_runnable(cfg)
+    # (the boolean keys every method reads were read by the project's reader above: 0 and "false" are false,
+    # "maybe", 2 and null are errors naming the key, before verl's dataclass reads them its way)
     if estimator not in ESTIMATORS and "norm_adv_by_std_in_grpo" in algo:
         norm = algo["norm_adv_by_std_in_grpo"]
         config_bool(norm, "algorithm.norm_adv_by_std_in_grpo")

@@ -158,6 +158,12 @@ def test_cli_check_takes_a_path_or_a_users_own_verl_yaml_and_suggests_names(caps
     own.write_text("algorithm: {adv_estimator: stare}\ntrainer: {v1: {trainer_mode: stare_sync}}\n")
     assert main(["check", str(own), "actor_rollout_ref.model.path=m"]) == 2
     assert "micro_batch_size" in capsys.readouterr().err
+    # ... but a bad STARE value in the same minimal file is named first, not after verl's mandatory keys
+    own.write_text("algorithm: {adv_estimator: stare, stare: {variant: O3}}\n"
+                   "trainer: {v1: {trainer_mode: stare_sync}}\n")  # fmt: skip
+    assert main(["check", str(own), "actor_rollout_ref.model.path=m"]) == 2
+    err = capsys.readouterr().err
+    assert "algorithm.stare.variant" in err and "O3" in err and "micro_batch_size" not in err, err
     own.write_text("- not\n- a mapping\n")
     assert main(["check", str(own)]) == 2
     assert "no YAML mapping" in capsys.readouterr().err
