@@ -6,6 +6,8 @@
   for every test without one of those (marked here). ``pytest -m "not e2e"`` skips the end-to-end runs (minutes
   each on a CPU), ``pytest -m unit`` runs only the fast ones; ``make test`` runs everything.
 - Tests marked ``gpu`` are skipped where CUDA is not available (``make test-gpu`` runs them).
+- ``OmegaConf.load`` keeps what it parsed, by file text, for the session (``tests.support.yaml_cache``): the recipe
+  compositions of the suite read the same YAML files hundreds of times.
 - Tests marked ``cluster`` (several verl launches on a local multi-node Ray cluster) run only when the ``-m``
   expression names ``cluster`` (``make test-cluster``); ``make test`` skips them.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from tests.support import yaml_cache
 
 _E2E = Path(__file__).resolve().parent / "e2e"
 _TIERS = ("integration", "e2e", "gpu", "vllm", "cluster")
@@ -26,6 +30,14 @@ def _cuda_available() -> bool:
     except ImportError:  # pragma: no cover - torch is a dependency
         return False
     return torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    yaml_cache.install()
+
+
+def pytest_unconfigure(config):
+    yaml_cache.uninstall()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,6 +14,7 @@ import pytest
 from stare_verl.jobs.families import job_family
 from stare_verl.jobs.families.problems import problem_row, split_problems
 from stare_verl.jobs.train import cached_eval_before, is_pretrained_recipe, parse_options
+from tests.support.inprocess import run_main
 from tests.support.model_folder import write_model_folder
 
 REPO = Path(__file__).resolve().parents[3]
@@ -62,6 +63,7 @@ def test_defaults_depend_on_the_model():
 
 
 def _train(args: list[str], env_extra: dict[str, str]) -> subprocess.CompletedProcess:
+    """``python -m stare_verl.jobs.train ARGS`` in a process of its own, from the repository root."""
     import os
 
     env = {**os.environ, **env_extra}
@@ -69,15 +71,26 @@ def _train(args: list[str], env_extra: dict[str, str]) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
-def test_dry_run_plans_a_registered_model_and_a_folder(tmp_path):
-    got = _train(["--family", "shortcot", "--model", "smollm2-135m", "--dry-run"], {"STARE_CACHE_DIR": str(tmp_path)})
+@pytest.fixture
+def train_here(monkeypatch, capsys):
+    """``_train`` in this process (``stare_verl.jobs.train.main``, what ``python -m stare_verl.jobs.train`` runs;
+    the package's ``__main__`` itself runs in test_train_dry_run.py's ``python -m`` test)."""
+    from stare_verl.jobs.train import main
+
+    return lambda args, env_extra: run_main(main, args, monkeypatch, capsys, env=env_extra, cwd=REPO)
+
+
+def test_dry_run_plans_a_registered_model_and_a_folder(tmp_path, train_here):
+    got = train_here(
+        ["--family", "shortcot", "--model", "smollm2-135m", "--dry-run"], {"STARE_CACHE_DIR": str(tmp_path)}
+    )
     assert got.returncode == 0, got.stderr
     out = got.stdout
     assert "--config-name=shortcot_real_stare" in out and "smollm2-135m is not prepared" in out
     assert f"actor_rollout_ref.model.path={tmp_path.resolve()}/models/smollm2-135m" in out
     assert "data.max_prompt_length=1024" not in out and "-smollm2-135m" in out  # a run folder of its own
     folder = write_model_folder(tmp_path / "my-llm")
-    got = _train(["--family", "shortcot", "--model", str(folder), "--method", "grpo", "--dry-run"], {})
+    got = train_here(["--family", "shortcot", "--model", str(folder), "--method", "grpo", "--dry-run"], {})
     assert got.returncode == 0, got.stderr
     assert "--config-name=shortcot_real_grpo" in got.stdout and f"model.path={folder.resolve()}" in got.stdout
 
@@ -86,9 +99,11 @@ def test_dry_run_plans_a_registered_model_and_a_folder(tmp_path):
     (["--family", "shortcot", "--model", "no-such-model"], "neither a registered model"),
     (["--family", "longcot", "--model", "smollm2-135m"], "no task for a pretrained model"),
 ])  # fmt: skip
-def test_bad_models_are_one_line(tmp_path, args, message):
-    for extra in ([], ["--dry-run"]):
-        got = _train([*args, *extra, "--run-dir", str(tmp_path / "run")], {"STARE_CACHE_DIR": str(tmp_path)})
+def test_bad_models_are_one_line(tmp_path, train_here, args, message):
+    """The run and its dry run alike: one line, exit 2; the run through ``python -m`` (the whole process's stderr
+    is that line: no warning of an import before it), the dry run in this process."""
+    for extra, run in (([], _train), (["--dry-run"], train_here)):
+        got = run([*args, *extra, "--run-dir", str(tmp_path / "run")], {"STARE_CACHE_DIR": str(tmp_path)})
         assert got.returncode == 2
         assert message in got.stderr and "Traceback" not in got.stderr
         assert len(got.stderr.strip().splitlines()) == 1

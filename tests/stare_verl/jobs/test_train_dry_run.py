@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from stare_verl.jobs import train
 from stare_verl.jobs.backend import GpuProbe
 from stare_verl.recipe_files import recipes_dir
+from tests.support.inprocess import run_main
 from tests.support.model_folder import write_model_folder
 
 pytestmark = pytest.mark.integration
@@ -262,21 +263,30 @@ def test_gpu_run_takes_the_recipe_gpu_count_and_logger(monkeypatch, tmp_path):
     assert cmd[-1] == "trainer.n_gpus_per_node=2" and "trainer.logger=[console,file]" in cmd
 
 
-@pytest.mark.parametrize(("family", "method", "recipe", "key"), [
-    ("short_cot", "grpo", "shortcot_tiny_grpo", "++algorithm.stare.reweight_w=1.0"),  # the alias; the twin's pins
-    ("tooluse", "entropy_bonus:coef=0.01", "tooluse_tiny_grpo", "++actor_rollout_ref.actor.entropy_coeff=0.01"),
+@pytest.mark.parametrize(("family", "method", "recipe", "key", "process"), [
+    ("short_cot", "grpo", "shortcot_tiny_grpo", "++algorithm.stare.reweight_w=1.0", True),  # the alias; the twin's pins
+    ("tooluse", "entropy_bonus:coef=0.01", "tooluse_tiny_grpo", "++actor_rollout_ref.actor.entropy_coeff=0.01", False),
 ])  # fmt: skip
-def test_python_dash_m_plans_a_family_and_method(tmp_path, family, method, recipe, key):
+def test_python_dash_m_plans_a_family_and_method(
+    tmp_path, monkeypatch, capsys, family, method, recipe, key, process
+):
     """``python -m stare_verl.jobs.train --dry-run`` (the package's ``__main__``), a process of its own on this
-    machine: the plan of the family's tiny recipe for the method, validated, and nothing written."""
+    machine (``process``; else the ``main`` it runs, in this process): the plan of the family's tiny recipe for the
+    method, validated, and nothing written."""
     import os
 
     env = {**os.environ, "STARE_CACHE_DIR": str(tmp_path / "cache")}
     for name in ("MODEL", "RUN_DIR", "STARE_STALL_TIMEOUT_S", "RAY_ADDRESS"):
         env.pop(name, None)
-    proc = subprocess.run([sys.executable, "-m", "stare_verl.jobs.train", "--cpu", "--dry-run", "--family", family,
-                           "--method", method, "--steps", "3"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    argv = ["--cpu", "--dry-run", "--family", family, "--method", method, "--steps", "3"]
+    if process:
+        proc = subprocess.run([sys.executable, "-m", "stare_verl.jobs.train", *argv], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+    else:
+        for name in ("MODEL", "RUN_DIR", "STARE_STALL_TIMEOUT_S", "RAY_ADDRESS"):
+            monkeypatch.delenv(name, raising=False)
+        proc = run_main(train.main, argv, monkeypatch, capsys, env={"STARE_CACHE_DIR": env["STARE_CACHE_DIR"]},
+                        cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     name = "train-" + family.replace("_", "")
     _, cmd, plan = _plan(proc.stdout, name)
