@@ -91,13 +91,19 @@ def plain_mapping(obj: Any, where: str) -> dict[str, Any]:
 
 
 def format_validation_error(err: ValidationError, where: str, model: type[BaseModel]) -> str:
-    """One line per problem, each naming ``<where>.<key>``; an unknown key lists the allowed ones."""
+    """One line per problem, each naming ``<where>.<key>``; an unknown key names the nearest allowed one (a
+    misspelling) and lists them all."""
+    import difflib
+
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(config)"
         if e["type"] == "extra_forbidden":
             allowed = ", ".join(model.model_fields)
-            lines.append(f"{where}.{key}: unknown key; " + (f"allowed keys: {allowed}" if allowed else "it takes no settings"))
+            near = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]}? " if near else ""
+            lines.append(f"{where}.{key}: unknown key; " + (f"{hint}allowed keys: {allowed}" if allowed else
+                                                             "it takes no settings"))  # fmt: skip
         else:
             lines.append(f"{where}.{key}: {error_text(e)} (got {e.get('input')!r})")
     return f"invalid {where} config:\n  " + "\n  ".join(lines)

@@ -84,7 +84,7 @@ def test_a_value_out_of_bounds_is_one_line_naming_the_flag(name):
     (["--sft-lr", "inf"], "--sft-lr must be in (0, 1] (got inf)"),
     (["--n-gpus", "0", "--nnodes", "0"], "--n-gpus must be >= 1 (got 0); --nnodes must be >= 1 (got 0)"),
     (["--method", "stare:reweight_x=3"], "--method: invalid method stare config: method stare.reweight_x: unknown "
-                                         "key; allowed keys: variant, "),
+                                         "key; did you mean reweight_w? allowed keys: variant, "),
     (["--method", "clipcov"], "--method: unknown method 'clipcov'; known methods: grpo, stare, "),
     (["--method", "entropy_bonus:coef"], "--method: method 'entropy_bonus:coef': settings are key=value"),
     (["--logger", "console,slack"], "--logger: unknown logger slack"),

@@ -39,7 +39,9 @@ def test_every_method_is_registered_once_and_unknown_names_list_the_known_ones()
 
 @pytest.mark.parametrize(
     ("spec", "message"),
-    [("forking:rho=0", "rho"), ("forking:rh=0.2", "unknown key; allowed keys: rho"), ("kl_cov:coef=-1", "coef"),
+    [("forking:rho=0", "rho"), ("forking:rh=0.2", "unknown key; did you mean rho. allowed keys: rho"),
+     ("stare:varient=O1", "stare.varient: unknown key; did you mean variant. allowed keys: variant, top_p_ratio"),
+     ("stare:zzz=1", "stare.zzz: unknown key; allowed keys: variant"), ("kl_cov:coef=-1", "coef"),
      ("entropy_adv:kappa=0", "kappa"), ("adaptive_entropy:coef_init=1", "coef_init"), ("entropy_bonus:coef=nan", "coef"),
      ("stare:reweight_w=0", "reweight_w"), ("forking:rho", "key=value"), ("repo_r:zeta=0.1", "zeta_max"),
      ("repo_r:zeta_min=0", "zeta_min"), ("repo_r:zeta=inf", "zeta"),
