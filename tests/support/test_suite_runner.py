@@ -39,14 +39,18 @@ def test_both_sessions_run_every_test_and_either_failure_fails(tmp_path, e2e_ok,
     assert (tmp_path / ".pytest-e2e.log").read_text() in text
 
 
+LONGCOT = "tests/e2e/test_train_cot.py::test_cot_cpu_default_run_writes_run_folder[longcot]"
+
+
 def test_the_beside_e2e_case_runs_once_in_the_second_session(tmp_path):
-    """The long-CoT case of ``BESIDE`` moves to the rest's session; its twin case stays in the e2e session."""
+    """An e2e case named beside (here through ``$STARE_SUITE_BESIDE``) moves to the rest's session; its twin case
+    stays in the e2e session."""
     _tree(tmp_path, True, True)
     (tmp_path / "tests" / "e2e" / "test_train_cot.py").write_text(
         "import pytest\n\n@pytest.mark.parametrize('family', ['shortcot', 'longcot'])\n"
         "def test_cot_cpu_default_run_writes_run_folder(family):\n    print('RAN', family)\n"
     )
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "STARE_SUITE_BESIDE": LONGCOT}
     out = subprocess.run([sys.executable, "-m", "tests.support.suite", "-v", "-p", "no:cacheprovider"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
@@ -57,11 +61,12 @@ def test_the_beside_e2e_case_runs_once_in_the_second_session(tmp_path):
     assert "1 deselected" in e2e
 
 
-def test_session_args_split_the_real_tree_so_every_test_runs_once():
-    e2e, rest = session_args(REPO / "tests")
-    assert e2e[0] == "tests/e2e" and [a.removeprefix("--deselect=") for a in e2e[1:]] == list(BESIDE)
-    assert rest[-len(BESIDE) :] == list(BESIDE)
-    named = [Path(a).name for a in rest[: -len(BESIDE)]]
+@pytest.mark.parametrize("beside", [BESIDE, (LONGCOT,)])
+def test_session_args_split_the_real_tree_so_every_test_runs_once(beside):
+    e2e, rest = session_args(REPO / "tests", beside)
+    assert e2e[0] == "tests/e2e" and [a.removeprefix("--deselect=") for a in e2e[1:]] == list(beside)
+    assert rest[len(rest) - len(beside) :] == list(beside)
+    named = [Path(a).name for a in rest[: len(rest) - len(beside)]]
     assert "e2e" not in named and {"envs", "stare_verl", "support"} <= set(named)
     assert not {"unit", "integration"} & set(named)  # the tier is a marker, the folder the package path
     assert not any(n.startswith(("_", ".")) or n == "conftest.py" for n in named)
