@@ -213,14 +213,9 @@ def train_cpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
         return 2
     print(f"[{name}] {backend.line()}; rollout engine {rollout_engine(backend)}", flush=True)
     run = RunFolder(run_dir)
-    run.logs.mkdir(parents=True, exist_ok=True)
-    with open(run.train_log, "ab") as log:  # the run's own lines first, then what verl printed
-        log.write(f"[{name}] {time.strftime('%Y-%m-%d %H:%M:%S')} {backend.line()}\n".encode())
-        noise.seek(0)
-        shutil.copyfileobj(noise, log)
-    noise.close()
     done = run.latest_step()
-    if done is not None and done >= opts.steps and run.is_finished():
+    if done is not None and done >= opts.steps and run.is_finished():  # nothing is written into a finished run
+        noise.close()
         differ = settings_differ(run.read_summary().get("settings"), opts.run_settings())
         if differ:  # never "nothing to train" for a command whose run this is not
             print(f"error: {run_dir} holds a finished run of other settings ({'; '.join(differ)}); use another "
@@ -229,6 +224,12 @@ def train_cpu(opts: TrainOptions, backend: RunBackend | None = None) -> int:
         print(f"[{name}] {run_dir} already holds step {done} >= --steps {opts.steps}: nothing to train (raise "
               "--steps to continue it)", flush=True)  # fmt: skip
         return 0
+    run.logs.mkdir(parents=True, exist_ok=True)
+    with open(run.train_log, "ab") as log:  # the run's own lines first, then what verl printed
+        log.write(f"[{name}] {time.strftime('%Y-%m-%d %H:%M:%S')} {backend.line()}\n".encode())
+        noise.seek(0)
+        shutil.copyfileobj(noise, log)
+    noise.close()
     job = TinyLaunch(opts, backend, run, recipe, overrides, name)
     phases: dict[str, float] = {}  # wall seconds per phase of the run (bench/main_job.py prints them)
     if pretrained is not None:

@@ -487,6 +487,8 @@ def test_a_finished_run_of_other_settings_is_refused_and_the_same_command_is_not
     argv = ["--cpu", "--family", "shortcot", "--method", "stare", "--steps", "3", "--run-dir", str(run)]
     opts = parse_options(argv)
     (run / "summary.json").write_text(json.dumps({"steps": 3, "settings": opts.run_settings()}))
+    (run / "train.log").write_text("the run's own log\n")
+    files = sorted(p.relative_to(run) for p in run.rglob("*"))
     assert train.main(argv) == 0
     assert "nothing to train" in capsys.readouterr().out
     assert train.main([a for a in argv if a != "--cpu"]) == 0  # the machine flag is no setting of the run
@@ -497,3 +499,6 @@ def test_a_finished_run_of_other_settings_is_refused_and_the_same_command_is_not
         assert train.main([*argv, *extra]) == 2
         out, err = capsys.readouterr()
         assert f"holds a finished run of other settings ({said})" in err and "nothing to train" not in out
+    # neither the refusals nor "nothing to train" wrote into the finished run (its log gained no verl warnings)
+    assert (run / "train.log").read_text() == "the run's own log\n"
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == files
