@@ -47,6 +47,8 @@ def heldout_curve(heldout: Any) -> tuple[list[int], list[float]]:
 # The entropy report's band: a last quarter within this share of the target counts as held (the
 # criterion the tool-use calibration judged a hold by).
 ENTROPY_BAND = 0.25
+# Below this many steps a quarter is one or two steps: the report says the run is too short to read a trend from.
+SHORT_RUN_STEPS = 8
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -192,6 +194,8 @@ def entropy_report(
         message = f"{where}; no STARE gate logged (another entropy control: its own metrics are under its prefix)"
     elif not report["reweighting"]:
         message = f"{where}; no reweighting (W = M = 1, the GRPO-ds twin): the gate only marks entropy < target"
+    elif verdict == "held" and not gated:  # near the target, but STARE never acted: nothing it held
+        message = f"entropy within {band:.0%} of the target with the gate never on (nothing reweighted): {where}"
     elif verdict == "held":
         message = f"entropy held (within {band:.0%} of the target): {where}"
     elif report["below_with_gate_on"]:
@@ -204,6 +208,8 @@ def entropy_report(
         message = f"entropy below the target, gate mostly off at the end: {where}"
     else:
         message = f"entropy above the target (the gate stays off there): {where}"
+    if len(ent) < SHORT_RUN_STEPS:
+        message += f" ({len(ent)} steps: too few to read a trend from)"
     report["message"] = message
     return report
 

@@ -83,6 +83,14 @@ def test_held_above_and_missing():
     assert weights.startswith("weights with the gate on: L+ 3.00 (") and ", L- untouched; mean token weight" in weights
     assert rep["acc_before"] == {"greedy": None, "T=1": None}
     assert not any(line.startswith("held-out") for line in format_entropy_report(rep))
+    # near the target with the gate never on: not "held" by STARE; and a 2-step run is too short to read
+    rep = entropy_report(_rows(GRPO_ENT, [0] * 30, [0.0] * 30, 3.0, 0.016))
+    assert rep["verdict"] == "held" and rep["message"].startswith(
+        "entropy within 25% of the target with the gate never on (nothing reweighted): ")
+    assert "too few" not in rep["message"]
+    rep = entropy_report(_rows(GRPO_ENT[:2], [0, 0], [0.0, 0.0], 1.1, 0.012))  # last step 0.0112: 0.93 x
+    assert rep["message"].startswith("entropy within 25% of the target with the gate never on")
+    assert rep["message"].endswith(" (2 steps: too few to read a trend from)")
     rep = entropy_report(_rows(GRPO_ENT, [0] * 30, [0.0] * 30, 3.0, 0.01))
     assert rep["verdict"] == "above" and rep["gate_on_share"] == 0 and rep["l_plus_weight"] is None
     assert rep["l_plus_token_share"] is None and "gate stays off" in rep["message"]
