@@ -29,6 +29,8 @@ def _recipe_source(arg: str, tmp: str) -> tuple[str, Path | None] | str:
 
     from stare_verl.jobs.recipes import recipe_names, recipes_dir
 
+    if not arg.strip():
+        return "error: an empty recipe name (a recipe name, a path to a recipe or to your own verl YAML)"
     path = Path(arg).expanduser()
     if path.suffix in (".yaml", ".yml") and path.is_file():
         path = path.resolve()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import re
 import sys
 from pathlib import Path
@@ -149,8 +148,9 @@ FIELD_OPTIONS = {"k": "--k", "temperature": "--temperature", "top_p": "--top-p",
 def bad_option(a: argparse.Namespace) -> str | None:
     """The first numeric option below its minimum (``OPTION_MINIMA``), a non-finite / non-positive time, a
     ``--pass-k`` outside 1..k, a ``--url`` that is no server URL (an empty one included: it is not "no URL"), or an
-    ``--out`` / ``--summary`` that is a folder, as a one-line message; None when all are fine. Checked before any
-    data is read, any server asked or any file written."""
+    output path the run could not write or would write over a file it reads or writes (:func:`_bad_output_path`), as
+    a one-line message; None when all are fine. Checked before any data is read, any server asked or any file
+    written."""
     if getattr(a, "url", None) is not None:
         from stare_verl.jobs.evaluation.client import api_base
 
@@ -158,19 +158,9 @@ def bad_option(a: argparse.Namespace) -> str | None:
             api_base(a.url)
         except ValueError as err:
             return f"--url: {err}"
-    for name in ("out", "summary"):
-        v = getattr(a, name, None)
-        if v is None:
-            continue
-        if not v.strip() or Path(v).is_dir():
-            return f"--{name} {v!r} is {'a folder' if v.strip() else 'empty'}: give a file path"
-        if getattr(a, "data", None) and Path(v).resolve() == Path(a.data).resolve():
-            return f"--{name} {v!r} is the --data file: the results would overwrite the problems"
-        unwritable = _unwritable_folder(Path(v))
-        if unwritable:
-            return f"--{name} {v!r}: {unwritable}"
-    if a.out and a.summary and Path(a.out).resolve() == Path(a.summary).resolve():
-        return f"--summary {a.summary!r} is the --out file: give two paths"
+    bad_path = _bad_output_path(a)
+    if bad_path:
+        return bad_path
     for name, low in OPTION_MINIMA:
         v = getattr(a, name, None)
         if v is not None and v < low:
@@ -189,17 +179,54 @@ def bad_option(a: argparse.Namespace) -> str | None:
     return None
 
 
+def _bad_output_path(a: argparse.Namespace) -> str | None:
+    """Why ``--out`` or ``--summary`` cannot be used, or None: empty, a folder, in a folder that cannot be made or
+    written (:func:`_unwritable_folder`), or the same file as one the run reads (``--data``, ``--tool-config`` or the
+    default tool config) or writes (the other output, or the results' ``.lock`` / ``.meta.json``)."""
+    from stare_verl.recipe_files import recipes_dir
+
+    def same(x: str | Path, y: str | Path) -> bool:
+        return Path(x).resolve() == Path(y).resolve()
+
+    reads = {"--data file": a.data, "--tool-config file": a.tool_config,
+             "default tool config": recipes_dir() / "tool_use" / "tool_config.yaml"}  # fmt: skip
+    writes = {}
+    if a.out:
+        writes = {"--out file": a.out, "results' lock file": f"{a.out}.lock",
+                  "results' settings file": f"{a.out}.meta.json"}  # fmt: skip
+    for name in ("out", "summary"):
+        v = getattr(a, name, None)
+        if v is None:
+            continue
+        if not v.strip() or Path(v).is_dir():
+            return f"--{name} {v!r} is {'a folder' if v.strip() else 'empty'}: give a file path"
+        for what, other in (*reads.items(), *(writes.items() if name == "summary" else ())):
+            if other and same(v, other):
+                return f"--{name} {v!r} is the {what}: the run would write over it; give another path"
+        unwritable = _unwritable_folder(Path(v))
+        if unwritable:
+            return f"--{name} {v!r}: {unwritable}"
+    return None
+
+
 def _unwritable_folder(path: Path) -> str | None:
-    """Why the folder of ``path`` cannot be made or written to (its nearest existing ancestor is a file, or not
-    writable), or None when it can."""
+    """Why the folder of ``path`` cannot be made or written to (its nearest existing ancestor is a file, or no file
+    can be made in it: tried with a temporary file, removed at once, so that root's permissions and file systems
+    such as ``/proc`` answer as they will), or None when it can."""
+    import tempfile
+
     folder = path.resolve().parent
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is None:  # pragma: no cover - "/" exists
         return None
     if not existing.is_dir():
         return f"{existing} is a file, so the folder {folder} cannot be made"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{'the folder' if existing == folder else 'no folder can be made in'} {existing} is not writable"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        where = "the folder" if existing == folder else "no folder can be made in"
+        return f"{where} {existing} is not writable ({err.strerror or err})"
     return None
 
 
@@ -329,7 +356,12 @@ def run(a: argparse.Namespace) -> int:
     meta.update(data=str(data), **settings.model_dump(exclude={"reward_kwargs"}), results=str(out))
     summary = summarize(records, a.pass_k, meta)
     path = Path(a.summary) if a.summary else out.with_name(out.name.removesuffix(".jsonl") + ".summary.json")
-    write_summary(summary, path)
+    try:
+        write_summary(summary, path)
+    except OSError as err:  # checked before the run; a folder that changed since: the samples are kept
+        print(f"error: cannot write the summary to {path} ({err.strerror or err}); the samples are in {out}: run "
+              "again with another --summary to summarise them without asking again", file=sys.stderr)  # fmt: skip
+        return RUN_FAILED
     for note in partial_pass_at(summary):
         why = ": that pass@k is over those problems only (marked * in the table)" if " covers " in note else ""
         print(f"warning: {note}{why}", file=sys.stderr)

@@ -39,10 +39,14 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
                     if not line.strip():
                         continue
                     try:
-                        rows.append(json.loads(line.rstrip("\r\n")))  # a column past the text, not "line 2"
+                        row = json.loads(line.rstrip("\r\n"))  # a column past the text, not "line 2"
                     except json.JSONDecodeError as err:  # the file's line, not the position inside the row
                         raise DatasetError(f"cannot read {path} as JSONL: line {number}: {err.msg} (column "
                                            f"{err.colno})") from err  # fmt: skip
+                    if not isinstance(row, dict):
+                        raise DatasetError(f"cannot read {path} as JSONL: line {number} is a JSON "
+                                           f"{type(row).__name__}, not an object (one problem per line)")  # fmt: skip
+                    rows.append(row)
             return rows
         import pyarrow.parquet as pq
 
@@ -50,8 +54,12 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     except DatasetError:
         raise
     except Exception as err:  # noqa: BLE001 - any reader failure: one clear message
-        raise DatasetError(f"cannot read {path} as {'JSONL' if path.suffix != '.parquet' else 'parquet'}: "
-                           f"{type(err).__name__}: {err}") from err
+        if path.suffix in (".jsonl", ".json", ".parquet"):
+            kind = "JSONL" if path.suffix != ".parquet" else "parquet"
+            raise DatasetError(f"cannot read {path} as {kind}: {type(err).__name__}: {err}") from err
+        suffix = path.suffix or "no suffix"
+        raise DatasetError(f"cannot read {path}: a data file is .parquet, .jsonl or .json, and this one ({suffix}) "
+                           "is not readable as parquet either") from err  # fmt: skip
 
 
 def load_problems(path: str | Path, limit: int | None = None, tools: str = "auto") -> list[EvalProblem]:

@@ -95,7 +95,9 @@ class ResultsFile:
         self._f = None
         self.skipped = 0
         self.duplicates = 0
-        self._lock = self.path.with_name(self.path.name + ".lock").open("w")
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        made_lock = not lock_path.exists()
+        self._lock = lock_path.open("w")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -107,6 +109,8 @@ class ResultsFile:
             try:
                 self._check_settings(fp)
             except ResumeMismatch:
+                if made_lock:  # refused: leave nothing of ours behind (removed while still held)
+                    lock_path.unlink(missing_ok=True)
                 self.close()
                 raise
         tmp = self.meta_path.with_name(self.meta_path.name + ".tmp")

@@ -25,8 +25,6 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
             mapping with a non-empty ``tools`` list, or whose tools verl cannot build (an unknown ``class_name``,
             a bad schema); the message names the file. envs.sandbox.SandboxUnavailable: no sandbox.
     """
-    from verl.tools.tool_registry import initialize_tools_from_config
-
     if tool_config is None:
         from stare_verl.recipe_files import recipes_dir
 
@@ -38,9 +36,13 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
 
         tool = CodeInterpreterTool({"type": "native", "session_key": "trajectory"})
         return {tool.tool_schema.function.name: tool}
+    if Path(tool_config).is_dir():
+        raise ValueError(f"tool config {tool_config} is a folder: give the YAML file")
     if not Path(tool_config).is_file():
         raise FileNotFoundError(f"tool config {tool_config} does not exist")
-    _check_tool_config(Path(tool_config))
+    _check_tool_config(Path(tool_config))  # before verl is imported: its import warnings do not bury the error
+    from verl.tools.tool_registry import initialize_tools_from_config
+
     from envs.sandbox import SandboxUnavailable
 
     try:

@@ -180,6 +180,8 @@ def test_cli_check_takes_a_path_or_a_users_own_verl_yaml_and_suggests_names(caps
         assert capsys.readouterr().err.strip() == (
             f"error: {str(path)!r} is {what}, not a recipe: give a recipe name or a .yaml / .yml verl config"
         )
+    assert main(["check", ""]) == 2  # not "'' is a folder" (Path('') is the working folder)
+    assert capsys.readouterr().err.strip().startswith("error: an empty recipe name")
     assert main(["check", "nothing/like/this.yaml"]) == 2
     assert capsys.readouterr().err.startswith("error: no file 'nothing/like/this.yaml'")
     assert main(["check", "zzzzzzzz"]) == 2

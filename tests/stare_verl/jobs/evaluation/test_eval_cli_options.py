@@ -2,6 +2,7 @@
 option in validation errors, and refuses data rows whose extra_info is not a mapping. No server, no model."""
 
 import json
+import re
 
 import pytest
 
@@ -118,22 +119,89 @@ def _math_jsonl(path):
     return path
 
 
-@pytest.mark.parametrize("case", ["out_is_data", "summary_is_out", "out_under_a_file"])
+OUTPUT_CASES = {
+    # (argv, what the error says): a file the run reads or writes, or a folder it cannot make or write
+    "out_is_data": (["--out", "problems.jsonl", "--overwrite"], "--out 'problems.jsonl' is the --data file"),
+    "summary_is_data": (["--summary", "problems.jsonl"], "--summary 'problems.jsonl' is the --data file"),
+    "summary_is_out": (["--out", "r.jsonl", "--summary", "./r.jsonl"], "--summary './r.jsonl' is the --out file"),
+    "summary_is_settings": (["--out", "r.jsonl", "--summary", "r.jsonl.meta.json"], "is the results' settings file"),
+    "summary_is_lock": (["--out", "r.jsonl", "--summary", "r.jsonl.lock"], "is the results' lock file"),
+    "out_is_tool_config": (["--out", "tools.yaml", "--tool-config", "tools.yaml", "--overwrite"],
+                           "--out 'tools.yaml' is the --tool-config file"),
+    "summary_is_default_tool_config": (["--summary", "DEFAULT"], "is the default tool config"),
+    "out_under_a_file": (["--out", "afile/r.jsonl"], "is a file, so the folder"),
+    "out_in_proc": (["--out", "/proc/r.jsonl"], "--out '/proc/r.jsonl': the folder /proc is not writable"),
+    "summary_in_proc": (["--summary", "/proc/x.json"], "--summary '/proc/x.json': the folder /proc is not writable"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUTPUT_CASES))
 def test_output_paths_that_would_destroy_or_cannot_be_made_are_refused_first(case, tmp_path, capsys, monkeypatch):
+    from stare_verl.recipe_files import recipes_dir
+
     monkeypatch.chdir(tmp_path)
     data = _math_jsonl(tmp_path / "problems.jsonl")
-    before = data.read_bytes()
     (tmp_path / "afile").write_text("x")
-    argv, said = {
-        "out_is_data": (["--out", str(data), "--overwrite"], "is the --data file: the results would overwrite"),
-        "summary_is_out": (["--out", "r.jsonl", "--summary", "r.jsonl"], "is the --out file: give two paths"),
-        "out_under_a_file": (["--out", str(tmp_path / "afile" / "r.jsonl")], "is a file, so the folder"),
-    }[case]
+    (tmp_path / "tools.yaml").write_text("tools:\n  - class_name: a.B\n")
+    default = recipes_dir() / "tool_use" / "tool_config.yaml"
+    before = {p: p.read_bytes() for p in (data, tmp_path / "tools.yaml", default)}
+    argv, said = OUTPUT_CASES[case]
+    argv = [str(default) if a == "DEFAULT" else a for a in argv]
     # a closed port: were the paths checked after the server, the error would be the connection's
-    assert cli.main(["--url", "http://127.0.0.1:9", "--data", str(data), *argv]) == 2
+    assert cli.main(["--url", "http://127.0.0.1:9", "--data", "problems.jsonl", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --") and said in err and "\n" not in err, err
-    assert data.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "problems.jsonl"]
+    assert {p: p.read_bytes() for p in before} == before  # nothing written over
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "problems.jsonl", "tools.yaml"]
+
+
+def test_a_refused_resume_leaves_no_lock_file(tmp_path):
+    """Results without their settings file are refused; the refusal leaves no ``.lock`` of its own behind (one that
+    was there before stays)."""
+    from stare_verl.jobs.evaluation.runner import EvalSettings, ResultsFile, ResumeMismatch
+
+    out = tmp_path / "r.jsonl"
+    out.write_text("hello world\n")
+    with pytest.raises(ResumeMismatch, match="settings file .* is missing"):
+        ResultsFile(out, EvalSettings(k=2).fingerprint("m", "d"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
+    (tmp_path / "r.jsonl.lock").write_text("")
+    with pytest.raises(ResumeMismatch):
+        ResultsFile(out, EvalSettings(k=2).fingerprint("m", "d"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "r.jsonl.lock"]
+
+
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (lambda p: p.mkdir() or p, "is a folder: give the YAML file"),
+        (lambda p: p, "does not exist"),
+    ],
+)
+def test_a_tool_config_folder_or_missing_file_is_named_so(make, said, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = _math_jsonl(tmp_path / "problems.jsonl")
+    tc = make(tmp_path / "tc")
+    argv = ["--url", "http://127.0.0.1:9", "--data", str(data), "--tools", "on", "--tool-config", str(tc),
+            "--model", "m", "--max-tokens", "8"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: tool config {tc} {said}", err
+
+
+@pytest.mark.parametrize(
+    "name, text, said",
+    [
+        ("rows.jsonl", "[1, 2]\n", "line 1 is a JSON list, not an object (one problem per line)"),
+        ("rows.jsonl", '"a string"\n', "line 1 is a JSON str, not an object"),
+        ("rows.txt", "not parquet", "a data file is .parquet, .jsonl or .json, and this one (.txt) is not readable"),
+    ],
+)
+def test_data_rows_that_are_no_objects_and_unknown_file_types_are_named(name, text, said, tmp_path):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(DatasetError, match=re.escape(said)):
+        load_problems(path)
 
 
 @pytest.mark.parametrize(
