@@ -183,13 +183,12 @@ def _bad_output_path(a: argparse.Namespace) -> str | None:
     """Why ``--out`` or ``--summary`` cannot be used, or None: empty, a folder, in a folder that cannot be made or
     written (:func:`_unwritable_folder`), or the same file as one the run reads (``--data``, ``--tool-config`` or the
     default tool config) or writes (the other output, or the results' ``.lock`` / ``.meta.json``)."""
-    from stare_verl.recipe_files import recipes_dir
+    from stare_verl.jobs.evaluation.tools import default_tool_config
 
     def same(x: str | Path, y: str | Path) -> bool:
         return Path(x).resolve() == Path(y).resolve()
 
-    reads = {"--data file": a.data, "--tool-config file": a.tool_config,
-             "default tool config": recipes_dir() / "tool_use" / "tool_config.yaml"}  # fmt: skip
+    reads = {"--data file": a.data, "--tool-config file": a.tool_config, "default tool config": default_tool_config()}
     writes = {}
     if a.out:
         writes = {"--out file": a.out, "results' lock file": f"{a.out}.lock",

@@ -220,7 +220,7 @@ class ChatClient:
         last = ""
         unreachable = True  # every attempt so far: a connection error, or (probe) no answer in time
         tries = self.config.max_retries + 1
-        timeout = None  # the client's
+        timeout = httpx.USE_CLIENT_DEFAULT
         if probe:
             wait = min(self.config.probe_timeout_s, self.config.request_timeout_s)
             timeout = httpx.Timeout(wait, connect=self.config.connect_timeout_s)
@@ -234,10 +234,7 @@ class ChatClient:
             self.requests += 1
             try:
                 async with self._sem:
-                    if timeout is None:
-                        resp = await self._http.request(method, path, json=json)
-                    else:
-                        resp = await self._http.request(method, path, json=json, timeout=timeout)
+                    resp = await self._http.request(method, path, json=json, timeout=timeout)
             except httpx.TimeoutException as err:
                 unreachable = unreachable and (probe or isinstance(err, httpx.ConnectTimeout))
                 limit = (f"no answer in {timeout.read:g} s on first contact (probe_timeout_s)" if probe else

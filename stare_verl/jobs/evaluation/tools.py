@@ -11,7 +11,15 @@ from typing import Any
 
 from stare_verl.jobs.evaluation.settings import EvalSettings
 
-__all__ = ["load_tools", "tool_runner"]
+__all__ = ["default_tool_config", "load_tools", "tool_runner"]
+
+
+def default_tool_config() -> Path:
+    """The project's tool config, ``recipes/tool_use/tool_config.yaml`` (what :func:`load_tools` reads without one
+    given; it may be absent from an install without the recipes)."""
+    from stare_verl.recipe_files import recipes_dir
+
+    return recipes_dir() / "tool_use" / "tool_config.yaml"
 
 
 def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
@@ -26,9 +34,7 @@ def load_tools(tool_config: str | Path | None = None) -> dict[str, Any]:
             a bad schema); the message names the file. envs.sandbox.SandboxUnavailable: no sandbox.
     """
     if tool_config is None:
-        from stare_verl.recipe_files import recipes_dir
-
-        default = recipes_dir() / "tool_use" / "tool_config.yaml"
+        default = default_tool_config()
         if default.is_file():
             tool_config = default
     if tool_config is None:
