@@ -147,6 +147,31 @@ def grpo_base(
 _WARNED_MERGE = False
 
 
+def _string_label_codes(index: Any) -> tuple[np.ndarray, int] | None:
+    """:func:`verl_group_codes` of the labels verl's trainer gives (``uid``: a 1-D object array of strings that do
+    not all read as integers), without verl's sort of the strings; None for any other ``index``.
+
+    verl tries to read the whole array as integers and, when one label does not read as one, factorises the
+    strings with ``np.unique``: one group per distinct string, which is what numbering the strings by first
+    appearance gives. Its reading as integers is tried here exactly as verl tries it (``astype(np.int64)``);
+    where it succeeds verl's own function decides.
+    """
+    if not (isinstance(index, np.ndarray) and index.dtype == object and index.ndim == 1):
+        return None
+    labels = index.tolist()
+    if not all(type(u) is str for u in labels):
+        return None
+    try:
+        index.astype(np.int64)
+    except Exception:  # noqa: BLE001 - verl catches every exception here too
+        pass  # as in verl: not integers, so the strings are factorised
+    else:
+        return None
+    lookup: dict = {}
+    codes = np.fromiter((lookup.setdefault(u, len(lookup)) for u in labels), dtype=np.int64, count=len(labels))
+    return codes, len(lookup)
+
+
 def verl_group_codes(index: Any) -> tuple[np.ndarray, int]:
     """Group codes of ``index`` exactly as verl's ``grpo_vectorized`` groups it: verl's own
     ``verl.utils.groupwise.as_torch_index`` (renumbered by first appearance), so the zero-variance and
@@ -164,6 +189,9 @@ def verl_group_codes(index: Any) -> tuple[np.ndarray, int]:
         ``(codes, n_groups)``: ``[B]`` int64 codes in ``0..n_groups-1``, numbered by first appearance.
     """
     global _WARNED_MERGE
+    fast = _string_label_codes(index)
+    if fast is not None:
+        return fast
     from verl.utils.groupwise import as_torch_index
 
     g = as_torch_index(index, device="cpu").numpy().reshape(-1)
@@ -200,19 +228,45 @@ def group_row_advantage(
     Returns None when some outcome reward is NaN/inf (:func:`group_advantage` handles those rows, whose advantage
     is 0 whatever the mask, and a dtype that depends on it): the caller falls back to :func:`group_advantage`.
     """
+    scores = token_level_rewards.sum(dim=-1)
+    if scores.dtype not in _ROW_DTYPES:  # integer rewards: verl's own function (rare; its promotions apply)
+        return _verl_row_advantage(scores, response_mask, index, cfg)
+    # verl computes the group statistics in float32 and the advantage in the rewards' dtype promoted with float32
+    dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    scores_np = scores.detach().to(dtype).cpu().numpy()  # float16/bfloat16 widen exactly
+    if not np.isfinite(scores_np).all():  # [B] on the host anyway: no torch reduction of its own
+        return None
+    from stare_verl.methods.group_kernels import group_moments, group_row_advantages
+
+    codes, n_groups = verl_group_codes(index)
+    count, mean, var, zero = group_moments(scores_np, codes, n_groups, float(cfg.zero_variance_tol))
+    std = torch.sqrt(torch.clamp(torch.from_numpy(var), min=0.0)).numpy()  # torch's sqrt, as verl's
+    out = np.empty_like(scores_np)
+    group_row_advantages(scores_np, codes, count, mean, std, zero, np.float32(cfg.epsilon),
+                         cfg.norm_adv_by_std_in_grpo is not False, out)  # fmt: skip
+    n_zero = int(np.count_nonzero(zero))
+    # verl's [B, T] result is scalars[:, None] * response_mask: the scalars promoted with the mask's dtype (x * 1 is
+    # exact, so the promotion is the whole difference)
+    row = torch.from_numpy(out).to(device=response_mask.device, dtype=torch.promote_types(dtype, response_mask.dtype))
+    return row, float(n_zero) / max(n_groups, 1)
+
+
+_ROW_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _verl_row_advantage(scores: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, cfg: Any):
+    """:func:`group_row_advantage` through verl's ``grpo_vectorized`` itself, for reward dtypes the compiled loop does
+    not take (integers); None when some outcome reward is NaN/inf."""
     from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
 
-    scores = token_level_rewards.sum(dim=-1)
     scores_np = scores.detach().double().cpu().numpy()
-    if not np.isfinite(scores_np).all():  # [B] on the host anyway: no torch reduction of its own
+    if not np.isfinite(scores_np).all():
         return None
     kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": cfg.norm_adv_by_std_in_grpo is not False}
     codes, n_groups = verl_group_codes(index)
-    # verl's [B, T] result is scalars[:, None] * response_mask; times a [B, 1] mask of ones of the mask's dtype it is
-    # the scalars promoted exactly as that product promotes them (x * 1 is exact)
+    # times a [B, 1] mask of ones of the mask's dtype it is verl's scalars promoted exactly as the [B, T] product
+    # promotes them; the codes group the rows as verl groups `index`, and verl reads integer codes as they are
     ones = torch.ones((response_mask.shape[0], 1), dtype=response_mask.dtype, device=response_mask.device)
-    # the codes group the rows as verl groups `index` (verl_group_codes), and verl reads integer codes as they are:
-    # the same groups, the rows of each in the same order, without verl factorising the labels a second time
     row, _ = compute_grpo_vectorized_outcome_advantage(scores[:, None], ones, codes, **kw)
     row = row[:, 0]
     zero_var = zero_variance_groups(scores_np, codes, n_groups, np.ones(len(scores_np), dtype=bool),
