@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -29,7 +29,13 @@ def top_count(p: float, n: int) -> int:
         p: the selection ratio P in (0, 1].
         n: number of candidate tokens (>= 0).
     """
-    return math.ceil(Fraction(repr(float(p))) * int(n))
+    return math.ceil(_decimal_fraction(float(p)) * int(n))
+
+
+@lru_cache(maxsize=64)
+def _decimal_fraction(p: float) -> Fraction:
+    """``p``'s shortest decimal representation as an exact fraction (a run uses one or two ratios: kept)."""
+    return Fraction(repr(p))
 
 
 def select_top_surprisal(

@@ -22,6 +22,7 @@ computed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -32,10 +33,8 @@ import numpy as np
 
 from stare_verl.methods.stare import kernels
 from stare_verl.methods.stare.core import (
-    SAMPLE_SIZE,
     SAMPLED_SELECTION_MIN,
     CovarianceSums,
-    class_sums,
     top_count,
 )
 
@@ -193,6 +192,14 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
     ``output(gate_on)``, None with the gate off) and :func:`fused_reweight_rows` (``row_advantages`` given: every
     entry of ``output(gate_on)`` written). ``row_adv``: ``[B]``, each row's advantage at its first model token;
     ``mask``: not bool (a bool mask is passed as its uint8 view); ``first``: from :func:`kernels.first_model`."""
+    with _window_scratch(log_probs.shape, log_probs.dtype, entropys.dtype) as (window, window_ent):
+        return _reweight_in(window, window_ent, row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
+                            output, advantages, row_advantages)  # fmt: skip
+
+
+def _reweight_in(window, window_ent, row_adv, mask, log_probs, entropys, first, decide, ratio, variant, output,
+                 advantages, row_advantages) -> tuple[np.ndarray | None, FusedStep]:  # fmt: skip
+    """:func:`_reweight` with its window scratch (``[B, T]`` of the log-probs' and the entropies' dtype)."""
     b, t = log_probs.shape
     sets = [np.flatnonzero(row_adv > 0)] + ([np.flatnonzero(row_adv < 0)] if variant == "C2" else [])
     row_set = np.full(b, -1, dtype=np.int64)
@@ -202,7 +209,6 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
     lo, hi = _windows(log_probs, mask, row_set, len(sets), ratio)
     end, n_model, n_valid, below, below_above, n_window = (np.empty(b, dtype=np.int64) for _ in range(6))
     ent_sum, lp_sum, below_sum = np.empty(b), np.empty(b), np.empty(b)
-    window, window_ent = _empty((b, t), log_probs.dtype), _empty((b, t), entropys.dtype)
     a_args = (log_probs, entropys, mask, first, row_set)
     a_out = (window, window_ent, end, n_model, n_valid, ent_sum, lp_sum, below, below_sum, below_above, n_window)
     _pass_a(*a_args, lo, hi, *a_out)
@@ -216,11 +222,9 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
     allow = np.full(b, -1, dtype=np.int64)
     ks = []
     if gate_on:
-        ks = [top_count(ratio, int(n_valid[rows].sum())) for rows in sets]
-        missed = [
-            k > 0 and not (below[rows].sum() < k <= below[rows].sum() + n_window[rows].sum())
-            for k, rows in zip(ks, sets, strict=True)
-        ]
+        totals = kernels.set_totals(row_set, len(sets), n_valid, below, n_window)
+        ks = [top_count(ratio, int(totals[0, s])) for s in range(len(sets))]
+        missed = [k > 0 and not (totals[1, s] < k <= totals[1, s] + totals[2, s]) for s, k in enumerate(ks)]
         if any(missed):  # the sampled window does not hold the k-th smallest: every candidate into the window
             lo, hi = np.full(2, -np.inf, dtype=log_probs.dtype), np.full(2, np.inf, dtype=log_probs.dtype)
             _pass_a(*a_args, lo, hi, *a_out)
@@ -233,44 +237,78 @@ def _reweight(row_adv, mask, log_probs, entropys, first, decide, ratio, variant,
         row_set[:] = -1
     out = output(gate_on)
     weight = np.array([w, m], dtype=row_adv.dtype)
-    n_high, s_high = np.empty(b), np.empty(b)
-    _in_row_ranges(kernels.pass_b, log_probs.shape,
-                   log_probs, entropys, mask, end, n_model, n_valid, high_thr, row_set, thr, weight, allow,
-                   row_advantages,
-                   advantages if out is None else out,  # gate off, [B, T] advantages: no row set, nothing written
-                   n_high, s_high)  # fmt: skip
+    n_high, s_high, s_low = np.empty(b), np.empty(b), np.empty(b)
+    b_args = (log_probs, entropys, mask, end, n_model, n_valid, high_thr, row_set, thr, weight, allow, row_advantages,
+              advantages if out is None else out,  # gate off, [B, T] advantages: no row set, nothing written
+              n_high, s_high, s_low)  # fmt: skip
+    parallel = _openmp(log_probs, entropys, mask, None if row_advantages is None else out)
+    if parallel is not None:
+        from stare_verl.methods.stare import omp
+
+        omp.run_pass_b(log_probs.shape, *parallel, *b_args)
+    else:
+        _in_row_ranges(kernels.pass_b, log_probs.shape, *b_args)
     n_sel, n_above = np.zeros(b, dtype=np.int64), np.zeros(b, dtype=np.int64)
     s_sel = np.zeros(b)
     if gate_on:
         widest = int(n_window.max(initial=0))  # ranges sized by the window tokens a row holds (few), not by T
-        _in_row_ranges(kernels.chosen_sums, (b, widest), window, window_ent, n_window, below, below_sum, below_above,
-                       row_set, thr, allow, n_sel, s_sel, n_above)  # fmt: skip
+        c_args = (window, window_ent, n_window, below, below_sum, below_above, row_set, thr, allow, n_sel, s_sel,
+                  n_above)  # fmt: skip
+        parallel = _openmp(window, window_ent, np.zeros((0, 0), dtype=np.uint8), window, shape=(b, widest))
+        if parallel is not None:
+            from stare_verl.methods.stare import omp
 
-    cov_base = class_sums(row_adv, n_high, s_high, n_valid.astype(np.float64), lp_sum)
-    adv_d, lp_adv_d = cov_base.adv.copy(), cov_base.lp_adv.copy()
+            omp.run_chosen_sums((b, widest), *parallel, *c_args)
+        else:
+            _in_row_ranges(kernels.chosen_sums, (b, widest), *c_args)
+
+    weights = np.array([w, m], dtype=np.float64)
+    chosen_high = np.array([thr[0] < high_thr, thr[1] < high_thr])
+    apply = np.array([gate_on and s < len(ks) and ks[s] > 0 and weights[s] != 1.0 for s in range(2)])
+    sums, above = kernels.covariance_rows(row_adv, n_high, s_high, s_low, n_valid, lp_sum, row_set, n_sel, s_sel,
+                                          n_above, chosen_high, weights, apply)  # fmt: skip
+    cov_base = CovarianceSums(n=sums[0], lp=sums[1], adv=sums[2], lp_adv=sums[3])
+    cov_eff = CovarianceSums(n=sums[0], lp=sums[1], adv=sums[4], lp_adv=sums[5])
     summaries: list[SetSummary | None] = [None, None]
     if gate_on:
-        for s, rows in enumerate(sets):
-            k = ks[s]
-            summaries[s] = SetSummary(k, -float(thr[s]) if k else None, int(n_above[rows].sum()))
-            weight_s = float(w if s == 0 else m)
-            if k == 0 or weight_s == 1.0:
-                continue
-            a = row_adv[rows].astype(np.float64)
-            delta = (weight_s - 1.0) * a  # what each chosen token adds to its advantage
-            cnt, lp_s = n_sel[rows].astype(np.float64), s_sel[rows]
-            # the chosen tokens of high surprisal: all of them when the threshold lies below the high-surprisal
-            # bound (v <= thr < high_thr), else the row's high tokens (v < high_thr <= thr: all chosen; a tie at
-            # thr is not high)
-            nh, lp_h = (cnt, lp_s) if thr[s] < high_thr else (n_high[rows], s_high[rows])
-            for q, part in ((0, a > 0), (2, a < 0)):
-                d = delta[part]
-                adv_d[q] += float(np.dot(d, nh[part]))
-                adv_d[q + 1] += float(np.dot(d, cnt[part] - nh[part]))
-                lp_adv_d[q] += float(np.dot(d, lp_h[part]))
-                lp_adv_d[q + 1] += float(np.dot(d, lp_s[part] - lp_h[part]))
-    cov_eff = CovarianceSums(n=cov_base.n, lp=cov_base.lp, adv=adv_d, lp_adv=lp_adv_d)
+        for s, k in enumerate(ks):
+            summaries[s] = SetSummary(k, -float(thr[s]) if k else None, int(above[s]))
     return out, FusedStep(int(n_model.sum()), n_valid_all, batch_entropy, summaries, cov_base, cov_eff)
+
+
+_scratch: tuple[int, np.ndarray] | None = None
+_scratch_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _window_scratch(shape: tuple[int, int], lp_dtype: np.dtype, ent_dtype: np.dtype):
+    """Pass A's window scratch: ``(window, window_ent)``, uninitialised ``shape`` arrays of ``lp_dtype`` and
+    ``ent_dtype``, views of one buffer the module keeps from call to call (grown to the largest batch seen: two
+    ``[B, T]`` arrays' worth of memory stay allocated between steps).
+
+    Why kept: pass A writes a few tokens at the start of each row of both arrays, and a fresh allocation has every
+    such page faulted in again on each call (one page per row and array; at 512 x 8192 about 2,000 page faults, 3-5 ms
+    of CPU time a call on this project's CPU machines, measured in ``docs/results/estimator-speed.md``). A second
+    thread computing an advantage while the buffer is in use gets fresh arrays (:func:`_empty`).
+    """
+    global _scratch
+    b, t = shape
+    lp_bytes = -(-b * t * np.dtype(lp_dtype).itemsize // 64) * 64  # the second array 64-byte aligned
+    need = lp_bytes + b * t * np.dtype(ent_dtype).itemsize
+    if not _scratch_lock.acquire(blocking=False):
+        yield _empty(shape, lp_dtype), _empty(shape, ent_dtype)
+        return
+    try:
+        pid = os.getpid()
+        if _scratch is None or _scratch[0] != pid or _scratch[1].size < need:
+            _scratch = None  # the old buffer freed before the larger one is allocated
+            raw = np.empty(need + 64, dtype=np.uint8)
+            _scratch = (pid, raw[-raw.ctypes.data % 64 :])  # 64-byte aligned (a cache line)
+        buf = _scratch[1]
+        yield (buf[: b * t * np.dtype(lp_dtype).itemsize].view(lp_dtype).reshape(shape),
+               buf[lp_bytes:need].view(ent_dtype).reshape(shape))  # fmt: skip
+    finally:
+        _scratch_lock.release()
 
 
 def _empty(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
@@ -288,9 +326,46 @@ def _empty(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
 
 
 def _pass_a(log_probs, entropys, mask, first, row_set, lo, hi, *out) -> None:
-    """:func:`kernels.pass_a` over every row (see :func:`_in_row_ranges`)."""
-    _in_row_ranges(kernels.pass_a, log_probs.shape, log_probs, entropys, mask, first, row_set, lo, hi, *out)
+    """:func:`kernels.pass_a` over every row: on torch's OpenMP threads where :func:`_openmp` allows, else
+    :func:`_in_row_ranges`."""
+    parallel = _openmp(log_probs, entropys, mask, log_probs)
+    if parallel is not None:
+        from stare_verl.methods.stare import omp
 
+        omp.run_pass_a(log_probs.shape, *parallel, log_probs, entropys, mask, first, row_set, lo, hi, *out)
+    else:
+        _in_row_ranges(kernels.pass_a, log_probs.shape, log_probs, entropys, mask, first, row_set, lo, hi, *out)
+
+
+USE_OPENMP = True
+"""Run the two passes on torch's OpenMP threads where possible (:mod:`stare_verl.methods.stare.omp`); False: always
+on the module's own threads (:func:`_in_row_ranges`)."""
+
+
+def _openmp(log_probs, entropys, mask, adv, shape=None) -> tuple[int, int, object] | None:
+    """``(rows_per_range, threads, GOMP_parallel)`` when a pass over these arrays runs on torch's OpenMP threads
+    (:mod:`stare_verl.methods.stare.omp`): more than one thread and one range, arrays it takes (``adv`` None: pass
+    B's in-place mode, which it does not), and torch's OpenMP runtime found; else None. ``shape``: ``(B, T)`` that
+    sizes the ranges (default: the log-probs' shape)."""
+    b, t = log_probs.shape if shape is None else shape
+    threads = max(1, min(_torch_threads(), _CPUS))
+    rows_per = max(1, CHUNK_TOKENS // max(t, 1))
+    if not USE_OPENMP or adv is None or threads == 1 or b <= rows_per:
+        return None
+    from stare_verl.methods.stare import omp
+
+    if not omp.covers(log_probs, entropys, mask, adv):
+        return None
+    parallel = omp.openmp_parallel()
+    return None if parallel is None else (rows_per, threads, parallel)
+
+
+SAMPLE_SIZES = (1 << 14, 1 << 16)
+"""The fewest and most positions :func:`_windows`' sample reads (one in 128 of the batch between them, in blocks of
+:data:`kernels.SAMPLE_BLOCK`, a cache line of each array read per block). The window around the sampled quantile
+narrows as one over the square root of the sample, and the threshold's partition and the chosen tokens' sums read
+the window's tokens: a larger batch pays for a larger sample (at 512 x 8192, 32k positions, the window holds about 3%
+of a set's candidates at P = 0.2)."""
 
 CHUNK_TOKENS = 1 << 17
 """About how many ``[B, T]`` entries one row range of :func:`_in_row_ranges` covers."""
@@ -375,7 +450,8 @@ def _windows(log_probs, mask, row_set, n_sets: int, ratio: float) -> tuple[np.nd
     size = log_probs.size
     if size == 0:
         return lo, hi
-    stride = max(size // SAMPLE_SIZE, 1)
+    lo_n, hi_n = SAMPLE_SIZES
+    stride = max(size // min(max(size // 128, lo_n), hi_n), 1)
     samples, counts = kernels.sample_candidates(log_probs, mask, row_set, n_sets, stride)
     for s in range(n_sets):
         sample = samples[s, : counts[s]]

@@ -188,6 +188,37 @@ def _row_end(row):  # pragma: no cover - compiled
     return j
 
 
+SUM_BLOCK = 1024
+"""Tokens :func:`pass_a` sums in the inputs' own dtype before adding the block's sums to a row's float64 totals."""
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _window_copy(lp_row, ent_row, mask_row, j0, j1, stop, a, b, win_row, win_ent, nw):  # pragma: no cover - compiled
+    """Copy the valid tokens of ``[j0, j1)`` (``j1 <= stop``) whose log-prob lies in ``[a, b]`` to ``win_row`` /
+    ``win_ent`` from position ``nw`` on, in order; returns the new ``nw``. Few tokens fall inside the window: per
+    64 tokens a bit mask of those whose log-prob does (vector compares), then a visit of its set bits only."""
+    for k0 in range(j0, j1, 64):
+        if k0 + 64 <= lp_row.size:  # the block's tokens from j1 on are cleared
+            bits = _window_bits(lp_row, k0, a, b)
+            if j1 - k0 < 64:
+                bits &= (np.uint64(1) << np.uint64(j1 - k0)) - np.uint64(1)
+        else:  # the last block of a row shorter than 64 beyond k0
+            bits = np.uint64(0)
+            for j in range(k0, j1):
+                v = lp_row[j]
+                bits |= np.uint64((v >= a) & (v <= b)) << np.uint64(j - k0)  # NaN compares False
+        while bits != 0:
+            j = k0 + np.int64(_trailing_zeros(bits))
+            v = lp_row[j]
+            e = ent_row[j]
+            if (mask_row[j] > 0) & ((v - v) == 0) & ((e - e) == 0):
+                win_row[nw] = v
+                win_ent[nw] = e
+                nw += 1
+            bits &= bits - np.uint64(1)  # clear the lowest set bit
+    return nw
+
+
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def pass_a(r0, r1, log_probs, entropys, mask, first, row_set, lo, hi, window, window_ent, end, n_model, n_valid,
            ent_sum, lp_sum, below, below_sum, below_above, n_window):  # pragma: no cover - compiled
@@ -196,39 +227,66 @@ def pass_a(r0, r1, log_probs, entropys, mask, first, row_set, lo, hi, window, wi
     ``window``/``window_ent``: ``[B, T]`` scratch of the log-probs' / entropies' dtype, receiving the log-probs and
     entropies of the window's tokens. Writes ``end`` (one past each row's last model token, 0 for a row without
     one), the ``[B]`` counts and sums, and for the rows of a set the count ``below``, log-prob sum ``below_sum`` and
-    count with surprisal above their entropy ``below_above`` of the valid tokens below ``lo``."""
+    count with surprisal above their entropy ``below_above`` of the valid tokens below ``lo``.
+
+    The sums run over blocks of :data:`SUM_BLOCK` tokens in the inputs' dtype (counts exact: a block holds fewer
+    than 2**24 tokens), each block's sums added to the row's float64 totals: float32 inputs are summed at full
+    vector width (float64 sums of float32 values convert every token, twice the work). A row with a NaN or inf among
+    its model tokens, or whose block sums overflow, is summed again token by token in float64 with the finiteness
+    test. The window's tokens are copied block by block, while the block is in cache."""
     for i in range(r0, r1):
         lp_row, ent_row, mask_row = log_probs[i], entropys[i], mask[i]
         stop = _row_end(mask_row) if first[i] >= 0 else 0
         end[i] = stop
         s = row_set[i]
         cm, nb, es, ls, sb, na = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        one, z = np.float32(1.0), np.float32(0.0)
+        ez, lz = ent_row.dtype.type(0.0), lp_row.dtype.type(0.0)
+        nw = 0
         # first without the finiteness test: a NaN or inf among the row's model tokens makes its entropy or
-        # log-prob sum non-finite (float64 sums of finite values do not overflow), and only then is the row
-        # summed again with the test. Branch-free, float64 counters (selects, not jumps; no int/float mix): the
-        # form LLVM vectorises.
+        # log-prob sum non-finite, and only then is the row summed again with the test. Branch-free (selects, not
+        # jumps; no int/float mix), over slices of the row: the form LLVM vectorises.
         if s >= 0:
-            a = lo[s]
-            for j in range(stop):
-                v = lp_row[j]
-                e = ent_row[j]
-                m = mask_row[j] > 0
-                low = m & (v < a)
-                cm += 1.0 if m else 0.0
-                es += e if m else 0.0
-                ls += v if m else 0.0
-                nb += 1.0 if low else 0.0
-                sb += v if low else 0.0
-                na += 1.0 if low & (-v > e) else 0.0
+            a, b = lo[s], hi[s]
+            win_row, win_ent = window[i], window_ent[i]
+            for j0 in range(0, stop, SUM_BLOCK):
+                j1 = min(j0 + SUM_BLOCK, stop)
+                lb, eb, mb = lp_row[j0:j1], ent_row[j0:j1], mask_row[j0:j1]
+                c1, c4, c6, c2, c3, c5 = z, z, z, ez, lz, lz
+                for q in range(j1 - j0):
+                    v = lb[q]
+                    e = eb[q]
+                    m = mb[q] > 0
+                    low = m & (v < a)
+                    c1 += one if m else z
+                    c2 += e if m else ez
+                    c3 += v if m else lz
+                    c4 += one if low else z
+                    c5 += v if low else lz
+                    c6 += one if low & (-v > e) else z
+                cm += c1
+                es += c2
+                ls += c3
+                nb += c4
+                sb += c5
+                na += c6
+                nw = _window_copy(lp_row, ent_row, mask_row, j0, j1, stop, a, b, win_row, win_ent, nw)
         else:
-            for j in range(stop):
-                v = lp_row[j]
-                m = mask_row[j] > 0
-                cm += 1.0 if m else 0.0
-                es += ent_row[j] if m else 0.0
-                ls += v if m else 0.0
+            for j0 in range(0, stop, SUM_BLOCK):
+                j1 = min(j0 + SUM_BLOCK, stop)
+                lb, eb, mb = lp_row[j0:j1], ent_row[j0:j1], mask_row[j0:j1]
+                c1, c2, c3 = z, ez, lz
+                for q in range(j1 - j0):
+                    v = lb[q]
+                    m = mb[q] > 0
+                    c1 += one if m else z
+                    c2 += eb[q] if m else ez
+                    c3 += v if m else lz
+                cm += c1
+                es += c2
+                ls += c3
         cv = cm
-        if not ((es - es) == 0 and (ls - ls) == 0):
+        if not ((es - es) == 0 and (ls - ls) == 0 and (sb - sb) == 0):
             a = lo[s] if s >= 0 else -np.inf
             cm, cv, nb, es, ls, sb, na = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
             for j in range(stop):
@@ -237,45 +295,50 @@ def pass_a(r0, r1, log_probs, entropys, mask, first, row_set, lo, hi, window, wi
                 m = mask_row[j] > 0
                 ok = m & ((v - v) == 0) & ((e - e) == 0)  # finite: inf - inf and NaN - NaN are NaN
                 low = ok & (v < a)
+                vd, ed = np.float64(v), np.float64(e)
                 cm += 1.0 if m else 0.0
                 cv += 1.0 if ok else 0.0
-                es += e if ok else 0.0
-                ls += v if ok else 0.0
+                es += ed if ok else 0.0
+                ls += vd if ok else 0.0
                 nb += 1.0 if low else 0.0
-                sb += v if low else 0.0
+                sb += vd if low else 0.0
                 na += 1.0 if low & (-v > e) else 0.0
         n_model[i], n_valid[i], ent_sum[i], lp_sum[i] = int(cm), int(cv), es, ls
         below[i], below_sum[i], below_above[i] = int(nb), sb, int(na)
-        nw = 0
-        if s >= 0:
-            a, b = lo[s], hi[s]
-            win_row, win_ent = window[i], window_ent[i]
-            # few tokens fall inside the window: per block of 64 tokens a bit mask of those whose log-prob does
-            # (vector compares), then a visit of its set bits only, in order
-            for j0 in range(0, stop, 64):
-                if j0 + 64 <= lp_row.size:  # the block's tokens from stop on are cleared
-                    bits = _window_bits(lp_row, j0, a, b)
-                    if stop - j0 < 64:
-                        bits &= (np.uint64(1) << np.uint64(stop - j0)) - np.uint64(1)
-                else:  # the last block of a row shorter than 64 beyond j0
-                    bits = np.uint64(0)
-                    for j in range(j0, stop):
-                        v = lp_row[j]
-                        bits |= np.uint64((v >= a) & (v <= b)) << np.uint64(j - j0)  # NaN compares False
-                while bits != 0:
-                    j = j0 + np.int64(_trailing_zeros(bits))
-                    v = lp_row[j]
-                    e = ent_row[j]
-                    if (mask_row[j] > 0) & ((v - v) == 0) & ((e - e) == 0):
-                        win_row[nw] = v
-                        win_ent[nw] = e
-                        nw += 1
-                    bits &= bits - np.uint64(1)  # clear the lowest set bit
         n_window[i] = nw
 
 
-SAMPLE_BLOCK = 8
-"""Adjacent positions :func:`sample_candidates` reads together (32 bytes of float32: one cache line per array)."""
+SAMPLE_BLOCK = 16
+"""Adjacent positions :func:`sample_candidates` reads together (64 bytes of float32: one cache line per array)."""
+
+
+@intrinsic
+def _prefetch(typingctx, array, row, col):  # pragma: no cover - compiled
+    """Hint the CPU to bring ``array[row, col]`` (a 2-D array, in bounds) into its caches (LLVM's ``prefetch``: a
+    read, kept in all levels); nothing else happens."""
+    if not (isinstance(array, types.Array) and array.ndim == 2):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from numba.core import cgutils
+
+        arr_type = signature.args[0]
+        arr = context.make_array(arr_type)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, arr_type, arr, [args[1], args[2]], wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        name = "llvm.prefetch.p0"  # (opaque pointers: the address space is the only overload)
+        fn = builder.module.globals.get(name) or ir.Function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), name=name
+        )
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.none(array, types.intp, types.intp), codegen
+
+
+SAMPLE_PREFETCH = 16
+"""How many blocks ahead :func:`sample_candidates` asks for the next blocks' cache lines."""
 
 
 @numba.njit(cache=True, nogil=True)
@@ -297,6 +360,23 @@ def sample_candidates(log_probs, mask, row_set, n_sets, stride):  # pragma: no c
     counts = np.zeros(n_sets, dtype=np.int64)
     for q in range(n_blocks):
         start = p0 + q * step
+        if q + SAMPLE_PREFETCH < n_blocks:  # the block's lines are cache misses: ask for them well ahead
+            ahead = start + SAMPLE_PREFETCH * step
+            r = ahead // t
+            _prefetch(log_probs, r, ahead - r * t)
+            _prefetch(mask, r, ahead - r * t)
+        r = start // t
+        c0 = start - r * t
+        if c0 + SAMPLE_BLOCK <= t:  # the block within one row: its set read once, the appends branch-free
+            s = row_set[r]
+            if 0 <= s < n_sets:
+                k = counts[s]
+                for c in range(c0, c0 + SAMPLE_BLOCK):
+                    v = log_probs[r, c]
+                    samples[s, k] = v  # kept only when the count moves past it
+                    k += 1 if (mask[r, c] > 0) & ((v - v) == 0) else 0  # finite: NaN - NaN, inf - inf are NaN
+                counts[s] = k
+            continue
         for pos in range(start, min(start + SAMPLE_BLOCK, size)):
             r = pos // t
             c = pos - r * t
@@ -347,14 +427,14 @@ def _scaled(row_adv, mask_value, factor):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, inline="always")
 def _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, checked, high_thr, chosen_ok, t, all_ties, w, rv,
                 row_adv):  # pragma: no cover - compiled
-    """Pass B's loop over one row's tokens up to ``stop``: ``(n_high, s_high)``, and the row's advantages written
+    """Pass B's loop over one row's tokens up to ``stop``: ``(n_high, s_high, s_low)``, and the row's advantages written
     (see :func:`pass_b`). ``checked``: test each token for finite log-prob and entropy (a row with a non-finite
     one); without, the entropies are not read. ``chosen_ok``: the row belongs to a set (its tokens below ``t``, and
     equal to it with ``all_ties``, are chosen). Inlined with constant ``checked``/``chosen_ok``, each combination
     compiles to its own loop."""
     cast = adv_row.dtype.type
     one = cast(1)
-    c, sh = 0.0, 0.0
+    c, sh, sl = 0.0, 0.0, 0.0
     for j in range(stop):
         v = lp_row[j]
         mv = mask_row[j]
@@ -366,6 +446,7 @@ def _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, checked, high_thr, cho
         h = 1.0 if ok & (v < high_thr) else 0.0
         c += h
         sh += vz * h  # (the form LLVM vectorises: a select of v itself into the sum is not)
+        sl += vz * (1.0 - h)
         if chosen_ok:
             # the tokens below the threshold, and those equal to it when every tie is taken
             chosen = ok & ((v < t) | ((v == t) & all_ties))
@@ -375,12 +456,12 @@ def _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, checked, high_thr, cho
                 adv_row[j] = _scaled(rv, cast(mv), w if chosen else one)
         elif row_adv is not None:
             adv_row[j] = rv * cast(mv)
-    return c, sh
+    return c, sh, sl
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def pass_b(r0, r1, log_probs, entropys, mask, end, n_model, n_valid, high_thr, row_set, thr, weight, allow, row_adv,
-           adv, n_high, s_high):  # pragma: no cover - compiled
+           adv, n_high, s_high, s_low):  # pragma: no cover - compiled
     """Pass B (see above) over rows ``[r0, r1)``. ``high_thr``: a token is high-surprisal when
     ``log_prob < high_thr`` (the log-probs' dtype); ``thr``/``weight``: ``[2]`` per set (the k-th smallest log-prob,
     the weight in the advantages' dtype); ``allow[i]``: how many tokens equal to the threshold row i may take (-1:
@@ -390,7 +471,8 @@ def pass_b(r0, r1, log_probs, entropys, mask, end, n_model, n_valid, high_thr, r
     entry is written, ``row_adv[i] * mask[i, j]`` in ``adv``'s dtype (as torch's ``row_adv[:, None] * mask``),
     times the weight where chosen. (``row_adv is None`` is settled when the kernel is compiled: each mode has its
     own loops.) Writes the ``[B]`` count ``n_high`` and log-prob sum ``s_high`` of each row's valid tokens below
-    ``high_thr``; the chosen tokens' own sums come from pass A and the window."""
+    ``high_thr`` and the log-prob sum ``s_low`` of the others (float64, in token order: a class without a token sums
+    to exactly 0); the chosen tokens' own sums come from pass A and the window."""
     cast = adv.dtype.type
     for i in range(r0, r1):
         s = row_set[i]
@@ -406,16 +488,16 @@ def pass_b(r0, r1, log_probs, entropys, mask, end, n_model, n_valid, high_thr, r
         checked = n_valid[i] != n_model[i]
         if s >= 0:
             if checked:
-                c, sh = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, True, high_thr, True, t, all_ties, w,
+                c, sh, sl = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, True, high_thr, True, t, all_ties, w,
                                     rv, row_adv)
             else:
-                c, sh = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, False, high_thr, True, t, all_ties, w,
+                c, sh, sl = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, False, high_thr, True, t, all_ties, w,
                                     rv, row_adv)
         elif checked:
-            c, sh = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, True, high_thr, False, t, all_ties, w, rv,
+            c, sh, sl = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, True, high_thr, False, t, all_ties, w, rv,
                                 row_adv)
         else:
-            c, sh = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, False, high_thr, False, t, all_ties, w,
+            c, sh, sl = _pass_b_row(lp_row, ent_row, mask_row, adv_row, stop, False, high_thr, False, t, all_ties, w,
                                 rv, row_adv)
         if row_adv is not None:  # past the last model token: no token chosen
             for j in range(stop, mask_row.size):
@@ -427,10 +509,10 @@ def pass_b(r0, r1, log_probs, entropys, mask, end, n_model, n_valid, high_thr, r
                 if left > 0 and v == t and (mask_row[j] > 0) and (e - e) == 0:
                     left -= 1
                     adv_row[j] = adv_row[j] * w
-        n_high[i], s_high[i] = c, sh
+        n_high[i], s_high[i], s_low[i] = c, sh, sl
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def chosen_sums(r0, r1, window, window_ent, n_window, below, below_sum, below_above, row_set, thr, allow, n_sel,
                 s_sel, n_above):  # pragma: no cover - compiled
     """The chosen tokens' sums of each row of a set (``row_set[i] >= 0``), from pass A's: its valid tokens below the
@@ -445,15 +527,99 @@ def chosen_sums(r0, r1, window, window_ent, n_window, below, below_sum, below_ab
         t = thr[s]
         left = allow[i]
         ns, ss, na = below[i], below_sum[i], below_above[i]
-        win_row, win_ent = window[i], window_ent[i]
-        for q in range(n_window[i]):
-            v = win_row[q]
-            take = v < t
-            if v == t:
-                take = left != 0
-                left -= 1 if left > 0 else 0
-            if take:
-                ns += 1
-                ss += v
-                na += 1 if -v > win_ent[q] else 0
+        win_row, win_ent = window[i][: n_window[i]], window_ent[i][: n_window[i]]
+        if left < 0:  # every tie taken: the tokens at or below the threshold, branch-free (a loop LLVM vectorises)
+            c, sv, ca = 0.0, 0.0, 0.0
+            for q in range(win_row.size):
+                v = win_row[q]
+                take = v <= t
+                c += 1.0 if take else 0.0
+                sv += v if take else 0.0
+                ca += 1.0 if take & (-v > win_ent[q]) else 0.0
+            ns += int(c)
+            ss += sv
+            na += int(ca)
+        else:
+            for q in range(win_row.size):
+                v = win_row[q]
+                take = v < t
+                if v == t:
+                    take = left != 0
+                    left -= 1 if left > 0 else 0
+                if take:
+                    ns += 1
+                    ss += v
+                    na += 1 if -v > win_ent[q] else 0
         n_sel[i], s_sel[i], n_above[i] = ns, ss, na
+
+
+@numba.njit(cache=True, nogil=True)
+def set_totals(row_set, n_sets, n_valid, below, n_window):  # pragma: no cover - compiled
+    """``[3, n_sets]`` int64: per set (``row_set``), its rows' valid tokens, tokens below the window and window
+    tokens (from :func:`pass_a`)."""
+    out = np.zeros((3, max(n_sets, 1)), dtype=np.int64)
+    for i in range(row_set.size):
+        s = row_set[i]
+        if 0 <= s < n_sets:
+            out[0, s] += n_valid[i]
+            out[1, s] += below[i]
+            out[2, s] += n_window[i]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def covariance_rows(row_adv, n_high, s_high, s_low, n_valid, lp_sum, row_set, n_sel, s_sel, n_above, chosen_high,
+                    weight, apply):  # pragma: no cover - compiled
+    """The covariance metrics' per-class sums from per-row sums, in one loop over ``[B]``.
+
+    Args:
+        row_adv: ``[B]`` each row's GRPO advantage. n_high, s_high, s_low: ``[B]`` float64 count and log-prob sum
+            of a row's valid tokens of high surprisal, and the log-prob sum of the others (pass B). n_valid, lp_sum:
+            ``[B]`` a row's valid tokens and their log-prob sum (pass A; ``lp_sum`` only for rows of advantage 0). row_set: ``[B]`` the row's set (-1: none, or a set of no chosen token). n_sel,
+            s_sel, n_above: ``[B]`` the chosen tokens' count, log-prob sum and count above their entropy
+            (:func:`chosen_sums`). chosen_high: ``[2]`` bool, every chosen token of the set is of high surprisal (its
+            threshold below the high-surprisal bound). weight: ``[2]`` float64 the sets' weights. apply: ``[2]``
+            bool, the set's tokens are reweighted (chosen tokens and a weight other than 1).
+
+    Returns:
+        ``(sums, above)``: ``[6, 5]`` float64, the rows ``n, lp, adv, lp_adv`` of the GRPO advantage's
+        :class:`~stare_verl.methods.stare.core.CovarianceSums` and ``adv, lp_adv`` of the effective advantage's, per
+        class (``QUADRANTS`` order: A > 0 high / low surprisal, A < 0 high / low, A = 0); ``[2]`` int64 the sets'
+        chosen tokens above their entropy.
+    """
+    sums = np.zeros((6, 5))
+    above = np.zeros(2, dtype=np.int64)
+    for i in range(row_adv.size):
+        a = np.float64(row_adv[i])
+        nh, sh, sl = n_high[i], s_high[i], s_low[i]
+        na = np.float64(n_valid[i])
+        if a == 0:
+            sums[0, 4] += na
+            sums[1, 4] += lp_sum[i]
+            continue
+        q = 0 if a > 0 else 2
+        sums[0, q] += nh
+        sums[1, q] += sh
+        sums[2, q] += a * nh
+        sums[3, q] += a * sh
+        sums[0, q + 1] += na - nh
+        sums[1, q + 1] += sl
+        sums[2, q + 1] += a * (na - nh)
+        sums[3, q + 1] += a * sl
+        s = row_set[i]
+        if s < 0:
+            continue
+        above[s] += n_above[i]
+        if apply[s]:
+            delta = (weight[s] - 1.0) * a  # what each chosen token adds to its advantage
+            cnt, lps = np.float64(n_sel[i]), s_sel[i]
+            # the chosen tokens of high surprisal: all of them when the threshold lies below the high-surprisal
+            # bound, else the row's high tokens (all chosen then; a tie at the threshold is not high)
+            ch, lph = (cnt, lps) if chosen_high[s] else (nh, sh)
+            sums[4, q] += delta * ch
+            sums[4, q + 1] += delta * (cnt - ch)
+            sums[5, q] += delta * lph
+            sums[5, q + 1] += delta * (lps - lph)
+    sums[4] += sums[2]
+    sums[5] += sums[3]
+    return sums, above

@@ -337,3 +337,85 @@ def test_the_split_passes_give_the_step_by_step_results(monkeypatch, batch, vari
     elif ratio == 0.1 and b is not None:  # below it: every chosen token is of high surprisal
         assert metrics["stare/surprisal_threshold_plus"] > metrics["entropy_control/batch_entropy"] > 0
     _same(new, _step_by_step(data, algo, monkeypatch))
+
+
+def test_the_window_scratch_is_kept_between_calls_and_never_shared():
+    with fused._window_scratch((4, 10), np.float32, np.float64) as (w1, e1):
+        assert w1.shape == e1.shape == (4, 10) and (w1.dtype, e1.dtype) == (np.float32, np.float64)
+        assert e1.ctypes.data % 64 == 0 and not np.shares_memory(w1, e1)
+        with fused._window_scratch((4, 10), np.float32, np.float64) as (w2, e2):  # in use: fresh arrays
+            assert not np.shares_memory(w2, w1) and not np.shares_memory(e2, e1)
+            w2[:] = 1.0
+        w1[:] = 2.0
+    with fused._window_scratch((2, 5), np.float32, np.float32) as (w3, _):  # smaller: the same memory
+        assert np.shares_memory(w3, w1)
+    with fused._window_scratch((64, 100), np.float64, np.float64) as (w4, e4):  # larger: grown
+        assert w4.shape == (64, 100) and not np.shares_memory(w4, e4)
+    with fused._window_scratch((0, 7), np.float32, np.float32) as (w5, e5):
+        assert w5.shape == e5.shape == (0, 7)
+
+
+def test_the_estimator_gives_the_same_results_with_the_scratch_in_use_elsewhere():
+    batch = _batch(64, 300, 21, tool=True)
+    algo = _algo("C2")
+    first = compute_stare_advantage(*batch[:3], algo, old_log_probs=batch[3], entropys=batch[4])[0]
+    with fused._window_scratch((64, 300), np.float32, np.float32) as (w, e):
+        w[:] = np.nan  # garbage in the kept buffer must not reach a second user
+        e[:] = np.nan
+        second = compute_stare_advantage(*batch[:3], algo, old_log_probs=batch[3], entropys=batch[4])[0]
+    third = compute_stare_advantage(*batch[:3], algo, old_log_probs=batch[3], entropys=batch[4])[0]
+    assert torch.equal(first, second) and torch.equal(first, third)
+
+
+@pytest.mark.parametrize("variant", ["O1", "C2"])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.float32])
+@pytest.mark.parametrize("kind", ["random", "ties", "nonfinite", "tool"])
+def test_the_passes_on_torchs_openmp_threads_give_the_own_threads_results(monkeypatch, variant, mask_dtype, kind):
+    """On Linux with torch's OpenMP runtime the two passes and the chosen tokens' sums run inside its parallel regions
+    (stare_verl.methods.stare.omp): the same advantages and metrics, bit for bit, as on the module's own threads."""
+    from stare_verl.methods.stare import omp
+
+    if omp.openmp_parallel() is None:
+        pytest.skip("no OpenMP runtime of torch's in this process (not Linux, or another parallel backend)")
+    rewards, mask, uid, logp, ent = _batch(96, 600, 31, **KINDS[kind])
+    batch = (rewards, mask.to(mask_dtype), uid, logp, ent)
+    algo = _algo(variant)
+    runs = []
+    for use in (True, False):
+        calls = []
+        with monkeypatch.context() as m:
+            _threads(m, 2)
+            m.setattr(fused, "USE_OPENMP", use)
+            for name in ("run_pass_a", "run_pass_b", "run_chosen_sums"):
+                real = getattr(omp, name)
+                m.setattr(omp, name, lambda *a, real=real, name=name, calls=calls: calls.append(name) or real(*a))
+            runs.append(_rows_path(batch, algo, monkeypatch))
+        assert calls == (["run_pass_a", "run_pass_b", "run_chosen_sums"] if use else [])
+    (a1, m1), (a2, m2) = runs
+    assert torch.equal(a1, a2) and m1.keys() == m2.keys()
+    assert all(m1[k] == m2[k] or (math.isnan(m1[k]) and math.isnan(m2[k])) for k in m1)
+    _same(runs[0], _step_by_step(batch, algo, monkeypatch))
+
+
+def test_the_openmp_passes_take_only_the_arrays_they_were_compiled_for():
+    from stare_verl.methods.stare import omp
+
+    lp = np.zeros((4, 8), dtype=np.float32)
+    assert omp.covers(lp, lp, np.zeros((4, 8), dtype=np.uint8), lp)
+    assert omp.covers(lp, lp, np.zeros((4, 8), dtype=np.int64), lp)
+    assert not omp.covers(lp.astype(np.float64), lp, np.zeros((4, 8), dtype=np.float32), lp)  # float64 log-probs
+    assert not omp.covers(lp, lp, np.zeros((4, 8), dtype=np.float64), lp)  # a float64 mask
+    assert not omp.covers(np.zeros((8, 4), dtype=np.float32).T, lp, np.zeros((4, 8), dtype=np.float32), lp)
+    with pytest.raises(ValueError, match="C-contiguous arrays of fixed dtypes"):  # the callback reads raw addresses
+        omp.run_pass_a((4, 8), 1, 2, None, lp, lp, np.zeros((4, 8), dtype=np.uint8), np.zeros(4, dtype=np.int32),
+                       *([np.zeros(4, dtype=np.int64)] * 14))  # fmt: skip
+
+
+def test_torchs_openmp_runtime_is_found_on_linux():
+    import sys
+
+    from stare_verl.methods.stare import omp
+
+    if not sys.platform.startswith("linux") or "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch runs no OpenMP runtime here")
+    assert omp.openmp_parallel() is not None
