@@ -180,14 +180,27 @@ def _chosen_sums_job(data):  # pragma: no cover - compiled
 
 _runtime: tuple[int, object] | None = None
 _runtime_lock = threading.Lock()
+_forked = False
+
+
+def _after_fork_in_child() -> None:
+    # GNU OpenMP keeps its thread pool across fork() in name only: a parallel region started in the child of a
+    # process that ran one waits for threads that do not exist there. A forked child runs its own threads instead.
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def openmp_parallel():
     """torch's OpenMP runtime's ``GOMP_parallel(fn, data, num_threads, flags)`` as a ctypes function, or None where
-    there is none to use: not Linux, torch's ATen parallel backend not OpenMP, or no single OpenMP runtime loaded in
-    this process that torch's own (under torch's package folder, or the only one mapped) could be. Found once per
-    process."""
+    there is none to use: not Linux, torch's ATen parallel backend not OpenMP, no single OpenMP runtime loaded in
+    this process that torch's own (under torch's package folder, or the only one mapped) could be, or a process
+    forked after this module was imported (GNU OpenMP's pool does not survive a fork). Found once per process."""
     global _runtime
+    if _forked:
+        return None
     pid = os.getpid()
     with _runtime_lock:
         if _runtime is None or _runtime[0] != pid:

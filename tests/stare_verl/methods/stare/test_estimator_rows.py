@@ -419,3 +419,24 @@ def test_torchs_openmp_runtime_is_found_on_linux():
     if not sys.platform.startswith("linux") or "OpenMP" not in torch.__config__.parallel_info():
         pytest.skip("torch runs no OpenMP runtime here")
     assert omp.openmp_parallel() is not None
+
+
+def test_after_a_fork_the_passes_run_on_the_modules_own_threads(monkeypatch):
+    """GNU OpenMP's pool does not survive fork(): in a forked child (the at-fork hook's flag) the runtime is not
+    used, and the estimator gives the same results on its own threads. (torch's own parallel operations hang in
+    such a child, so the child here is simulated.)"""
+    from stare_verl.methods.stare import omp
+
+    if omp.openmp_parallel() is None:
+        pytest.skip("no OpenMP runtime of torch's in this process")
+    batch = _batch(96, 600, 7)
+    with monkeypatch.context() as m:
+        _threads(m, 2)
+        before = _rows_path(batch, _algo("C2"), monkeypatch)
+        m.setattr(omp, "_forked", False)
+        omp._after_fork_in_child()
+        assert omp._forked and omp.openmp_parallel() is None
+        m.setattr(omp, "run_pass_a", lambda *a: pytest.fail("the OpenMP runtime used after a fork"))
+        after = _rows_path(batch, _algo("C2"), monkeypatch)
+    assert not omp._forked and omp.openmp_parallel() is not None
+    assert torch.equal(before[0], after[0])
