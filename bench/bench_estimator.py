@@ -3,9 +3,9 @@
 On CPU tensors (as verl's driver holds them), torch with 2 threads: sizes 512 x 8192 and 64 x 16384, variants O1
 (default) and C2, the estimator called as the trainer calls it (with the run's controller, so the config is parsed
 once per run, not once per call), the two timed alternately in one process (median of the per-pair ratios): target
-ratio <= 3. The ratio depends on the machine's load (verl's two [B, T] torch passes wait for their second thread on
-a busy CPU, while the estimator's compiled passes hand row ranges to whichever of its threads runs), so the header
-prints the load average; it also depends on which side's freed [B, T] output the allocator returned to the kernel
+ratio <= 3. Both sides run on torch's OpenMP threads (the estimator's compiled passes inside torch's own parallel
+regions, stare_verl.methods.stare.omp), so both wait alike for a thread the machine's load holds up; the header prints
+the load average. The ratio also depends on which side's freed [B, T] output the allocator returned to the kernel
 (docs/results/estimator-speed.md). Where CUDA is available, sizes 512 x 8192 and 1024 x 16384 on CUDA tensors:
 target <= 10 ms for 1024 x 16384. The gate is forced on (entropy below target) so the reweighting path is timed.
 
@@ -20,8 +20,8 @@ NumPy path (chunked scope and dtypes the fused path does not take): the fused wh
 What the CPU estimator reads and writes (compute_stare_advantage on CPU tensors, whole-batch scope): the rewards once
 (row sums; the per-response GRPO advantages, no [B, T] GRPO advantages), pass A (the mask's padding, to find where
 each response ends; log-probs, entropies and mask up to that end; the set rows' log-probs once more, from cache, for
-the window copy), pass B (the same three, and the [B, T] effective advantages written once). verl's grpo_vectorized reads the rewards
-and the mask and writes one [B, T] tensor.
+the window copy), pass B (log-probs and mask, the entropies only of rows with a NaN or inf, and the [B, T] effective
+advantages written once). verl's grpo_vectorized reads the rewards and the mask and writes one [B, T] tensor.
 """
 
 import statistics

@@ -9,7 +9,8 @@ smallest of those few values, and the chosen tokens' sums follow from the window
 metrics' high-surprisal tokens and reweights the chosen ones.
 The window decides only the cost: when it misses the k-th smallest (a sample that misrepresents the batch) pass A
 runs again with a window that holds every candidate. Both passes run over ranges of rows that threads take one at a
-time (:func:`_in_row_ranges`).
+time: torch's own OpenMP threads where :mod:`stare_verl.methods.stare.omp` applies (Linux, float32 inputs), else the
+module's threads (:func:`_in_row_ranges`); the outcome does not depend on which thread runs which rows.
 
 Two entry points: :func:`fused_reweight` takes the ``[B, T]`` GRPO advantages; :func:`fused_reweight_rows` takes
 them per response (``[B]``, the advantages being ``row[:, None] * mask``), and its pass B writes each row of the

@@ -245,9 +245,15 @@ def covers(log_probs: np.ndarray, entropys: np.ndarray, mask: np.ndarray, adv: n
 
 
 _F32, _F64, _I64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
-_PASS_A_TYPES = (_F32, _F32, None, _I64, _I64, _F32, _F32, _F32, _F32) + (_I64,) * 3 + (_F64, _F64, _I64, _F64) + (
-    _I64, _I64)
-_PASS_B_TYPES = (_F32, _F32, None, _I64, _I64, _I64, _F32, _I64, _F32, _F32, _I64, _F32, _F32, _F64, _F64, _F64)
+# each array a job reads: (dtype, shape) with "BT" the batch's [B, T], "B" one entry per row, a number a fixed length
+# (None as dtype: the mask, one of MASK_KINDS)
+_BT, _B = "BT", "B"
+_PASS_A_TYPES = ((_F32, _BT), (_F32, _BT), (None, _BT), (_I64, _B), (_I64, _B), (_F32, 2), (_F32, 2), (_F32, _BT),
+                 (_F32, _BT)) + ((_I64, _B),) * 3 + ((_F64, _B), (_F64, _B), (_I64, _B), (_F64, _B), (_I64, _B),
+                                                     (_I64, _B))  # fmt: skip
+_PASS_B_TYPES = ((_F32, _BT), (_F32, _BT), (None, _BT), (_I64, _B), (_I64, _B), (_I64, _B), (_F32, 1), (_I64, _B),
+                 (_F32, 2), (_F32, 2), (_I64, _B), (_F32, _B), (_F32, _BT), (_F64, _B), (_F64, _B),
+                 (_F64, _B))  # fmt: skip
 
 
 def _run(job, types_, arrays: list, shape: tuple[int, int], rows_per: int, threads: int, parallel,
@@ -257,9 +263,18 @@ def _run(job, types_, arrays: list, shape: tuple[int, int], rows_per: int, threa
     mask, one of :data:`MASK_KINDS`, at ``mask_at``; a job without a mask passes None), else ValueError: the
     callback reads raw addresses."""
     b, t = shape
-    for a, want in zip(arrays, types_, strict=True):
-        if not a.flags.c_contiguous or (a.dtype != want if want is not None else a.dtype not in MASK_KINDS):
-            raise ValueError(f"an OpenMP row pass takes C-contiguous arrays of fixed dtypes, got {a.dtype} {a.shape}")
+    for a, (want, size) in zip(arrays, types_, strict=True):
+        # "W": the window scratch, [B, its own row length]
+        dims = {_BT: (b, t), _B: (b,), "W": (b, a.shape[-1])}.get(size, (size,))
+        if (
+            not a.flags.c_contiguous
+            or a.shape != dims
+            or (a.dtype != want if want is not None else a.dtype not in MASK_KINDS)
+        ):
+            raise ValueError(
+                f"an OpenMP row pass takes C-contiguous arrays of fixed dtypes and shapes, got {a.dtype} {a.shape} "
+                f"for {want or 'a mask'} {dims}"
+            )
     counter = np.zeros(1, dtype=np.int64)
     kind = 0 if mask_at is None else MASK_KINDS[arrays[mask_at].dtype]
     header = [counter.ctypes.data, -(-b // rows_per), rows_per, b, t, kind]
@@ -285,7 +300,8 @@ def run_pass_b(shape, rows_per: int, threads: int, parallel, log_probs, entropys
          parallel)  # fmt: skip
 
 
-_CHOSEN_TYPES = (_I64, _F32, _F32, _I64, _I64, _F64, _I64, _I64, _F32, _I64, _I64, _F64, _I64)
+_CHOSEN_TYPES = ((_I64, 1), (_F32, "W"), (_F32, "W"), (_I64, _B), (_I64, _B), (_F64, _B), (_I64, _B), (_I64, _B),
+                 (_F32, 2), (_I64, _B), (_I64, _B), (_F64, _B), (_I64, _B))  # fmt: skip
 
 
 def run_chosen_sums(shape, rows_per: int, threads: int, parallel, window, window_ent, n_window, below, below_sum,

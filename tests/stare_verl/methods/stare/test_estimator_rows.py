@@ -406,7 +406,7 @@ def test_the_openmp_passes_take_only_the_arrays_they_were_compiled_for():
     assert not omp.covers(lp.astype(np.float64), lp, np.zeros((4, 8), dtype=np.float32), lp)  # float64 log-probs
     assert not omp.covers(lp, lp, np.zeros((4, 8), dtype=np.float64), lp)  # a float64 mask
     assert not omp.covers(np.zeros((8, 4), dtype=np.float32).T, lp, np.zeros((4, 8), dtype=np.float32), lp)
-    with pytest.raises(ValueError, match="C-contiguous arrays of fixed dtypes"):  # the callback reads raw addresses
+    with pytest.raises(ValueError, match="C-contiguous arrays of fixed dtypes and shapes"):  # raw addresses read
         omp.run_pass_a((4, 8), 1, 2, None, lp, lp, np.zeros((4, 8), dtype=np.uint8), np.zeros(4, dtype=np.int32),
                        *([np.zeros(4, dtype=np.int64)] * 14))  # fmt: skip
 
@@ -440,3 +440,18 @@ def test_after_a_fork_the_passes_run_on_the_modules_own_threads(monkeypatch):
         after = _rows_path(batch, _algo("C2"), monkeypatch)
     assert not omp._forked and omp.openmp_parallel() is not None
     assert torch.equal(before[0], after[0])
+
+
+def test_the_openmp_passes_refuse_arrays_of_another_shape():
+    from stare_verl.methods.stare import omp
+
+    b, t = 4, 8
+    f32 = lambda *s: np.zeros(s, dtype=np.float32)  # noqa: E731
+    i64 = lambda *s: np.zeros(s, dtype=np.int64)  # noqa: E731
+    good = [f32(b, t), f32(b, t), np.zeros((b, t), dtype=np.uint8), i64(b), i64(b), f32(2), f32(2), f32(b, t),
+            f32(b, t), i64(b), i64(b), i64(b), np.zeros(b), np.zeros(b), i64(b), np.zeros(b), i64(b), i64(b)]  # fmt: skip
+    for at, bad in ((3, i64(b - 1)), (0, f32(b, t + 1)), (5, f32(3)), (2, np.zeros((b, t - 1), dtype=np.uint8))):
+        arrays = list(good)
+        arrays[at] = bad
+        with pytest.raises(ValueError, match="fixed dtypes and shapes"):
+            omp.run_pass_a((b, t), 1, 2, None, *arrays)
