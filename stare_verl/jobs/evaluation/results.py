@@ -80,7 +80,7 @@ class ResultsFile:
             content), its settings file is missing or unreadable while it holds samples (nothing says how they
             were drawn), and not ``overwrite``. The message names what differs and how to start afresh.
         ResultsBusy: another process has the file open (an exclusive ``flock`` on ``<path>.lock``, held until
-            :meth:`close`).
+            :meth:`close`, which removes that file).
 
     Attributes:
         skipped: lines of the last :meth:`load` that were no valid record (their samples run again).
@@ -96,22 +96,15 @@ class ResultsFile:
         self.skipped = 0
         self.duplicates = 0
         lock_path = self.path.with_name(self.path.name + ".lock")
-        made_lock = not lock_path.exists()
-        self._lock = lock_path.open("w")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            self._lock.close()
-            raise ResultsBusy(f"another evaluation is writing {self.path}; wait for it or use another --out") from err
+        self._lock_path = lock_path
+        self._lock = _acquire(lock_path, self.path)
         if overwrite:
             self.path.unlink(missing_ok=True)
         elif self.path.exists() and self.path.stat().st_size > 0:
             try:
                 self._check_settings(fp)
             except ResumeMismatch:
-                if made_lock:  # refused: leave nothing of ours behind (removed while still held)
-                    lock_path.unlink(missing_ok=True)
-                self.close()
+                self.close()  # refused: the lock file goes too
                 raise
         tmp = self.meta_path.with_name(self.meta_path.name + ".tmp")
         tmp.write_text(json.dumps(fp, indent=1, sort_keys=True))
@@ -238,13 +231,46 @@ class ResultsFile:
         self._f.flush()
 
     def close(self) -> None:
-        """Close the file and release the lock."""
+        """Close the file and release the lock, removing the ``.lock`` file (while still holding it: a process that
+        opened it meanwhile finds, once it holds it, that the path no longer names it, and takes the path's new
+        file instead; see :func:`_acquire`)."""
         if self._f is not None:
             self._f.close()
             self._f = None
         if not self._lock.closed:
+            try:
+                if os.path.samestat(os.fstat(self._lock.fileno()), os.stat(self._lock_path)):
+                    self._lock_path.unlink()
+            except OSError:  # already gone, or the folder went: nothing of ours to remove
+                pass
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
+
+
+def _acquire(lock_path: Path, results: Path, tries: int = 5):
+    """An exclusive, non-blocking ``flock`` on ``lock_path`` (created if missing): the open file.
+
+    A holder removes the file when it closes (:meth:`ResultsFile.close`), so a lock taken on a file that was opened
+    just before its holder removed it would lock nothing anyone else sees: after locking, the path must still name
+    the locked file, else the path's current file is tried (up to ``tries`` times).
+
+    Raises:
+        ResultsBusy: another process holds the lock.
+    """
+    for _ in range(tries):
+        f = lock_path.open("w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            f.close()
+            raise ResultsBusy(f"another evaluation is writing {results}; wait for it or use another --out") from err
+        try:
+            if os.path.samestat(os.fstat(f.fileno()), os.stat(lock_path)):
+                return f
+        except FileNotFoundError:
+            pass
+        f.close()  # removed (or replaced) by its last holder between our open and our lock: try the path again
+    raise ResultsBusy(f"the lock file {lock_path} of {results} keeps changing; another evaluation is starting or ending")
 
 
 def pending_samples(problems: Sequence[EvalProblem], k: int, done: Sequence[Mapping[str, Any]]) -> list[tuple]:

@@ -156,8 +156,8 @@ def test_output_paths_that_would_destroy_or_cannot_be_made_are_refused_first(cas
 
 
 def test_a_refused_resume_leaves_no_lock_file(tmp_path):
-    """Results without their settings file are refused; the refusal leaves no ``.lock`` of its own behind (one that
-    was there before stays)."""
+    """Results without their settings file are refused; the refusal leaves no ``.lock`` behind (nor does it keep a
+    stale one a killed run left: the refused run held it, and a holder removes it)."""
     from stare_verl.jobs.evaluation.runner import EvalSettings, ResultsFile, ResumeMismatch
 
     out = tmp_path / "r.jsonl"
@@ -168,7 +168,56 @@ def test_a_refused_resume_leaves_no_lock_file(tmp_path):
     (tmp_path / "r.jsonl.lock").write_text("")
     with pytest.raises(ResumeMismatch):
         ResultsFile(out, EvalSettings(k=2).fingerprint("m", "d"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "r.jsonl.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
+
+
+def test_a_finished_or_failed_run_leaves_no_lock_file_and_a_second_writer_is_refused(tmp_path):
+    from stare_verl.jobs.evaluation.results import ResultsBusy
+    from stare_verl.jobs.evaluation.runner import EvalSettings, ResultsFile
+
+    out = tmp_path / "r.jsonl"
+    fp = EvalSettings(k=2).fingerprint("m", "d")
+    first = ResultsFile(out, fp)
+    assert (tmp_path / "r.jsonl.lock").exists()
+    with pytest.raises(ResultsBusy, match="another evaluation is writing"):
+        ResultsFile(out, fp)
+    first.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl.meta.json"]
+    second = ResultsFile(out, fp)  # resumes (nothing written yet) and removes its lock when closed
+    second.close()
+    second.close()  # twice: nothing left to release
+    assert not (tmp_path / "r.jsonl.lock").exists()
+
+
+def test_a_lock_file_removed_between_open_and_lock_is_not_taken(tmp_path, monkeypatch):
+    """The race a removed lock file could open: B opens ``.lock``, its holder A removes it and closes, C creates a new
+    one and holds it, then B locks its (removed) file. B must see that the path no longer names what it locked and
+    try the path again, where C holds the lock: refused, not a second writer."""
+    import fcntl
+    from pathlib import Path
+
+    from stare_verl.jobs.evaluation import results
+
+    lock = tmp_path / "r.jsonl.lock"
+    lock.write_text("")
+    stale = lock.open("w")  # B's open, before A removed the file
+    lock.unlink()
+    holder = lock.open("w")  # C's new lock file, held
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    real_open = Path.open
+    handed = []
+
+    def open_(self, *a, **k):
+        if self == lock and not handed:
+            handed.append(1)
+            return stale
+        return real_open(self, *a, **k)
+
+    monkeypatch.setattr(Path, "open", open_)
+    with pytest.raises(results.ResultsBusy, match="another evaluation is writing"):
+        results._acquire(lock, tmp_path / "r.jsonl")
+    assert handed == [1] and stale.closed
+    holder.close()
 
 
 @pytest.mark.parametrize(
