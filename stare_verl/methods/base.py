@@ -271,7 +271,7 @@ def finite_model_tokens(response_mask: torch.Tensor, *values: torch.Tensor) -> t
 def top_share_mask(values: torch.Tensor, valid: torch.Tensor, share: float) -> torch.Tensor:
     """``[B, T]`` bool: the ``ceil(share * n)`` largest ``values`` among the ``n`` ``valid`` tokens (exactly that
     many; ties at the threshold broken by position), over the whole batch. Empty when no token is valid."""
-    out = torch.zeros_like(valid)
+    out = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)  # row-major, whatever valid's layout
     n = int(valid.sum())
     if n == 0:
         return out

@@ -77,7 +77,7 @@ def select_top_surprisal(
     ties &= candidates
     tied = np.flatnonzero(ties)
     if tied.size > need:  # the earliest `need` tied tokens in row-major order win
-        ties.reshape(-1)[tied[need:]] = False
+        ties.flat[tied[need:]] = False  # (.flat writes into any layout; reshape(-1) of a non-C-ordered array copies)
     selected |= ties
     return selected, -float(thr)
 
@@ -313,7 +313,9 @@ def reweight_advantages(
         ``[B, T]`` array of the dtype of ``advantages``: a new one, or ``advantages`` itself with ``inplace``.
     """
     out = advantages if inplace else advantages.copy()
-    flat_out, flat_in = out.reshape(-1), advantages.reshape(-1)
+    # row-major positions: a flat view where the array is C-ordered, else .flat, which writes into any layout
+    # (reshape(-1) of a column-major array is a copy, and writes into it would be lost)
+    flat_out, flat_in = (a.reshape(-1) if a.flags.c_contiguous else a.flat for a in (out, advantages))
     for sel, weight in sets:
         if sel.count == 0:
             continue

@@ -455,3 +455,49 @@ def test_the_openmp_passes_refuse_arrays_of_another_shape():
         arrays[at] = bad
         with pytest.raises(ValueError, match="fixed dtypes and shapes"):
             omp.run_pass_a((b, t), 1, 2, None, *arrays)
+
+
+@pytest.mark.parametrize("scope", ["batch", "chunk"])
+@pytest.mark.parametrize("path", ["fused", "step_by_step"])
+@pytest.mark.parametrize("layout", ["mask", "log_probs", "all"])
+def test_column_major_inputs_give_the_row_major_results(monkeypatch, scope, path, layout):
+    """A column-major mask (verl's product with it keeps that layout, so the [B, T] GRPO advantages are column-major
+    too) or column-major log-probs must not change a thing: the step-by-step path's in-place writes once went
+    through a flattened copy and were lost (the reweighting silently dropped)."""
+    rewards, mask, uid, logp, ent = _batch(64, 96, 41, ties=True)
+    algo = _algo("C2", scope=scope, chunk_size=16, target_entropy=100.0)
+    col = lambda x: x.t().contiguous().t()  # noqa: E731  the same values, column-major
+    cols = {"mask": (mask,), "log_probs": (logp,), "all": (mask, logp, ent, rewards)}[layout]
+    swapped = [col(x) if any(x is c for c in cols) else x for x in (rewards, mask, uid, logp, ent)]
+    with monkeypatch.context() as m:
+        if path == "step_by_step":
+            m.setattr(fused, "supports", lambda *a: False)
+        got = compute_stare_advantage(swapped[0], swapped[1], swapped[2], algo, old_log_probs=swapped[3],
+                                      entropys=swapped[4], metrics=(mg := {}))  # fmt: skip
+        want = compute_stare_advantage(rewards, mask, uid, algo, old_log_probs=logp, entropys=ent, metrics=(mw := {}))
+    assert mw["stare/gate_on"] == 1.0 and mw["stare/frac_l_plus"] > 0
+    assert torch.equal(got[0], want[0])
+    assert mg == pytest.approx(mw, rel=1e-6, abs=1e-9)  # (sums over a column-major array run in another order)
+
+
+def test_selection_with_ties_on_column_major_log_probs_takes_exactly_k():
+    from stare_verl.methods.stare.core import select_top_surprisal
+
+    rng = np.random.default_rng(3)
+    lp = -rng.integers(0, 4, (40, 30)).astype(np.float32)  # many ties
+    cand = rng.random((40, 30)) < 0.8
+    want, thr = select_top_surprisal(lp, cand, 0.3)
+    got, thr_f = select_top_surprisal(np.asfortranarray(lp), np.asfortranarray(cand), 0.3)
+    assert thr == thr_f and np.array_equal(got, want)
+    assert want.sum() == math.ceil(0.3 * cand.sum())
+
+
+def test_the_top_share_mask_of_a_transposed_mask():
+    from stare_verl.methods.base import top_share_mask
+
+    g = torch.Generator().manual_seed(0)
+    values = torch.rand(12, 20, generator=g)
+    valid = torch.rand(12, 20, generator=g) < 0.7
+    want = top_share_mask(values, valid, 0.2)
+    got = top_share_mask(values.t().contiguous().t(), valid.t().contiguous().t(), 0.2)
+    assert torch.equal(got, want) and int(want.sum()) == math.ceil(0.2 * int(valid.sum()))
