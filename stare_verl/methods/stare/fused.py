@@ -266,8 +266,8 @@ def _reweight_in(window, window_ent, row_adv, mask, log_probs, entropys, first, 
     weights = np.array([w, m], dtype=np.float64)
     chosen_high = np.array([thr[0] < high_thr, thr[1] < high_thr])
     apply = np.array([gate_on and s < len(ks) and ks[s] > 0 and weights[s] != 1.0 for s in range(2)])
-    sums, above = kernels.covariance_rows(row_adv, n_high, s_high, s_low, n_valid, lp_sum, row_set, n_sel, s_sel,
-                                          n_above, chosen_high, weights, apply)  # fmt: skip
+    sums, above = kernels.covariance_rows(row_adv, n_high, s_high, s_low, n_valid, row_set, n_sel, s_sel, n_above,
+                                          chosen_high, weights, apply)  # fmt: skip
     cov_base = CovarianceSums(n=sums[0], lp=sums[1], adv=sums[2], lp_adv=sums[3])
     cov_eff = CovarianceSums(n=sums[0], lp=sums[1], adv=sums[4], lp_adv=sums[5])
     summaries: list[SetSummary | None] = [None, None]

@@ -568,14 +568,14 @@ def set_totals(row_set, n_sets, n_valid, below, n_window):  # pragma: no cover -
 
 
 @numba.njit(cache=True, nogil=True)
-def covariance_rows(row_adv, n_high, s_high, s_low, n_valid, lp_sum, row_set, n_sel, s_sel, n_above, chosen_high,
-                    weight, apply):  # pragma: no cover - compiled
+def covariance_rows(row_adv, n_high, s_high, s_low, n_valid, row_set, n_sel, s_sel, n_above, chosen_high, weight,
+                    apply):  # pragma: no cover - compiled
     """The covariance metrics' per-class sums from per-row sums, in one loop over ``[B]``.
 
     Args:
         row_adv: ``[B]`` each row's GRPO advantage. n_high, s_high, s_low: ``[B]`` float64 count and log-prob sum
-            of a row's valid tokens of high surprisal, and the log-prob sum of the others (pass B). n_valid, lp_sum:
-            ``[B]`` a row's valid tokens and their log-prob sum (pass A; ``lp_sum`` only for rows of advantage 0). row_set: ``[B]`` the row's set (-1: none, or a set of no chosen token). n_sel,
+            of a row's valid tokens of high surprisal, and the log-prob sum of the others (pass B: float64 sums in
+            token order). n_valid: ``[B]`` a row's valid tokens (pass A). row_set: ``[B]`` the row's set (-1: none, or a set of no chosen token). n_sel,
             s_sel, n_above: ``[B]`` the chosen tokens' count, log-prob sum and count above their entropy
             (:func:`chosen_sums`). chosen_high: ``[2]`` bool, every chosen token of the set is of high surprisal (its
             threshold below the high-surprisal bound). weight: ``[2]`` float64 the sets' weights. apply: ``[2]``
@@ -595,7 +595,7 @@ def covariance_rows(row_adv, n_high, s_high, s_low, n_valid, lp_sum, row_set, n_
         na = np.float64(n_valid[i])
         if a == 0:
             sums[0, 4] += na
-            sums[1, 4] += lp_sum[i]
+            sums[1, 4] += sh + sl
             continue
         q = 0 if a > 0 else 2
         sums[0, q] += nh
