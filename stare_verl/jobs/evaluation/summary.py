@@ -160,7 +160,8 @@ def unverified_notes(summary: Mapping[str, Any]) -> list[str]:
 
 
 def format_table(summary: Mapping[str, Any]) -> str:
-    """A fixed-width terminal table: one row per data source (and "all"); accuracies in percent.
+    """A fixed-width terminal table: one row per data source (and "all"); accuracies in percent, their columns
+    headed ``avg@k%`` and ``pass@K%`` (the summary's JSON and the training logs hold fractions).
 
     A pass@k that covers only some problems of its row (the others have fewer than k samples) is marked with
     ``*`` and explained under the table with the counts (``partial_pass_at``), never shown as if it covered
@@ -169,7 +170,8 @@ def format_table(summary: Mapping[str, Any]) -> str:
     """
     groups = summary["groups"]
     ks = sorted({int(k) for g in groups.values() for k in g["pass@k"] if k.isdigit()})
-    head = ["data_source", "problems", "k", "avg@k", *[f"pass@{k}" for k in ks], "unverif", "tokens", "trunc%",
+    # the accuracies' columns say they are percent (the summary JSON and the training logs hold fractions)
+    head = ["data_source", "problems", "k", "avg@k%", *[f"pass@{k}%" for k in ks], "unverif", "tokens", "trunc%",
             "reflect", "tool calls", "tool err%"]
     rows = []
     names = [n for n in groups if n != "all"]

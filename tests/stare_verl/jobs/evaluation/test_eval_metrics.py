@@ -79,6 +79,8 @@ def test_aggregate_and_summary():
     assert s["reflections"]["total"] == pytest.approx(1.5)
     table = format_table(summarize(recs[:-1]))
     assert "pass@4" in table and "33.3" in table and "66.7" in table
+    head = table.splitlines()[0].split()
+    assert "avg@k%" in head and "pass@4%" in head  # percent, said in the header (the JSON holds fractions)
 
 
 def test_summary_per_source_and_uneven_samples():
