@@ -255,7 +255,7 @@ def _reweight_in(window, window_ent, row_adv, mask, log_probs, entropys, first, 
         widest = int(n_window.max(initial=0))  # ranges sized by the window tokens a row holds (few), not by T
         c_args = (window, window_ent, n_window, below, below_sum, below_above, row_set, thr, allow, n_sel, s_sel,
                   n_above)  # fmt: skip
-        parallel = _openmp(window, window_ent, np.zeros((0, 0), dtype=np.uint8), window, shape=(b, widest))
+        parallel = _openmp(window, window_ent, None, window, shape=(b, widest))
         if parallel is not None:
             from stare_verl.methods.stare import omp
 
@@ -347,7 +347,7 @@ def _openmp(log_probs, entropys, mask, adv, shape=None) -> tuple[int, int, objec
     """``(rows_per_range, threads, GOMP_parallel)`` when a pass over these arrays runs on torch's OpenMP threads
     (:mod:`stare_verl.methods.stare.omp`): more than one thread and one range, arrays it takes (``adv`` None: pass
     B's in-place mode, which it does not), and torch's OpenMP runtime found; else None. ``shape``: ``(B, T)`` that
-    sizes the ranges (default: the log-probs' shape)."""
+    sizes the ranges (default: the log-probs' shape); ``mask`` None: a job without one (the chosen sums)."""
     b, t = log_probs.shape if shape is None else shape
     threads = max(1, min(_torch_threads(), _CPUS))
     rows_per = max(1, CHUNK_TOKENS // max(t, 1))

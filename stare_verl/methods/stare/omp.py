@@ -112,19 +112,25 @@ def _pass_a_rows(h, log_probs, entropys, mask, b):  # pragma: no cover - compile
                        n_valid, ent_sum, lp_sum, below, below_sum, below_above, n_window)  # fmt: skip
 
 
-@cfunc(types.void(types.voidptr), nogil=True, cache=True)
-def _pass_a_job(data):  # pragma: no cover - compiled
-    """``kernels.pass_a`` over a job's row ranges (see :func:`run_pass_a`)."""
-    h = carray(_header(data), (_HEADER + 18,))
+@numba.njit(cache=True, nogil=True)
+def _with_inputs(h, rows):  # pragma: no cover - compiled
+    """``rows(h, log_probs, entropys, mask, B)`` with a job's three ``[B, T]`` inputs, the mask of the header's kind
+    (:data:`MASK_KINDS`): one compiled ``rows`` per mask dtype."""
     b, t = h[3], h[4]
     log_probs, entropys = carray(_f32(h[6]), (b, t)), carray(_f32(h[7]), (b, t))
     kind = h[5]
     if kind == 0:
-        _pass_a_rows(h, log_probs, entropys, carray(_u8(h[8]), (b, t)), b)
+        rows(h, log_probs, entropys, carray(_u8(h[8]), (b, t)), b)
     elif kind == 1:
-        _pass_a_rows(h, log_probs, entropys, carray(_i64(h[8]), (b, t)), b)
+        rows(h, log_probs, entropys, carray(_i64(h[8]), (b, t)), b)
     else:
-        _pass_a_rows(h, log_probs, entropys, carray(_f32(h[8]), (b, t)), b)
+        rows(h, log_probs, entropys, carray(_f32(h[8]), (b, t)), b)
+
+
+@cfunc(types.void(types.voidptr), nogil=True, cache=True)
+def _pass_a_job(data):  # pragma: no cover - compiled
+    """``kernels.pass_a`` over a job's row ranges (see :func:`run_pass_a`)."""
+    _with_inputs(carray(_header(data), (_HEADER + 18,)), _pass_a_rows)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -147,17 +153,7 @@ def _pass_b_rows(h, log_probs, entropys, mask, b):  # pragma: no cover - compile
 @cfunc(types.void(types.voidptr), nogil=True, cache=True)
 def _pass_b_job(data):  # pragma: no cover - compiled
     """``kernels.pass_b`` (per-row advantages written whole) over a job's row ranges (see :func:`run_pass_b`)."""
-    h = carray(_header(data), (_HEADER + 16,))
-    b, t = h[3], h[4]
-    log_probs, entropys = carray(_f32(h[6]), (b, t)), carray(_f32(h[7]), (b, t))
-    kind = h[5]
-    if kind == 0:
-        _pass_b_rows(h, log_probs, entropys, carray(_u8(h[8]), (b, t)), b)
-    elif kind == 1:
-        _pass_b_rows(h, log_probs, entropys, carray(_i64(h[8]), (b, t)), b)
-    else:
-        _pass_b_rows(h, log_probs, entropys, carray(_f32(h[8]), (b, t)), b)
-
+    _with_inputs(carray(_header(data), (_HEADER + 16,)), _pass_b_rows)
 
 
 @cfunc(types.void(types.voidptr), nogil=True, cache=True)
@@ -233,14 +229,12 @@ def _find_runtime():
     return fn
 
 
-def covers(log_probs: np.ndarray, entropys: np.ndarray, mask: np.ndarray, adv: np.ndarray | None = None) -> bool:
+def covers(log_probs: np.ndarray, entropys: np.ndarray, mask: np.ndarray | None, adv: np.ndarray | None = None) -> bool:
     """Whether the compiled callbacks take these arrays: float32 log-probs and entropies (and advantages), a mask
-    of :data:`MASK_KINDS`, every ``[B, T]`` array C-contiguous."""
+    of :data:`MASK_KINDS` (None: a job without one), every ``[B, T]`` array C-contiguous."""
     arrays = (log_probs, entropys) + (() if adv is None else (adv,))
-    return (
-        all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
-        and mask.dtype in MASK_KINDS
-        and mask.flags.c_contiguous
+    return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays) and (
+        mask is None or (mask.dtype in MASK_KINDS and mask.flags.c_contiguous)
     )
 
 
