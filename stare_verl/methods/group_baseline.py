@@ -229,11 +229,10 @@ def group_row_advantage(
     is 0 whatever the mask, and a dtype that depends on it): the caller falls back to :func:`group_advantage`.
     """
     scores = token_level_rewards.sum(dim=-1)
-    if scores.dtype not in _ROW_DTYPES:  # integer rewards: verl's own function (rare; its promotions apply)
-        return _verl_row_advantage(scores, response_mask, index, cfg)
     # verl computes the group statistics in float32 and the advantage in the rewards' dtype promoted with float32
+    # (float64 stays float64; float16, bfloat16 and integer row sums become float32, as torch converts them)
     dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
-    scores_np = scores.detach().to(dtype).cpu().numpy()  # float16/bfloat16 widen exactly
+    scores_np = scores.detach().to(dtype).cpu().numpy()
     if not np.isfinite(scores_np).all():  # [B] on the host anyway: no torch reduction of its own
         return None
     from stare_verl.methods.group_kernels import group_moments, group_row_advantages
@@ -249,32 +248,6 @@ def group_row_advantage(
     # exact, so the promotion is the whole difference)
     row = torch.from_numpy(out).to(device=response_mask.device, dtype=torch.promote_types(dtype, response_mask.dtype))
     return row, float(n_zero) / max(n_groups, 1)
-
-
-_ROW_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _verl_row_advantage(scores: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, cfg: Any):
-    """:func:`group_row_advantage` through verl's ``grpo_vectorized`` itself, for reward dtypes the compiled loop does
-    not take (integers); None when some outcome reward is NaN/inf."""
-    from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
-
-    scores_np = scores.detach().double().cpu().numpy()
-    if not np.isfinite(scores_np).all():
-        return None
-    kw = {"epsilon": cfg.epsilon, "norm_adv_by_std_in_grpo": cfg.norm_adv_by_std_in_grpo is not False}
-    codes, n_groups = verl_group_codes(index)
-    # times a [B, 1] mask of ones of the mask's dtype it is verl's scalars promoted exactly as the [B, T] product
-    # promotes them; the codes group the rows as verl groups `index`, and verl reads integer codes as they are
-    ones = torch.ones((response_mask.shape[0], 1), dtype=response_mask.dtype, device=response_mask.device)
-    row, _ = compute_grpo_vectorized_outcome_advantage(scores[:, None], ones, codes, **kw)
-    row = row[:, 0]
-    zero_var = zero_variance_groups(scores_np, codes, n_groups, np.ones(len(scores_np), dtype=bool),
-                                    cfg.zero_variance_tol)  # fmt: skip
-    rows = zero_var[codes]
-    if rows.any():
-        row[torch.from_numpy(rows).to(row.device)] = 0.0
-    return row, float(np.count_nonzero(zero_var)) / max(n_groups, 1)
 
 
 def group_advantage(

@@ -109,7 +109,7 @@ def test_only_object_arrays_of_non_integer_strings_take_the_fast_grouping():
     assert fast(np.array(["q1", 3], dtype=object)) is None
 
 
-def test_integer_rewards_take_verls_own_function():
+def test_integer_rewards_are_promoted_as_verl_promotes_them():
     labels = np.array(["a", "a", "b", "b"], dtype=object)
     rewards = torch.tensor([[1], [0], [2], [2]])
     row, share = group_row_advantage(rewards, torch.ones(4, 1), labels, GroupConfig())
