@@ -112,25 +112,20 @@ def _pass_a_rows(h, log_probs, entropys, mask, b):  # pragma: no cover - compile
                        n_valid, ent_sum, lp_sum, below, below_sum, below_above, n_window)  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True)
-def _with_inputs(h, rows):  # pragma: no cover - compiled
-    """``rows(h, log_probs, entropys, mask, B)`` with a job's three ``[B, T]`` inputs, the mask of the header's kind
-    (:data:`MASK_KINDS`): one compiled ``rows`` per mask dtype."""
+@cfunc(types.void(types.voidptr), nogil=True, cache=True)
+def _pass_a_job(data):  # pragma: no cover - compiled
+    """``kernels.pass_a`` over a job's row ranges (see :func:`run_pass_a`). (The mask-kind dispatch is written out
+    here and in :func:`_pass_b_job`: a compiled helper taking the rows function as an argument cannot be cached.)"""
+    h = carray(_header(data), (_HEADER + 18,))
     b, t = h[3], h[4]
     log_probs, entropys = carray(_f32(h[6]), (b, t)), carray(_f32(h[7]), (b, t))
     kind = h[5]
     if kind == 0:
-        rows(h, log_probs, entropys, carray(_u8(h[8]), (b, t)), b)
+        _pass_a_rows(h, log_probs, entropys, carray(_u8(h[8]), (b, t)), b)
     elif kind == 1:
-        rows(h, log_probs, entropys, carray(_i64(h[8]), (b, t)), b)
+        _pass_a_rows(h, log_probs, entropys, carray(_i64(h[8]), (b, t)), b)
     else:
-        rows(h, log_probs, entropys, carray(_f32(h[8]), (b, t)), b)
-
-
-@cfunc(types.void(types.voidptr), nogil=True, cache=True)
-def _pass_a_job(data):  # pragma: no cover - compiled
-    """``kernels.pass_a`` over a job's row ranges (see :func:`run_pass_a`)."""
-    _with_inputs(carray(_header(data), (_HEADER + 18,)), _pass_a_rows)
+        _pass_a_rows(h, log_probs, entropys, carray(_f32(h[8]), (b, t)), b)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -153,7 +148,16 @@ def _pass_b_rows(h, log_probs, entropys, mask, b):  # pragma: no cover - compile
 @cfunc(types.void(types.voidptr), nogil=True, cache=True)
 def _pass_b_job(data):  # pragma: no cover - compiled
     """``kernels.pass_b`` (per-row advantages written whole) over a job's row ranges (see :func:`run_pass_b`)."""
-    _with_inputs(carray(_header(data), (_HEADER + 16,)), _pass_b_rows)
+    h = carray(_header(data), (_HEADER + 16,))
+    b, t = h[3], h[4]
+    log_probs, entropys = carray(_f32(h[6]), (b, t)), carray(_f32(h[7]), (b, t))
+    kind = h[5]
+    if kind == 0:
+        _pass_b_rows(h, log_probs, entropys, carray(_u8(h[8]), (b, t)), b)
+    elif kind == 1:
+        _pass_b_rows(h, log_probs, entropys, carray(_i64(h[8]), (b, t)), b)
+    else:
+        _pass_b_rows(h, log_probs, entropys, carray(_f32(h[8]), (b, t)), b)
 
 
 @cfunc(types.void(types.voidptr), nogil=True, cache=True)
