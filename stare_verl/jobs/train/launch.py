@@ -187,9 +187,11 @@ def run_main_ppo(
             if proc is not None:
                 proc.stdout.close()
     if own_tmp is not None:
-        if rc == 0 or not (own_tmp / "ray").exists():  # ended well, or Ray never started
+        # ended well, stopped by the user (whose one-line message names no folder: nothing to look into), or Ray
+        # never started: removed; kept, and named, for the post-mortem of a run that failed or stalled
+        if rc in (0, INTERRUPTED) or not (own_tmp / "ray").exists():
             shutil.rmtree(own_tmp, ignore_errors=True)
-        elif rc != INTERRUPTED:
+        else:
             sessions = sorted((own_tmp / "ray").glob("session_2*"))
             logs = (sessions[-1] if sessions else own_tmp / "ray" / "session_latest") / "logs"
             print(f"Ray's logs of this run: {logs}", file=sys.stderr, flush=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from stare_verl.jobs import stall, train
+from stare_verl.jobs.exits import INTERRUPTED
 from stare_verl.jobs.procs import tagged_processes
 from stare_verl.jobs.stall import STALLED, StallWatch, no_step_timeout
 
@@ -270,6 +271,20 @@ def test_a_run_that_ends_well_leaves_no_ray_folder(tmp_path, monkeypatch):
     rc, _, log = _run(tmp_path, code, "stall-test-ray-clean")
     folder = log.strip().splitlines()[-1]
     assert rc == 0 and folder.startswith("/tmp/stare-run-") and not os.path.exists(folder)
+
+
+def test_a_run_the_user_stops_leaves_no_ray_folder(tmp_path, monkeypatch):
+    """Ctrl-C: the run's one-line stop message names no folder, so the run's own Ray folder must not stay behind."""
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    code = ("import os, pathlib, signal, time; print(os.environ['RAY_TMPDIR'], flush=True); "
+            "pathlib.Path(os.environ['RAY_TMPDIR'], 'ray').mkdir(); time.sleep(1); "
+            "os.kill(os.getppid(), signal.SIGINT); time.sleep(60)")  # fmt: skip
+    rc, took, log = _run(tmp_path, code, "stall-test-ray-stopped")
+    folder = log.strip().splitlines()[0]
+    assert rc == INTERRUPTED and took < 40
+    assert folder.startswith("/tmp/stare-run-") and not os.path.exists(folder)
+    assert tagged_processes("stall-test-ray-stopped") == []
 
 
 def test_a_cpu_run_s_own_ray_waits_longer_for_its_node_unless_the_caller_said(tmp_path, monkeypatch):
