@@ -224,8 +224,10 @@ def _unwritable_folder(path: Path) -> str | None:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        where = "the folder" if existing == folder else "no folder can be made in"
-        return f"{where} {existing} is not writable ({err.strerror or err})"
+        why = err.strerror or err
+        if existing == folder:
+            return f"the folder {existing} is not writable ({why})"
+        return f"no folder can be made in {existing}: it is not writable ({why})"
     return None
 
 

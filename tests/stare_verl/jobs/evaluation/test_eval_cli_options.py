@@ -132,6 +132,7 @@ OUTPUT_CASES = {
     "out_under_a_file": (["--out", "afile/r.jsonl"], "is a file, so the folder"),
     "out_in_proc": (["--out", "/proc/r.jsonl"], "--out '/proc/r.jsonl': the folder /proc is not writable"),
     "summary_in_proc": (["--summary", "/proc/x.json"], "--summary '/proc/x.json': the folder /proc is not writable"),
+    "out_under_proc": (["--out", "/proc/nope/x.jsonl"], "--out '/proc/nope/x.jsonl': no folder can be made in /proc: it is"),
 }
 
 
